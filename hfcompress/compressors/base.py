@@ -1,0 +1,153 @@
+"""The compressor contract shared by every scheme (see DESIGN.md, "The compressor contract").
+
+A compressor turns a tensor into a :class:`Packed` payload (the exact tensors that go on
+the wire), turns it back, and sums several peers' payloads. Compressors know nothing about
+process groups: the collectives in ``hfcompress.comm`` move ``Packed.flat()`` buffers and
+rebuild them with :meth:`Compressor.unflatten`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass
+class Packed:
+    """A compressed tensor: ``payload`` holds every tensor that goes on the wire.
+
+    ``shape`` and ``dtype`` describe the original tensor; they are known to the receiver
+    (same shapes on every rank), so they are not counted as wire bytes.
+    """
+
+    payload: dict[str, torch.Tensor]
+    shape: torch.Size
+    dtype: torch.dtype
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.payload.values())
+
+    def wire_bits(self) -> int:
+        """Bits this payload occupies on the wire (the sum of its tensors' bytes x 8)."""
+        return 8 * self.nbytes()
+
+    def flat(self) -> torch.Tensor:
+        """All payload tensors as one contiguous uint8 buffer (in ``payload`` order)."""
+        parts = [t.contiguous().reshape(-1).view(torch.uint8) for t in self.payload.values()]
+        if not parts:
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.cat(parts)
+
+
+class Compressor:
+    """Base class of every scheme. Subclasses implement the four abstract methods.
+
+    - ``compress(x) -> Packed`` and ``decompress(packed) -> Tensor`` (shape and dtype of x);
+    - ``payload_spec(numel)``: ``{name: (dtype, count)}`` of the payload ``compress`` makes
+      for ``numel`` values, in the same order; ``wire_bits`` and ``unflatten`` derive from it;
+    - ``reduce(packeds)``: the float32 sum of several peers' payloads. The default
+      dequantizes and sums; schemes with a compressed-domain sum override it.
+    - ``state_dict``/``load_state_dict`` for stateful schemes (default: no state).
+    """
+
+    name: ClassVar[str] = ""
+    #: True when E[decompress(compress(x))] == x (stochastic rounding schemes).
+    unbiased: ClassVar[bool] = False
+    #: True when the scheme keeps state between calls (references, error buffers, levels).
+    stateful: ClassVar[bool] = False
+
+    def __init__(self, **params: Any) -> None:
+        self.params = dict(params)
+
+    # -- abstract -------------------------------------------------------------------------
+    def compress(self, x: torch.Tensor) -> Packed:
+        raise NotImplementedError
+
+    def decompress(self, packed: Packed) -> torch.Tensor:
+        raise NotImplementedError
+
+    def payload_spec(self, numel: int) -> dict[str, tuple[torch.dtype, int]]:
+        raise NotImplementedError
+
+    # -- derived --------------------------------------------------------------------------
+    def reduce(self, packeds: Sequence[Packed]) -> torch.Tensor:
+        """Sum of the peers' decompressed payloads, in float32 (the original shape)."""
+        if not packeds:
+            raise ValueError("reduce() needs at least one payload")
+        total = self.decompress(packeds[0]).float()
+        for p in packeds[1:]:
+            total = total + self.decompress(p).float()
+        return total
+
+    def wire_bits(self, numel: int) -> int:
+        """Bits that ``compress`` puts on the wire for ``numel`` values."""
+        return 8 * sum(dt.itemsize * n for dt, n in self.payload_spec(numel).values())
+
+    def bits_per_value(self, numel: int = 1 << 20) -> float:
+        return self.wire_bits(numel) / max(numel, 1)
+
+    def unflatten(self, buf: torch.Tensor, shape: torch.Size | Sequence[int], dtype: torch.dtype) -> Packed:
+        """Rebuild a :class:`Packed` from a buffer made by :meth:`Packed.flat` (zero-copy views)."""
+        shape = torch.Size(shape)
+        spec = self.payload_spec(math.prod(shape))
+        need = sum(dt.itemsize * n for dt, n in spec.values())
+        if buf.dtype != torch.uint8 or buf.numel() != need:
+            raise ValueError(f"{self.name}: expected a uint8 buffer of {need} bytes for shape "
+                             f"{tuple(shape)}, got {buf.dtype} with {buf.numel()} elements")
+        payload, offset = {}, 0
+        for key, (dt, n) in spec.items():
+            nbytes = dt.itemsize * n
+            payload[key] = buf[offset:offset + nbytes].view(dt)
+            offset += nbytes
+        return Packed(payload, shape, dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{self.name} is stateless but got state keys {sorted(state)}")
+
+    def config(self) -> dict[str, Any]:
+        """Name and parameters: equal on every rank of a job (checked by the collectives)."""
+        return {"name": self.name, **{k: _plain(v) for k, v in sorted(self.params.items())}}
+
+    def fresh(self) -> "Compressor":
+        """A new instance with the same parameters and empty state (one per tensor stream)."""
+        return type(self)(**self.params)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in sorted(self.params.items()))
+        return f"{type(self).__name__}({args})"
+
+
+def _plain(v: Any) -> Any:
+    return v.config() if isinstance(v, Compressor) else v
+
+
+def check_float_input(name: str, x: torch.Tensor) -> None:
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: expected a float32, bfloat16 or float16 tensor, got {x.dtype}")
+
+
+def check_choice(scheme: str, param: str, value: Any, allowed: Sequence[Any]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{scheme}: {param}={value!r} is not supported; allowed: "
+                         f"{', '.join(map(repr, allowed))}")
+
+
+def check_group_size(scheme: str, group_size: Any, multiple: int, param: str = "group_size") -> None:
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size <= 0 \
+            or group_size % multiple:
+        raise ValueError(f"{scheme}: {param}={group_size!r} must be a positive multiple of "
+                         f"{multiple} (e.g. {multiple}, {4 * multiple}, 2048)")

@@ -1,0 +1,48 @@
+"""Kernels: one Triton kernel per hot operation and a torch twin with the same numbers.
+
+The functions here dispatch (``dispatch.use_triton``): Triton on CUDA tensors when Triton
+is usable, the torch twin otherwise; ``backend="torch" | "triton"`` forces one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import group_quant as _gq
+from .dispatch import triton_available, use_triton
+
+__all__ = ["quantize_groups", "dequantize_groups", "dequantize_sum_groups",
+           "dequantize_sum_quantize_groups", "triton_available", "use_triton"]
+
+
+def _triton_gq():
+    from . import triton_group_quant
+    return triton_group_quant
+
+
+def quantize_groups(x: torch.Tensor, bits: int, group_size: int, noise: torch.Tensor | None = None,
+                    backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """1-D x (numel % group_size == 0) -> (packed uint8 codes, float32 scales)."""
+    impl = _triton_gq() if use_triton(x, backend) else _gq
+    return impl.quantize(x, bits, group_size, noise)
+
+
+def dequantize_groups(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
+                      dtype: torch.dtype = torch.float32, backend: str = "auto") -> torch.Tensor:
+    impl = _triton_gq() if use_triton(packed, backend) else _gq
+    return impl.dequantize(packed, scale, bits, group_size, dtype)
+
+
+def dequantize_sum_groups(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
+                          backend: str = "auto") -> torch.Tensor:
+    impl = _triton_gq() if use_triton(packed, backend) else _gq
+    return impl.dequantize_sum(packed, scale, bits, group_size)
+
+
+def dequantize_sum_quantize_groups(packed: torch.Tensor, scale: torch.Tensor, bits: int,
+                                   group_size: int, out_bits: int, out_group_size: int,
+                                   noise: torch.Tensor | None = None,
+                                   backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    impl = _triton_gq() if use_triton(packed, backend) else _gq
+    return impl.dequantize_sum_quantize(packed, scale, bits, group_size, out_bits,
+                                        out_group_size, noise)

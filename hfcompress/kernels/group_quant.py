@@ -1,0 +1,76 @@
+"""Symmetric absmax group quantization, torch twin of ``triton_group_quant.py``.
+
+SDP4Bit 2.2 / ZeRO++ 3.2: per group of ``group_size`` values, ``scale = absmax / qmax`` with
+``qmax = 2**(bits-1) - 1``; ``q = round(x * qmax / absmax)`` in ``[-qmax, qmax]`` (nearest:
+``floor(y + 0.5)``; stochastic: ``floor(y + u)``, u ~ U[0, 1) given as ``noise``), stored as
+the unsigned code ``q + 2**(bits-1)`` packed densely (``packing.py``).
+
+Numbers every backend reproduces bit for bit:
+- all-zero group: scale 0, codes all ``2**(bits-1)``, decodes to exact zeros;
+- a group holding Inf or NaN: scale NaN and zero codes, so the whole group decodes to NaN
+  (a non-finite value is never turned into finite garbage).
+Inputs are 1-D with ``numel % group_size == 0`` (the compressors pad); math is float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .packing import pack_codes, unpack_codes
+
+
+def qmax_of(bits: int) -> int:
+    return (1 << (bits - 1)) - 1
+
+
+def group_scales(g: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (scale, inverse scale) of a float32 ``(groups, group_size)`` view."""
+    qmax = qmax_of(bits)
+    absmax = g.abs().amax(dim=1)
+    finite = torch.isfinite(absmax)
+    scale = torch.where(finite, absmax / qmax, torch.full_like(absmax, float("nan")))
+    inv = torch.where(finite & (absmax > 0), qmax / absmax, torch.zeros_like(absmax))
+    return scale, inv
+
+
+def round_codes(y: torch.Tensor, bits: int, noise: torch.Tensor | None) -> torch.Tensor:
+    """float32 values already in level units -> unsigned uint8 codes."""
+    qmax = qmax_of(bits)
+    q = torch.floor(y + (0.5 if noise is None else noise.reshape(y.shape)))
+    q = torch.nan_to_num(q, nan=0.0).clamp_(-qmax, qmax)
+    return (q + (qmax + 1)).to(torch.uint8)
+
+
+def quantize(x: torch.Tensor, bits: int, group_size: int,
+             noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """1-D x -> (packed uint8 codes, float32 scales of shape (numel // group_size,))."""
+    g = x.reshape(-1, group_size).float()
+    scale, inv = group_scales(g, bits)
+    codes = round_codes(g * inv[:, None], bits, noise)
+    return pack_codes(codes.reshape(-1), bits), scale
+
+
+def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of :func:`quantize`: 1-D tensor of ``scale.numel() * group_size`` values."""
+    q = unpack_codes(packed, bits).reshape(-1, group_size).float() - (qmax_of(bits) + 1)
+    return (q * scale[:, None]).reshape(-1).to(dtype)
+
+
+def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int,
+                   group_size: int) -> torch.Tensor:
+    """Sum over peers: ``packed`` (P, nbytes), ``scale`` (P, groups) -> float32 sum (numel,).
+
+    Peers are added in order 0..P-1 in float32 (the Triton kernel adds in the same order).
+    """
+    total = dequantize(packed[0], scale[0], bits, group_size)
+    for p in range(1, packed.shape[0]):
+        total = total + dequantize(packed[p], scale[p], bits, group_size)
+    return total
+
+
+def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int,
+                            group_size: int, out_bits: int, out_group_size: int,
+                            noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of P peers' payloads requantized to ``out_bits`` (the hop between two all-to-alls)."""
+    return quantize(dequantize_sum(packed, scale, bits, group_size), out_bits, out_group_size, noise)
