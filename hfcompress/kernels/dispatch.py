@@ -8,6 +8,8 @@ import functools
 import importlib.util
 import os
 
+from types import ModuleType
+
 import torch
 
 BACKENDS = ("auto", "torch", "triton")
@@ -39,3 +41,12 @@ def use_triton(t: torch.Tensor, backend: str = "auto") -> bool:
                                "before hfcompress is imported")
         return True
     return t.is_cuda and triton_available()
+
+
+def pick(t: torch.Tensor, backend: str, twin: ModuleType, triton_module: str) -> ModuleType:
+    """The module implementing an op for tensor ``t``: the Triton module
+    ``hfcompress.kernels.<triton_module>`` or the torch ``twin`` (same function names and
+    signatures in both)."""
+    if use_triton(t, backend):
+        return importlib.import_module(f"{__package__}.{triton_module}")
+    return twin
