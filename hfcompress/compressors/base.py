@@ -123,8 +123,12 @@ class Compressor:
         return {"name": self.name, **{k: _plain(v) for k, v in sorted(self.params.items())}}
 
     def fresh(self) -> "Compressor":
-        """A new instance with the same parameters and empty state (one per tensor stream)."""
-        return type(self)(**self.params)
+        """A new instance with the same parameters and empty state (one per tensor stream).
+
+        Compressor-valued parameters (e.g. the inner compressor of a wrapper) are renewed too.
+        """
+        return type(self)(**{k: v.fresh() if isinstance(v, Compressor) else v
+                             for k, v in self.params.items()})
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in sorted(self.params.items()))
