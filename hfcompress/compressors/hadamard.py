@@ -1,1 +1,146 @@
-"""(being written)"""
+"""Hadamard-smoothed group quantization: the TLq-HS building block (SDP4Bit 3.2.2, 3.3, Alg. 3).
+
+``hadamard`` rotates every block of ``hadamard_size`` values by the normalized Walsh-Hadamard
+matrix H (H = H^T, H H = I), spreading an outlier over its block, then quantizes the rotated
+values per group like ``int`` (``hadamard_size`` divides ``group_size``, so the transform and
+the quantization fuse in one kernel, SDP4Bit 3.3). ``decompress`` applies H again; ``reduce``
+sums the peers in the rotated domain and applies H once (sum_i H g_i = H sum_i g_i).
+
+For the 2-hop all-to-all of TLq-HS (SDP4Bit 3.3): ``rotate`` once before the 8-bit hop,
+``compress_rotated`` / ``reduce_rotated`` for both hops (no inverse/forward pair between them),
+``rotate`` once after the final sum.
+
+The transform on any numel: whole blocks are rotated, an incomplete last block of
+``numel % hadamard_size`` values is left as is (identity), so ``rotate`` keeps the shape and
+stays self-inverse, and ``compress(x)`` equals ``compress_rotated(rotate(x))`` for every numel.
+
+Rounding defaults to stochastic: SDP4Bit's convergence result for gradients assumes an unbiased
+gradient compressor (Remark 4.2), and the rotation is linear, so stochastic rounding in the
+rotated domain keeps ``E[decompress(compress(g))] = g``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ..kernels import hadamard as _twin
+from ..kernels.dispatch import BACKENDS, pick
+from ..kernels.packing import SUPPORTED_BITS
+from .base import Compressor, Packed, check_choice, check_float_input, check_group_size
+from .group_quant import GROUP_MULTIPLE, ROUNDINGS, GroupQuantizer, pad_to
+from .registry import register_compressor
+
+
+@register_compressor("hadamard")
+class HadamardQuantizer(Compressor):
+    """Group quantization of Hadamard-rotated values, fused with the transform."""
+
+    def __init__(self, bits: int = 4, group_size: int = 128, hadamard_size: int = 32,
+                 rounding: str = "stochastic", seed: int = 0, backend: str = "auto") -> None:
+        check_choice("hadamard", "bits", bits, SUPPORTED_BITS)
+        check_group_size("hadamard", group_size, GROUP_MULTIPLE)
+        n = hadamard_size
+        if not (isinstance(n, int) and not isinstance(n, bool) and n >= 2 and n & (n - 1) == 0
+                and group_size % n == 0):
+            raise ValueError(f"hadamard: hadamard_size={n!r} must be a power of two >= 2 "
+                             f"dividing group_size={group_size} (e.g. 32)")
+        check_choice("hadamard", "rounding", rounding, ROUNDINGS)
+        check_choice("hadamard", "backend", backend, BACKENDS)
+        super().__init__(bits=bits, group_size=group_size, hadamard_size=hadamard_size,
+                         rounding=rounding, seed=seed, backend=backend)
+        # the plain group quantizer of the rotated values: payload layout, RNG, state
+        self._q = GroupQuantizer(bits, group_size, rounding, seed, backend)
+        self.bits, self.group_size, self.hadamard_size = bits, group_size, hadamard_size
+        self.rounding, self.backend = rounding, backend
+
+    @property
+    def unbiased(self) -> bool:  # type: ignore[override]
+        return self.rounding == "stochastic"
+
+    def payload_spec(self, numel: int) -> dict[str, tuple[torch.dtype, int]]:
+        return self._q.payload_spec(numel)
+
+    def _impl(self, t: torch.Tensor):
+        return pick(t, self.backend, _twin, "triton_hadamard")
+
+    def _fused(self, numel: int) -> bool:
+        """The fused kernels apply H to whole blocks only (see the module docstring)."""
+        return numel % self.hadamard_size == 0
+
+    # -- the transform --------------------------------------------------------------------
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """H on every whole block of ``x`` (flattened), identity on an incomplete last block;
+        float32 of ``x``'s shape. Self-inverse: ``rotate(rotate(x)) == x`` up to rounding."""
+        flat = x.reshape(-1)
+        whole = flat.numel() - flat.numel() % self.hadamard_size
+        out = self._impl(flat).rotate(flat[:whole], self.hadamard_size)
+        if whole < flat.numel():
+            out = torch.cat([out, flat[whole:].float()])
+        return out.reshape(x.shape)
+
+    # -- Compressor contract --------------------------------------------------------------
+    def compress(self, x: torch.Tensor) -> Packed:
+        check_float_input(self.name, x)
+        if not self._fused(x.numel()):
+            return self._quantize(self.rotate(x), 1, x.shape, x.dtype)
+        return self._quantize(x, self.hadamard_size, x.shape, x.dtype)
+
+    def decompress(self, packed: Packed) -> torch.Tensor:
+        if not self._fused(packed.numel):
+            return self.rotate(self._dequantize(packed, False, torch.float32)).to(packed.dtype)
+        return self._dequantize(packed, True, packed.dtype)
+
+    def reduce(self, packeds: Sequence[Packed]) -> torch.Tensor:
+        """float32 sum of the peers: summed in the rotated domain, then one inverse."""
+        if not packeds:
+            raise ValueError("reduce() needs at least one payload")
+        if not self._fused(packeds[0].numel):
+            return self.rotate(self._sum(packeds, False))
+        return self._sum(packeds, True)
+
+    # -- rotated-domain steps of the 2-hop all-to-all (SDP4Bit 3.3) -----------------------
+    def compress_rotated(self, y: torch.Tensor) -> Packed:
+        """Quantize values already in the Hadamard domain (no transform)."""
+        check_float_input(self.name, y)
+        return self._quantize(y, 1, y.shape, y.dtype)
+
+    def decompress_rotated(self, packed: Packed) -> torch.Tensor:
+        """Dequantize without the inverse transform (stays in the Hadamard domain)."""
+        return self._dequantize(packed, False, packed.dtype)
+
+    def reduce_rotated(self, packeds: Sequence[Packed]) -> torch.Tensor:
+        """float32 sum of the peers in the Hadamard domain (no inverse)."""
+        if not packeds:
+            raise ValueError("reduce_rotated() needs at least one payload")
+        return self._sum(packeds, False)
+
+    # -- kernels --------------------------------------------------------------------------
+    def _quantize(self, x: torch.Tensor, hadamard_size: int, shape: torch.Size,
+                  dtype: torch.dtype) -> Packed:
+        """``hadamard_size=1`` is the 1x1 Hadamard matrix: plain group quantization."""
+        flat = pad_to(x, self.group_size)
+        noise = self._q.rng.uniform_like(flat) if self.rounding == "stochastic" else None
+        codes, scales = self._impl(flat).quantize(flat, self.bits, self.group_size,
+                                                  hadamard_size, noise)
+        return Packed({"codes": codes, "scales": scales}, shape, dtype)
+
+    def _dequantize(self, packed: Packed, inverse: bool, dtype: torch.dtype) -> torch.Tensor:
+        codes, scales = packed.payload["codes"], packed.payload["scales"]
+        out = self._impl(codes).dequantize(codes, scales, self.bits, self.group_size,
+                                           self.hadamard_size, dtype, inverse)
+        return out[:packed.numel].reshape(packed.shape)
+
+    def _sum(self, packeds: Sequence[Packed], inverse: bool) -> torch.Tensor:
+        codes = torch.stack([p.payload["codes"] for p in packeds])
+        scales = torch.stack([p.payload["scales"] for p in packeds])
+        total = self._impl(codes).dequantize_sum(codes, scales, self.bits, self.group_size,
+                                                 self.hadamard_size, inverse)
+        return total[:packeds[0].numel].reshape(packeds[0].shape)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._q.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._q.load_state_dict(state)

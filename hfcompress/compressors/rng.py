@@ -1,6 +1,7 @@
 """Seeded, checkpointable random numbers for the stochastic schemes.
 
-One ``torch.Generator`` per device, seeded from ``seed``; its state goes into the
+One ``torch.Generator`` per device, seeded from a mix of ``seed`` (so the rounding noise is
+not the same stream as ``torch.manual_seed(seed)`` data); its state goes into the
 compressor's ``state_dict`` so a resumed run draws the same noise.
 """
 
@@ -20,7 +21,7 @@ class SeededRNG:
         key = str(torch.device(device))
         if key not in self._gens:
             gen = torch.Generator(device=key)
-            gen.manual_seed(self.seed)
+            gen.manual_seed(_mix(self.seed))
             self._gens[key] = gen
         return self._gens[key]
 
@@ -37,3 +38,11 @@ class SeededRNG:
         self._gens = {}
         for key, st in state["states"].items():
             self.generator(key).set_state(st)
+
+
+def _mix(seed: int) -> int:
+    """A splitmix64-style scramble of the user seed (non-negative, < 2**63)."""
+    z = (int(seed) + 0x9E3779B97F4A7C15) % (1 << 64)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % (1 << 64)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % (1 << 64)
+    return (z ^ (z >> 31)) >> 1

@@ -1,0 +1,65 @@
+"""Blockwise Walsh-Hadamard smoothing fused with group quantization, torch twin of
+``triton_hadamard.py`` (SDP4Bit 3.2.2 TLq-HS, 3.3, Alg. 3).
+
+``rotate`` multiplies every block of ``hadamard_size`` consecutive values by
+``H = Sylvester(n) / sqrt(n)`` (symmetric, orthogonal, so ``rotate(rotate(x)) == x`` up to
+rounding). Both backends compute it the same way, bit for bit: ``log2(n)`` float32 add/sub
+butterfly stages (pairs ``i, i + h`` for ``h = 1, 2, .., n/2`` -> ``a + b, a - b``), then one
+multiply by :func:`inv_sqrt`. Values above ~3.4e38 / n overflow in the butterfly and come
+back non-finite (never as finite garbage). ``hadamard_size=1`` is the identity (no stage,
+multiply by 1.0), i.e. plain group quantization. Quantization is ``group_quant.py`` applied to
+the rotated values (``hadamard_size`` divides ``group_size``, so a non-finite group stays a
+NaN group after the inverse and never leaks into its neighbours).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import group_quant as _gq
+
+
+def inv_sqrt(n: int) -> float:
+    """``1/sqrt(n)`` rounded to float32 (the one constant both backends multiply by)."""
+    return float(torch.tensor(1.0 / math.sqrt(n), dtype=torch.float32))
+
+
+def _fwht_rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Normalized Walsh-Hadamard transform of every row of a float32 ``(rows, n)`` tensor."""
+    h = 1
+    while h < n:
+        y = x.reshape(x.shape[0], n // (2 * h), 2, h)
+        a, b = y[:, :, 0], y[:, :, 1]
+        x = torch.stack((a + b, a - b), dim=2).reshape(-1, n)
+        h *= 2
+    return x * inv_sqrt(n)
+
+
+def rotate(x: torch.Tensor, hadamard_size: int) -> torch.Tensor:
+    """1-D x (numel % hadamard_size == 0) -> float32 ``x.view(-1, n) @ H``, flattened."""
+    return _fwht_rows(x.reshape(-1, hadamard_size).float(), hadamard_size).reshape(-1)
+
+
+def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
+             noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused rotate + group quantize: ``group_quant.quantize(rotate(x), ...)``; ``noise`` is
+    indexed like the rotated values."""
+    return _gq.quantize(rotate(x, hadamard_size), bits, group_size, noise)
+
+
+def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
+               hadamard_size: int, dtype: torch.dtype = torch.float32,
+               inverse: bool = True) -> torch.Tensor:
+    """Dequantize, then (``inverse``) rotate back, in float32; cast to ``dtype`` last."""
+    y = _gq.dequantize(packed, scale, bits, group_size)
+    return (rotate(y, hadamard_size) if inverse else y).to(dtype)
+
+
+def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
+                   hadamard_size: int, inverse: bool = True) -> torch.Tensor:
+    """Sum of P peers in the rotated domain (``packed`` (P, nbytes), ``scale`` (P, groups)),
+    then one inverse rotation (``sum_i H g_i = H sum_i g_i``, SDP4Bit 3.3). float32."""
+    y = _gq.dequantize_sum(packed, scale, bits, group_size)
+    return rotate(y, hadamard_size) if inverse else y
