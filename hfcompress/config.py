@@ -1,0 +1,106 @@
+"""``CompressionConfig`` and the named presets users type (DESIGN.md "Presets").
+
+A preset is only a named configuration: any weight scheme composes with any gradient scheme
+and with LoCo error feedback. ``get_config("sdp4bit")`` returns a fresh, editable copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from .compressors import Compressor, get_compressor
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A registered compressor name and its parameters (builds fresh instances)."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def build(self) -> Compressor:
+        return get_compressor(self.name, **self.params)
+
+
+@dataclass
+class CompressionConfig:
+    """What each collective sends.
+
+    - ``weights``: the all-gather scheme (FSDP forward/backward weights); None = exact.
+    - ``grad_intra`` / ``grad_inter``: the reduce-scatter schemes of the intra-node and the
+      inter-node all-to-all hop (``two_hop=True``, ZeRO++ B.3 / SDP4Bit 3.2); with
+      ``two_hop=False`` only ``grad_inter`` is used, as a 1-hop all-to-all. None = exact.
+    - ``loco``: LoCo error-feedback parameters (LoCo Alg. 1) wrapping the gradient scheme
+      of the hop that leaves the rank first; None = no error feedback.
+    - ``all_reduce``: the DDP / HSDP replica all-reduce scheme (Global-QSGD).
+    - ``hpz``: the backward all-gather stays inside the node (ZeRO++ 3.3).
+    - ``exact_patterns`` / ``min_numel``: parameters whose name contains one of the patterns,
+      or with fewer than ``min_numel`` values, are communicated exactly (QSDP keeps norms,
+      biases and small tensors in full precision).
+    """
+
+    weights: Scheme | None = None
+    grad_intra: Scheme | None = None
+    grad_inter: Scheme | None = None
+    two_hop: bool = False
+    loco: dict[str, Any] | None = None
+    all_reduce: Scheme | None = None
+    hpz: bool = False
+    exact_patterns: tuple[str, ...] = ("norm", "bias")
+    min_numel: int = 0
+    name: str = "custom"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_INT4_W = Scheme("int", {"bits": 4, "group_size": 2048, "rounding": "nearest"})
+_INT8_W = Scheme("int", {"bits": 8, "group_size": 2048, "rounding": "nearest"})
+_QWD = Scheme("qwd")
+_INT4_G = Scheme("int", {"bits": 4, "group_size": 128, "rounding": "stochastic"})
+_INT8_G = Scheme("int", {"bits": 8, "group_size": 128, "rounding": "stochastic"})
+_HS8 = Scheme("hadamard", {"bits": 8, "group_size": 128, "hadamard_size": 32})
+_HS4 = Scheme("hadamard", {"bits": 4, "group_size": 128, "hadamard_size": 32})
+_LOCO = {"beta": 0.2, "reset_every": 512, "error_scale": "group"}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "qw": {"weights": _INT4_W},
+    "qwd": {"weights": _QWD},
+    "ulq": {"grad_intra": _INT4_G, "grad_inter": _INT4_G, "two_hop": True},
+    "tlq": {"grad_intra": _INT8_G, "grad_inter": _INT4_G, "two_hop": True},
+    "tlq_hs": {"grad_intra": _HS8, "grad_inter": _HS4, "two_hop": True},
+    "sdp4bit": {"weights": _QWD, "grad_intra": _HS8, "grad_inter": _HS4, "two_hop": True},
+    "zeropp": {"weights": _INT8_W, "hpz": True, "grad_intra": _INT4_G, "grad_inter": _INT4_G,
+               "two_hop": True},
+    "qsdp": {"weights": Scheme("random_shift", {"bits": 8, "bucket_size": 1024}),
+             "grad_inter": Scheme("qsgd", {"bits": 8, "bucket_size": 1024}), "min_numel": 1024},
+    "qsdp_learned": {"weights": Scheme("learned", {"bits": 5, "bucket_size": 1024}),
+                     "grad_inter": Scheme("learned", {"bits": 4, "bucket_size": 1024}),
+                     "min_numel": 1024},
+    "global_qsgd": {"all_reduce": Scheme("global_qsgd", {"bits": 8})},
+    "global_qsgd_exp": {"all_reduce": Scheme("global_qsgd_exp", {"bits": 8})},
+    "loco": {"grad_inter": Scheme("int", {"bits": 4, "group_size": 128, "rounding": "nearest"}),
+             "loco": _LOCO},
+    "loco_zeropp": {"weights": _INT8_W, "hpz": True, "grad_intra": _INT4_G,
+                    "grad_inter": _INT4_G, "two_hop": True, "loco": _LOCO},
+}
+
+
+def list_presets() -> list[str]:
+    return list(PRESETS)
+
+
+def get_config(preset: str | CompressionConfig) -> CompressionConfig:
+    """The :class:`CompressionConfig` of a preset name (a config passes through)."""
+    if isinstance(preset, CompressionConfig):
+        return preset
+    if preset not in PRESETS:
+        close = difflib.get_close_matches(str(preset), PRESETS, n=3)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise ValueError(f"unknown comm_compressor preset {preset!r}.{hint} "
+                         f"Valid presets: {', '.join(PRESETS)}")
+    return CompressionConfig(name=preset, **PRESETS[preset])
