@@ -1,0 +1,86 @@
+"""Quantized reduce-scatter as a 1-hop all-to-all (ZeRO++ B.3.1, Fig. 7).
+
+``input`` is flat ``world * S`` values, logically ``[world, S]`` (row r goes to rank r);
+``output`` gets this rank's S values. Each rank compresses the ``world`` rows, the uint8
+payloads go through one ``all_to_all_single``, and the receiver sums what it got with
+``compressor.reduce`` (float32; a compressed-domain sum where the scheme has one).
+With ``compressor=None`` this is torch's ``reduce_scatter_single`` (``reduce_scatter_tensor``).
+A group of one rank sends nothing and compresses nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..compressors.base import Compressor
+from .hop import Exchange, reduce_scatter_single
+from .streams import StreamOwner, Streams, stateless_only
+from .topology import Topology
+from .wire_meter import WireMeter, peer_is_remote
+
+
+def check_op(op: Any) -> None:
+    if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+        raise ValueError(f"quantized reduce-scatter supports op ReduceOp.SUM or ReduceOp.AVG, "
+                         f"got {op}")
+
+
+def check_sizes(name: str, output: torch.Tensor, input: torch.Tensor, world: int) -> int:
+    s = output.numel()
+    if input.numel() != world * s:
+        raise ValueError(f"{name}: input has {input.numel()} values, expected world size "
+                         f"{world} x output {s} = {world * s}")
+    return s
+
+
+def write_result(output: torch.Tensor, total: torch.Tensor, op: Any, world: int) -> None:
+    """``output <- total`` (float32 sum), divided by ``world`` for AVG, in output's dtype."""
+    if op == dist.ReduceOp.AVG:
+        total = total / world
+    output.copy_(total.reshape(output.shape))
+
+
+class QuantizedReduceScatter(StreamOwner):
+    """1-hop all-to-all reduce-scatter through ``compressor`` (None: exact)."""
+
+    def __init__(self, compressor: Compressor | None = None, topology: Topology | None = None,
+                 meter: WireMeter | None = None, tag: str = "reduce_scatter") -> None:
+        self.compressor = compressor
+        self.streams = {"hop": Streams(compressor)} if compressor is not None else {}
+        self.topology, self.meter, self.tag = topology, meter, tag
+
+    def __call__(self, output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
+                 group: dist.ProcessGroup | None = None) -> None:
+        if group is None:
+            group = self.topology.group if self.topology else dist.group.WORLD
+        world, me = dist.get_world_size(group), dist.get_rank(group)
+        s = check_sizes("reduce_scatter", output, input, world)
+        remote = peer_is_remote(group, self.topology)
+        if self.compressor is None:
+            if self.meter is not None:
+                self.meter.record_sends(self.tag, [s * input.element_size()] * world, remote, me)
+            reduce_scatter_single(output, input.reshape(-1).contiguous(), op=op, group=group)
+            return
+        check_op(op)
+        rows = input.reshape(world, s)
+        if world == 1 or s == 0:
+            write_result(output, rows[0].float(), op, world)
+            return
+        streams = self.streams["hop"]
+        streams.check_layout((world, s))
+        packeds = [streams[("send", k)].compress(rows[k]) for k in range(world)]
+        recv = streams["recv"]
+        got = Exchange(packeds, recv.unflatten, group, self.meter, self.tag, remote).wait()
+        write_result(output, recv.reduce(got), op, world)
+
+
+def reduce_scatter(output: torch.Tensor, input: torch.Tensor, compressor: Compressor | None = None,
+                   op: Any = dist.ReduceOp.SUM, group: dist.ProcessGroup | None = None,
+                   topology: Topology | None = None, meter: WireMeter | None = None,
+                   tag: str = "reduce_scatter") -> None:
+    """One 1-hop reduce-scatter with a stateless compressor (see ``QuantizedReduceScatter``)."""
+    stateless_only([compressor], "QuantizedReduceScatter")
+    QuantizedReduceScatter(compressor, topology, meter, tag)(output, input, op, group)

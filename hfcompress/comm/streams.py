@@ -1,0 +1,89 @@
+"""Compressor instances per stream, for schemes that keep state between calls.
+
+A stateful compressor (SDP4Bit qWD references, LoCo error buffers) must see one tensor
+stream per instance: a collective keys an instance (``compressor.fresh()``) by what it
+compresses (all-gather slot, destination slice, hop, chunk). Stateless compressors are
+shared. The layout a stateful stream was built for may not change between calls.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any, Hashable
+
+from ..compressors.base import Compressor
+
+
+class Streams:
+    def __init__(self, compressor: Compressor) -> None:
+        self.compressor = compressor
+        self._instances: dict[Hashable, Compressor] = {}
+        self._layout: Any = None
+
+    @property
+    def stateful(self) -> bool:
+        return bool(self.compressor.stateful)
+
+    def __getitem__(self, key: Hashable) -> Compressor:
+        if not self.stateful:
+            return self.compressor
+        if key not in self._instances:
+            self._instances[key] = self.compressor.fresh()
+        return self._instances[key]
+
+    def instances(self) -> list[Compressor]:
+        """Every instance in use (e.g. to call LoCo's ``step()`` once per optimizer step)."""
+        return list(self._instances.values()) if self.stateful else [self.compressor]
+
+    def check_layout(self, layout: Any) -> None:
+        """A stateful stream set serves one layout (shape, group size, chunks) for life."""
+        if not self.stateful:
+            return
+        if self._layout is not None and self._layout != layout:
+            raise ValueError(f"{self.compressor.name} keeps state per stream, built for layout "
+                             f"{self._layout}; got {layout}. Use one collective object per "
+                             f"tensor and process group.")
+        self._layout = layout
+
+    def state_dict(self) -> dict[str, Any]:
+        """Per-stream states, or the shared compressor's (e.g. its RNG) if stateless."""
+        if not self.stateful:
+            return {"shared": self.compressor.state_dict()}
+        return {"layout": self._layout,
+                "streams": {repr(k): c.state_dict() for k, c in self._instances.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not self.stateful:
+            self.compressor.load_state_dict(state["shared"])
+            return
+        self._layout = state["layout"]
+        self._instances = {}
+        for key, st in state["streams"].items():
+            c = self.compressor.fresh()
+            c.load_state_dict(st)
+            self._instances[ast.literal_eval(key)] = c
+
+
+class StreamOwner:
+    """State plumbing of a collective holding named ``Streams`` in ``self.streams``."""
+
+    streams: dict[str, Streams]
+
+    def compressors(self) -> list[Compressor]:
+        """Every compressor instance in use (call LoCo's ``step()`` on each per optimizer step)."""
+        return [c for s in self.streams.values() for c in s.instances()]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: s.state_dict() for name, s in self.streams.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, st in state.items():
+            self.streams[name].load_state_dict(st)
+
+
+def stateless_only(compressors: list[Compressor | None], cls: str) -> None:
+    """The one-shot functions cannot keep state between calls."""
+    for c in compressors:
+        if c is not None and c.stateful:
+            raise ValueError(f"{c.name} keeps state between calls: use one {cls} object per "
+                             f"tensor instead of the one-shot function")

@@ -1,0 +1,140 @@
+"""Quantized reduce-scatter as the 2-hop all-to-all (ZeRO++ B.3, E.3, F.1.2; SDP4Bit Alg. 3).
+
+X ranks per node, Y nodes, rank ``n*X + l``. Row j of the ``[P, S]`` input goes to rank j.
+The rows are reordered as ``[0, X, 2X, .., (Y-1)X, 1, X+1, ..]`` (ZeRO++ B.3.2, Eq. 2): local
+rank l then receives, from every rank of its node, the Y rows ``{n*X + l}``, sums them (hop 1,
+intra-node), and sends row ``n*X + l`` to rank ``n*X + l`` of node n (hop 2, inter-node),
+where the final sum lands on its owner. Each hop has its own compressor (TLq: int8 intra,
+int4 inter; None: the values in their own dtype). A hop over a group of one rank sends and
+compresses nothing.
+
+TLq-HS (SDP4Bit 3.3): when both hops are Hadamard compressors of the same size, each row is
+rotated once, both hops use ``compress_rotated`` / ``reduce_rotated``, and one inverse
+rotation follows the final sum.
+
+``chunks`` > 1 splits the S columns into pipeline stages (ZeRO++ F.1.2, Alg. 2): the
+inter-node hop of chunk c runs while the intra-node hop of chunk c+1 is in flight.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..compressors.base import Compressor
+from .hop import Exchange, RawCodec
+from .reduce_scatter import check_op, check_sizes, write_result
+from .streams import StreamOwner, Streams, stateless_only
+from .topology import Topology
+from .wire_meter import WireMeter, peer_is_remote
+
+ROTATED_API = ("rotate", "compress_rotated", "reduce_rotated")
+
+
+def slice_order(ranks_per_node: int, num_nodes: int) -> list[int]:
+    """ZeRO++ B.3.2 Eq. 2: position ``l*Y + n`` holds row ``n*X + l``."""
+    return [n * ranks_per_node + l for l in range(ranks_per_node) for n in range(num_nodes)]
+
+
+def rotated_pair(intra: Compressor | None, inter: Compressor | None) -> bool:
+    """Both hops are Hadamard compressors of one size: the SDP4Bit 3.3 simplifications apply."""
+    return all(c is not None and all(hasattr(c, a) for a in ROTATED_API) for c in (intra, inter)) \
+        and getattr(intra, "hadamard_size", None) == getattr(inter, "hadamard_size", None)
+
+
+class TwoHopReduceScatter(StreamOwner):
+    """Reduce-scatter over ``topology``'s world: intra-node hop, then inter-node hop."""
+
+    def __init__(self, topology: Topology, intra: Compressor | None = None,
+                 inter: Compressor | None = None, chunks: int = 1, meter: WireMeter | None = None,
+                 tag: str = "reduce_scatter_2hop") -> None:
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+            raise ValueError(f"chunks={chunks!r} must be a positive int (1: no pipelining)")
+        self.topology, self.chunks, self.meter, self.tag = topology, chunks, meter, tag
+        self.rotated = rotated_pair(intra, inter)
+        self.streams = {"intra": Streams(intra or RawCodec()),
+                        "inter": Streams(inter or RawCodec())}
+        self.raw_inter = inter is None
+        self._remote = {"intra": peer_is_remote(topology.intra_group, topology),
+                        "inter": peer_is_remote(topology.inter_group, topology)}
+
+    def __call__(self, output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
+                 group: dist.ProcessGroup | None = None) -> None:
+        """``group`` (optional, e.g. FSDP's) must span the topology's world."""
+        topo = self.topology
+        p, x, y = topo.world_size, topo.ranks_per_node, topo.num_nodes
+        if group is not None and dist.get_world_size(group) != p:
+            raise ValueError(f"reduce_scatter_2hop runs over the topology's {p} ranks; got a "
+                             f"group of {dist.get_world_size(group)}")
+        s = check_sizes("reduce_scatter_2hop", output, input, p)
+        check_op(op)
+        rows = input.reshape(p, s)
+        if self.rotated:  # SDP4Bit 3.3: H once per row, before the first quantization
+            h = self.streams["intra"].compressor
+            rows = torch.stack([h.rotate(r) for r in rows]) if s else rows.float()
+        rows = rows[slice_order(x, y)]
+        bounds = _chunk_bounds(s, self.chunks)
+        for name in self.streams:
+            self.streams[name].check_layout((p, x, s, len(bounds)))
+        total = torch.empty(s, dtype=torch.float32, device=input.device)
+        hop1 = self._hop1(rows, bounds, 0) if bounds else None
+        hop2 = []
+        for c, (a, b) in enumerate(bounds):
+            partial = hop1()
+            if c + 1 < len(bounds):
+                hop1 = self._hop1(rows, bounds, c + 1)
+            hop2.append((a, b, self._hop2(partial, b - a, c, input.dtype)))
+        for a, b, finish in hop2:
+            total[a:b] = finish()
+        if self.rotated:  # one inverse after the final sum (sum_i H g_i = H sum_i g_i)
+            total = self.streams["inter"].compressor.rotate(total)
+        write_result(output, total, op, p)
+
+    def _hop1(self, rows: torch.Tensor, bounds: list[tuple[int, int]], c: int):
+        """Start the intra-node all-to-all of chunk c; returns a function giving the node's
+        partial sums of this local rank's Y rows, flat ``(Y * width,)``."""
+        x, y = self.topology.ranks_per_node, self.topology.num_nodes
+        a, b = bounds[c]
+        parts = [rows[l * y:(l + 1) * y, a:b].reshape(-1) for l in range(x)]
+        if x == 1:
+            return lambda: parts[0]
+        return self._exchange("intra", parts, c, self.topology.intra_group)
+
+    def _hop2(self, partial: torch.Tensor, width: int, c: int, dtype: torch.dtype):
+        """Start the inter-node all-to-all of chunk c; returns a function giving its sum."""
+        if self.raw_inter:  # compression off sends the input's dtype, as torch's collective
+            partial = partial.to(dtype)
+        parts = list(partial.reshape(self.topology.num_nodes, width))
+        if len(parts) == 1:
+            return lambda: parts[0].float()
+        return self._exchange("inter", parts, c, self.topology.inter_group)
+
+    def _exchange(self, hop: str, parts: list[torch.Tensor], c: int, group: dist.ProcessGroup):
+        streams = self.streams[hop]
+        if self.rotated:
+            packeds = [streams[(k, c)].compress_rotated(t) for k, t in enumerate(parts)]
+        else:
+            packeds = [streams[(k, c)].compress(t) for k, t in enumerate(parts)]
+        recv = streams[("recv", c)]
+        ex = Exchange(packeds, recv.unflatten, group, self.meter, self.tag,
+                      self._remote[hop], async_op=True)
+        reduce = recv.reduce_rotated if self.rotated else recv.reduce
+        return lambda: reduce(ex.wait()).reshape(-1).float()
+
+
+def _chunk_bounds(s: int, chunks: int) -> list[tuple[int, int]]:
+    """Column ranges of at most ``chunks`` non-empty, near-equal pipeline chunks."""
+    n = min(chunks, s)
+    edges = [s * i // n for i in range(n + 1)] if n else []
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def reduce_scatter_2hop(output: torch.Tensor, input: torch.Tensor, topology: Topology,
+                        intra: Compressor | None = None, inter: Compressor | None = None,
+                        op: Any = dist.ReduceOp.SUM, chunks: int = 1,
+                        meter: WireMeter | None = None, tag: str = "reduce_scatter_2hop") -> None:
+    """One 2-hop reduce-scatter with stateless compressors (see ``TwoHopReduceScatter``)."""
+    stateless_only([intra, inter], "TwoHopReduceScatter")
+    TwoHopReduceScatter(topology, intra, inter, chunks, meter, tag)(output, input, op)
