@@ -40,6 +40,8 @@ class CompressionConfig:
     - ``exact_patterns`` / ``min_numel``: parameters whose name contains one of the patterns,
       or with fewer than ``min_numel`` values, are communicated exactly (QSDP keeps norms,
       biases and small tensors in full precision).
+    - ``seed``: base seed of the stochastic schemes; each rank, module and direction draws
+      its own stream from it (a scheme's own ``seed`` parameter replaces it).
     """
 
     weights: Scheme | None = None
@@ -51,6 +53,7 @@ class CompressionConfig:
     hpz: bool = False
     exact_patterns: tuple[str, ...] = ("norm", "bias")
     min_numel: int = 0
+    seed: int = 0
     name: str = "custom"
 
     def to_dict(self) -> dict[str, Any]:

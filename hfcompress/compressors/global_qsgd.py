@@ -1,1 +1,252 @@
-"""(being written)"""
+"""Global-QSGD: all-reduce compatible quantization with one global scale (Global-QSGD 3-4).
+
+Every peer quantizes with the same scale, the all-reduced MAX of the local norms
+(ℓ∞, the paper's default, Global-QSGD 8), so payloads add up in the compressed domain.
+How a collective uses it (Alg. 1)::
+
+    s = comp.local_scale(x)                  # max|x|; +Inf if x holds Inf or NaN
+    all_reduce(s, op=MAX)                    # one float: the global scale
+    p = comp.compress(x, scale=s)
+    # global_qsgd:     all_reduce(p.payload["codes"], op=SUM)  (exact, cannot overflow)
+    # global_qsgd_exp: p = comp.combine(p, peer_p) along a tree of depth <= comp.headroom
+    total = comp.decompress(p)               # the sum over peers (divide by n for the mean)
+
+``compress(x)`` without a scale uses the local one (single-process use). ``scale`` must be at
+least ``local_scale(x)`` (the MAX guarantees it); values above it are clipped. Non-finite
+input makes the global scale Inf, and every peer then decodes NaN/Inf. Give each rank its
+own ``seed``: peers sharing noise get correlated rounding errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from .. import kernels
+from ..kernels import global_qsgd as _twin
+from .base import Compressor, Packed, check_choice, check_float_input
+from .registry import register_compressor
+from .rng import SeededRNG
+
+_TRITON = "triton_global_qsgd"
+_WIRE_DTYPES = {8: torch.int8, 16: torch.int16, 32: torch.int32}
+
+
+def _check_positive_int(scheme: str, param: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{scheme}: {param}={value!r} must be a positive integer")
+
+
+def _same_scale(scheme: str, packeds: Sequence[Packed]) -> None:
+    """Payloads add up in the compressed domain only when quantized with one scale."""
+    if not packeds:
+        raise ValueError(f"{scheme}: needs at least one payload")
+    ref = packeds[0].payload["scale"].view(torch.int32)
+    for p in packeds[1:]:
+        scale = p.payload["scale"].view(torch.int32)
+        if p.numel != packeds[0].numel or not torch.equal(scale, ref):
+            raise ValueError(f"{scheme}: payloads must have the same shape and the same global "
+                             f"scale (compress(x, scale=all_reduce_max(local_scale(x))))")
+
+
+class _GlobalScaled(Compressor):
+    """What both dithering schemes share: the global scale, the noise, the peer count."""
+
+    unbiased = True
+
+    def __init__(self, num_peers: int, bits: int, allowed_bits: tuple[int, ...], seed: int,
+                 backend: str, **params: Any) -> None:
+        _check_positive_int(self.name, "num_peers", num_peers)
+        check_choice(self.name, "bits", bits, allowed_bits)
+        check_choice(self.name, "backend", backend, kernels.dispatch.BACKENDS)
+        super().__init__(num_peers=num_peers, bits=bits, seed=seed, backend=backend, **params)
+        self.num_peers, self.bits, self.backend = num_peers, bits, backend
+        self.rng = SeededRNG(seed)
+
+    def _levels(self, levels: Any, most: int, why: str) -> int:
+        if most < 1:
+            raise ValueError(f"{self.name}: bits={self.bits} cannot hold {why}; use more bits "
+                             f"or fewer num_peers")
+        if levels == "auto":
+            return most
+        _check_positive_int(self.name, "levels", levels)
+        if levels > most:
+            raise ValueError(f"{self.name}: levels={levels} overflows {why}; the maximum for "
+                             f"num_peers={self.num_peers} and bits={self.bits} is {most} "
+                             f"(or levels='auto')")
+        return levels
+
+    def _impl(self, t: torch.Tensor):
+        return kernels.dispatch.pick(t, self.backend, _twin, _TRITON)
+
+    def local_scale(self, x: torch.Tensor) -> torch.Tensor:
+        """This peer's ℓ∞ norm as a float32 tensor of one element (+Inf if x is not finite)."""
+        check_float_input(self.name, x)
+        if x.numel() == 0:
+            return torch.zeros(1, dtype=torch.float32, device=x.device)
+        m = x.detach().abs().amax().float().reshape(1)
+        return torch.where(torch.isfinite(m), m, torch.full_like(m, float("inf")))
+
+    def _scale(self, x: torch.Tensor, scale: Any) -> torch.Tensor:
+        if scale is None:
+            return self.local_scale(x)
+        s = torch.as_tensor(scale, dtype=torch.float32, device=x.device).detach()
+        if s.numel() != 1:
+            raise ValueError(f"{self.name}: scale must hold one value, got shape {tuple(s.shape)}")
+        return s.reshape(1).clone()
+
+    def _check_peers(self, packeds: Sequence[Packed]) -> None:
+        _same_scale(self.name, packeds)
+        if len(packeds) > self.num_peers:
+            raise ValueError(f"{self.name}: {len(packeds)} payloads but num_peers="
+                             f"{self.num_peers}: the compressed sum could overflow")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "rng" in state:
+            self.rng.load_state_dict(state["rng"])
+
+
+@register_compressor("global_qsgd")
+class GlobalQSGD(_GlobalScaled):
+    """Linear dithering L_s (Global-QSGD 4.2): signed integer levels, summed by all_reduce(SUM).
+
+    ``bits`` is the wire integer (8, 16, 32 -> int8/int16/int32). ``levels="auto"`` takes the
+    most that cannot overflow when ``num_peers`` payloads are summed:
+    ``(2**(bits-1) - 1) // num_peers`` (the paper's overflow argument, 4.2), at most 2**24.
+    Defaults (bits 8, one peer): 127 levels; 4 peers: 31; 8 peers: 15.
+    Note: gloo and NCCL have no int16 SUM, so bits=16 cannot use a stock all_reduce.
+    """
+
+    def __init__(self, num_peers: int = 1, bits: int = 8, levels: Any = "auto", seed: int = 0,
+                 backend: str = "auto") -> None:
+        super().__init__(num_peers, bits, tuple(_WIRE_DTYPES), seed, backend, levels=levels)
+        most = min(((1 << (bits - 1)) - 1) // num_peers, _twin.MAX_LINEAR_LEVELS)
+        self.levels = self._levels(levels, most, f"the sum of {num_peers} peers in int{bits}")
+        self.wire_dtype = _WIRE_DTYPES[bits]
+
+    def payload_spec(self, numel: int) -> dict[str, tuple[torch.dtype, int]]:
+        return {"scale": (torch.float32, 1), "codes": (self.wire_dtype, numel)}
+
+    def compress(self, x: torch.Tensor, scale: Any = None) -> Packed:
+        check_float_input(self.name, x)
+        s = self._scale(x, scale)
+        flat = x.reshape(-1)
+        codes = self._impl(flat).linear_quantize(flat, s, self.levels, self.rng.uniform_like(flat),
+                                                 self.wire_dtype)
+        return Packed({"scale": s, "codes": codes}, x.shape, x.dtype)
+
+    def _decode(self, codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self._impl(codes).linear_dequantize(codes, scale, self.levels, dtype)
+
+    def decompress(self, packed: Packed) -> torch.Tensor:
+        p = packed.payload
+        return self._decode(p["codes"], p["scale"], packed.dtype).reshape(packed.shape)
+
+    def reduce_packed(self, packeds: Sequence[Packed]) -> Packed:
+        """The exact integer sum of at most ``num_peers`` payloads, in the wire integer."""
+        self._check_peers(packeds)
+        total = torch.stack([p.payload["codes"] for p in packeds]).sum(0, dtype=torch.int64)
+        first = packeds[0]
+        return Packed({"scale": first.payload["scale"].clone(), "codes": total.to(self.wire_dtype)},
+                      first.shape, first.dtype)
+
+    def reduce(self, packeds: Sequence[Packed]) -> torch.Tensor:
+        """Sum of the decompressions: exact integer sum, then one float multiply (float32)."""
+        _same_scale(self.name, packeds)
+        total = torch.stack([p.payload["codes"] for p in packeds]).sum(0, dtype=torch.int64)
+        return self._decode(total, packeds[0].payload["scale"], torch.float32) \
+            .reshape(packeds[0].shape)
+
+
+@register_compressor("global_qsgd_exp")
+class GlobalQSGDExp(_GlobalScaled):
+    """Exponential dithering E_s with C_nat rounding and the exponent reduce (Global-QSGD 4.2-4.3).
+
+    Levels ``1, 1/2, ..., 2**-(levels-1)`` and 0 relative to the global scale, unbiased
+    rounding to the two neighbouring levels (variance <= 1/8 of x**2 above the last level:
+    the 9/8 factor of C_nat). Wire code per value: sign bit + (bits-1)-bit exponent ``e``
+    (``bits`` 8: one byte; 4: two per byte, low nibble first), plus the float32 scale.
+    ``headroom`` (the paper's division by 2n, 4.3) shifts exponents so that a sum may double
+    ``headroom`` times: ``"auto"`` = ceil(log2(num_peers)), enough for a tree reduce; a ring
+    (a chain of num_peers - 1 combines) needs ``headroom = num_peers - 1``.
+    ``levels="auto"`` = ``2**(bits-1) - 1 - headroom``: 8 bits, 1 peer -> 127; 8 peers -> 124;
+    4 bits, 4 peers -> 5.
+    """
+
+    def __init__(self, num_peers: int = 1, bits: int = 8, levels: Any = "auto",
+                 headroom: Any = "auto", seed: int = 0, backend: str = "auto") -> None:
+        super().__init__(num_peers, bits, (4, 8), seed, backend, levels=levels, headroom=headroom)
+        need = (num_peers - 1).bit_length()
+        if headroom == "auto":
+            headroom = need
+        elif not isinstance(headroom, int) or isinstance(headroom, bool) or headroom < need:
+            raise ValueError(f"global_qsgd_exp: headroom={headroom!r} must be 'auto' or an integer "
+                             f">= ceil(log2(num_peers)) = {need} (num_peers - 1 for a ring)")
+        self.headroom = headroom
+        emax = (1 << (bits - 1)) - 1
+        self.levels = self._levels(levels, emax - headroom,
+                                   f"exponents up to {emax} with headroom {headroom}")
+
+    def _padded(self, numel: int) -> int:
+        per_byte = 8 // self.bits
+        return -(-numel // per_byte) * per_byte
+
+    def payload_spec(self, numel: int) -> dict[str, tuple[torch.dtype, int]]:
+        return {"scale": (torch.float32, 1),
+                "codes": (torch.uint8, self._padded(numel) * self.bits // 8)}
+
+    def compress(self, x: torch.Tensor, scale: Any = None) -> Packed:
+        check_float_input(self.name, x)
+        s = self._scale(x, scale)
+        flat = x.reshape(-1)
+        pad = self._padded(flat.numel()) - flat.numel()
+        flat = torch.nn.functional.pad(flat, (0, pad)) if pad else flat
+        codes = self._impl(flat).exp_quantize(flat, s, self.levels, self.headroom, self.bits,
+                                              self.rng.uniform_like(flat))
+        return Packed({"scale": s, "codes": codes}, x.shape, x.dtype)
+
+    def _decode(self, packed: Packed, dtype: torch.dtype) -> torch.Tensor:
+        p = packed.payload
+        out = self._impl(p["codes"]).exp_dequantize(p["codes"], p["scale"], self.headroom,
+                                                    self.bits, dtype)
+        return out[:packed.numel].reshape(packed.shape)
+
+    def decompress(self, packed: Packed) -> torch.Tensor:
+        return self._decode(packed, packed.dtype)
+
+    def reduce(self, packeds: Sequence[Packed]) -> torch.Tensor:
+        """Sum of the decompressions in float32 (exact decoding, no compressed-domain rounding)."""
+        if not packeds:
+            raise ValueError(f"{self.name}: reduce() needs at least one payload")
+        total = self._decode(packeds[0], torch.float32)
+        for p in packeds[1:]:
+            total = total + self._decode(p, torch.float32)
+        return total
+
+    def combine(self, a: Packed, b: Packed, noise: torch.Tensor | None = None) -> Packed:
+        """C_nat(a + b) in the compressed domain (Alg. 2): one exponent reduce step.
+
+        Unbiased, variance <= (a + b)**2 / 8 per value. ``noise`` (float32 U[0, 1), one per
+        code, i.e. per padded value) defaults to this compressor's generator.
+        """
+        _same_scale(self.name, (a, b))
+        ca, cb = a.payload["codes"], b.payload["codes"]
+        if noise is None:
+            noise = self.rng.uniform_like(torch.empty(ca.numel() * 8 // self.bits,
+                                                      device=ca.device))
+        codes = self._impl(ca).exp_combine(ca, cb, self.bits, noise)
+        return Packed({"scale": a.payload["scale"].clone(), "codes": codes}, a.shape, a.dtype)
+
+    def reduce_packed(self, packeds: Sequence[Packed]) -> Packed:
+        """The compressed-domain sum of at most ``num_peers`` payloads: a pairwise tree of
+        :meth:`combine` (depth ceil(log2 n) <= headroom, so it cannot overflow)."""
+        self._check_peers(packeds)
+        level = list(packeds)
+        while len(level) > 1:
+            nxt = [self.combine(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+            level = nxt + level[len(level) - len(level) % 2:]
+        return level[0]

@@ -1,15 +1,17 @@
 """Symmetric absmax group quantization, torch twin of ``triton_group_quant.py``.
 
 SDP4Bit 2.2 / ZeRO++ 3.2: per group of ``group_size`` values, ``scale = absmax / qmax`` with
-``qmax = 2**(bits-1) - 1``; ``q = round(x * qmax / absmax)`` in ``[-qmax, qmax]`` (nearest:
-``floor(y + 0.5)``; stochastic: ``floor(y + u)``, u ~ U[0, 1) given as ``noise``), stored as
-the unsigned code ``q + 2**(bits-1)`` packed densely (``packing.py``).
+``qmax = 2**(bits-1) - 1``; ``q = round(x * inv)`` with ``inv = (1 / absmax) * qmax``, clamped
+to ``[-qmax, qmax]`` (nearest: ``floor(y + 0.5)``; stochastic: ``floor(y + u)``, u ~ U[0, 1)
+given as ``noise``), stored as the unsigned code ``q + 2**(bits-1)`` packed densely
+(``packing.py``). Every step is one IEEE float32 operation, never contracted into an FMA.
 
 Numbers every backend reproduces bit for bit:
 - all-zero group: scale 0, codes all ``2**(bits-1)``, decodes to exact zeros;
-- a group holding Inf or NaN: scale NaN and zero codes, so the whole group decodes to NaN
-  (a non-finite value is never turned into finite garbage).
+- a group holding Inf or NaN: scale NaN and every code ``2**(bits-1)`` (level 0), so the
+  whole group decodes to NaN (a non-finite value is never turned into finite garbage).
 Inputs are 1-D with ``numel % group_size == 0`` (the compressors pad); math is float32.
+On CPU, ``dispatch.pick`` runs these functions through ``torch.compile`` (same numbers).
 """
 
 from __future__ import annotations
@@ -18,26 +20,31 @@ import torch
 
 from .packing import pack_codes, unpack_codes
 
+#: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU
+COMPILE_ON_CPU = ("quantize", "dequantize", "dequantize_sum", "dequantize_sum_quantize")
+
 
 def qmax_of(bits: int) -> int:
     return (1 << (bits - 1)) - 1
 
 
 def group_scales(g: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row (scale, inverse scale) of a float32 ``(groups, group_size)`` view."""
+    """Per-row (scale, inverse scale) of a float32 ``(groups, group_size)`` view:
+    ``absmax / qmax`` and ``(1 / absmax) * qmax``, each IEEE float32 operation rounded on its
+    own (the reciprocal form because Inductor rewrites ``qmax / absmax`` into it)."""
     qmax = qmax_of(bits)
     absmax = g.abs().amax(dim=1)
     finite = torch.isfinite(absmax)
-    scale = torch.where(finite, absmax / qmax, torch.full_like(absmax, float("nan")))
-    inv = torch.where(finite & (absmax > 0), qmax / absmax, torch.zeros_like(absmax))
+    scale = torch.where(finite, absmax / qmax, float("nan"))
+    inv = torch.where(finite & (absmax > 0), absmax.reciprocal() * qmax, 0.0)
     return scale, inv
 
 
 def round_codes(y: torch.Tensor, bits: int, noise: torch.Tensor | None) -> torch.Tensor:
-    """float32 values already in level units -> unsigned uint8 codes."""
+    """float32 values already in level units -> unsigned uint8 codes (NaN -> level 0)."""
     qmax = qmax_of(bits)
     q = torch.floor(y + (0.5 if noise is None else noise.reshape(y.shape)))
-    q = torch.nan_to_num(q, nan=0.0).clamp_(-qmax, qmax)
+    q = torch.where(q == q, q.clamp(-qmax, qmax), 0.0)
     return (q + (qmax + 1)).to(torch.uint8)
 
 

@@ -3,6 +3,10 @@
 Layout (same in the Triton kernels): 8 bit one code per byte; 4 bit two codes per byte, the
 first in the low nibble; 2 bit four codes per byte, the first in the lowest two bits; 6 bit
 four codes in three bytes, as one little-endian 24-bit word c0 | c1<<6 | c2<<12 | c3<<18.
+
+The bits move inside whole integer words (codes one per byte, or packed bytes) with shifts
+and masks: element-wise integer ops that ``torch.compile`` vectorizes, no concatenation.
+Byte order is little-endian.
 """
 
 from __future__ import annotations
@@ -12,6 +16,10 @@ import torch
 SUPPORTED_BITS = (2, 4, 6, 8)
 #: codes per packing unit and bytes per unit
 _UNIT = {8: (1, 1), 4: (2, 1), 2: (4, 1), 6: (4, 3)}
+#: packing works on words of one byte per code: their type and width in bits
+_WORD = {4: (torch.int64, 64), 2: (torch.int64, 64), 6: (torch.int32, 32)}
+#: signed type as wide as the packed bytes of one word (where one exists)
+_PACKED_INT = {4: torch.int32, 2: torch.int16}
 
 
 def packed_nbytes(numel: int, bits: int) -> int:
@@ -22,36 +30,62 @@ def packed_nbytes(numel: int, bits: int) -> int:
     return numel // codes * nbytes
 
 
+def _steps(bits: int) -> list[tuple[int, int, int]]:
+    """Lane-merging steps ``(shift, low, high)`` from 16-bit lanes up to the word: a lane
+    whose two halves each hold a ``v``-bit value at their bottom becomes one ``2v``-bit
+    value; ``low``/``high`` select the low and high ``v`` bits of every merged lane."""
+    steps, v, lane, width = [], bits, 16, _WORD[bits][1]
+    while lane <= width:
+        low = sum(((1 << v) - 1) << i for i in range(0, width, lane))
+        steps.append((lane // 2 - v, low, low << v))
+        v, lane = 2 * v, 2 * lane
+    return steps
+
+
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """uint8 codes (each < 2**bits), 1-D -> densely packed uint8 bytes."""
+    codes = codes.reshape(-1)
+    nbytes = packed_nbytes(codes.numel(), bits)
     if bits == 8:
-        return codes.reshape(-1)
-    n, _ = _UNIT[bits]
-    c = codes.reshape(-1, n)
-    if bits == 4:
-        return (c[:, 0] | (c[:, 1] << 4)).reshape(-1)
-    if bits == 2:
-        return (c[:, 0] | (c[:, 1] << 2) | (c[:, 2] << 4) | (c[:, 3] << 6)).reshape(-1)
-    b0 = c[:, 0] | (c[:, 1] << 6)
-    b1 = (c[:, 1] >> 2) | (c[:, 2] << 4)
-    b2 = (c[:, 2] >> 4) | (c[:, 3] << 2)
-    return torch.stack([b0, b1, b2], dim=1).reshape(-1)
+        return codes
+    word, width = _WORD[bits]
+    per_word = width // 8
+    pad = (-codes.numel()) % per_word
+    if pad or (not torch.compiler.is_compiling() and codes.storage_offset() % per_word):
+        codes = torch.nn.functional.pad(codes, (0, pad))  # Tensor.view needs an aligned start
+    w = codes.view(word)
+    for shift, low, high in _steps(bits):
+        w = (w & low) | ((w >> shift) & high)
+    if bits in _PACKED_INT:
+        out = w.to(_PACKED_INT[bits]).view(torch.uint8)
+    else:
+        out = torch.stack([(w >> (8 * m)) & 0xFF for m in range(3)], dim=1).to(torch.uint8)
+    return out.reshape(-1)[:nbytes]
+
+
+def _spread(word: torch.Tensor, bits: int, k: int) -> torch.Tensor:
+    """int32 holding ``k`` packed ``bits``-bit codes at its bottom -> code j in byte j."""
+    mask = (1 << bits) - 1
+    out = word & mask
+    for j in range(1, k):
+        out = out | ((word << ((8 - bits) * j)) & (mask << (8 * j)))
+    return out
 
 
 def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """Inverse of :func:`pack_codes`: packed uint8 bytes -> one uint8 code per value."""
+    packed = packed.reshape(-1)
     if bits == 8:
-        return packed.reshape(-1)
-    if bits == 4:
-        p = packed.reshape(-1, 1)
-        return torch.cat([p & 0xF, p >> 4], dim=1).reshape(-1)
-    if bits == 2:
-        p = packed.reshape(-1, 1)
-        return torch.cat([p & 3, (p >> 2) & 3, (p >> 4) & 3, p >> 6], dim=1).reshape(-1)
-    p = packed.reshape(-1, 3)
-    b0, b1, b2 = p[:, 0], p[:, 1], p[:, 2]
-    c0 = b0 & 0x3F
-    c1 = (b0 >> 6) | ((b1 & 0xF) << 2)
-    c2 = (b1 >> 4) | ((b2 & 0x3) << 4)
-    c3 = b2 >> 2
-    return torch.stack([c0, c1, c2, c3], dim=1).reshape(-1)
+        return packed
+    if bits == 2:  # a byte -> an int32 of four codes
+        return _spread(packed.to(torch.int32), 2, 4).view(torch.uint8)
+    if bits == 6:  # three bytes -> an int32 of four codes
+        b = packed.reshape(-1, 3).to(torch.int32)
+        return _spread(b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16), 6, 4).view(torch.uint8)
+    n = packed.numel()  # 4 bits: four bytes -> an int64 of eight codes
+    b = torch.nn.functional.pad(packed, (0, -n % 4)) if n % 4 else packed
+    b = b.reshape(-1, 4).to(torch.int64)
+    w = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
+    for shift, low, high in reversed(_steps(4)):
+        w = (w & low) | ((w << shift) & (high << shift))
+    return w.view(torch.uint8)[:2 * n]

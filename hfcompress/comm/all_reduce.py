@@ -1,0 +1,185 @@
+"""Quantized all-reduce: Global-QSGD (Alg. 1, 4.2, 4.3) and group-quantized / LoCo schemes.
+
+``QuantizedAllReduce(compressor)(tensor, op)`` reduces ``tensor`` in place over a group;
+every rank ends with bit-identical values (all decode the same bytes). By compressor:
+
+- ``None``: torch's ``all_reduce`` (exact).
+- ``global_qsgd`` (linear dithering, 4.2): one ``all_reduce(MAX)`` of the local scales, then
+  a stock ``all_reduce(SUM)`` of the integer codes: an exact sum that cannot overflow because
+  the level count leaves room for ``num_peers`` = group size (checked).
+- ``global_qsgd_exp`` (exponential dithering, 4.3): the ``C_nat`` exponent reduce (Alg. 2),
+  which no stock all-reduce runs. After the MAX of the scales: an all-to-all of code chunks
+  (rank k gets chunk k from everyone), a pairwise ``combine`` tree of depth ceil(log2 n) on
+  rank k, then an all-gather of the combined chunks. Only codes travel (the scale is known).
+- any other compressor (``int`` 8/4 bit groups, ``loco`` wrapping one): compress chunks ->
+  all-to-all -> fp32 sum on the chunk's owner -> compress -> all-gather (LoCo 3.2, A.1).
+  A stateful compressor keeps one stream per chunk sent and one for the gathered chunk, so
+  LoCo error feedback applies to the local gradient before it is sent, and to the owner's
+  reduced chunk.
+
+Wire meter (what each rank sends, direct sends): the stock all-reduce counts as
+reduce-scatter + all-gather of equal chunks; the MAX of the scales as 4 bytes per peer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..compressors.base import Compressor, Packed
+from ..compressors.global_qsgd import GlobalQSGD, GlobalQSGDExp
+from ..compressors.loco import LoCo
+from .hop import Exchange, all_gather_single
+from .reduce_scatter import check_op
+from .streams import StreamOwner, Streams, stateless_only
+from .topology import Topology
+from .wire_meter import WireMeter, peer_is_remote
+
+SCALE_BYTES = 4
+_STOCK_SUM_BITS = (8, 32)   # gloo and NCCL have no int16 SUM
+
+
+def group_size_check(compressor: Compressor, world: int) -> None:
+    """Global-QSGD payloads sum in the compressed domain: ``num_peers`` must be the group size
+    (fewer overflows the wire integer, more wastes levels)."""
+    if isinstance(compressor, (GlobalQSGD, GlobalQSGDExp)) and compressor.num_peers != world:
+        raise ValueError(f"{compressor.name}: num_peers={compressor.num_peers} but the all-reduce "
+                         f"group has {world} ranks; build it with num_peers={world} (the level "
+                         f"count must leave room for the sum of {world} peers, Global-QSGD 4.2)")
+
+
+class QuantizedAllReduce(StreamOwner):
+    """In-place all-reduce of one tensor stream through ``compressor`` (None: exact)."""
+
+    def __init__(self, compressor: Compressor | None = None, topology: Topology | None = None,
+                 meter: WireMeter | None = None, tag: str = "all_reduce") -> None:
+        if isinstance(compressor, LoCo) and isinstance(compressor.inner,
+                                                       (GlobalQSGD, GlobalQSGDExp)):
+            raise ValueError("loco around global_qsgd is not supported: LoCo compresses with the "
+                             "inner's own scales, Global-QSGD needs the all-reduced one")
+        if isinstance(compressor, GlobalQSGD) and compressor.bits not in _STOCK_SUM_BITS:
+            raise ValueError(f"global_qsgd: bits={compressor.bits} has no stock all_reduce(SUM) "
+                             f"in gloo or NCCL; use bits 8 or 32")
+        self.compressor = compressor
+        self.streams = {"all_reduce": Streams(compressor)} if compressor is not None else {}
+        self.topology, self.meter, self.tag = topology, meter, tag
+
+    def __call__(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM,
+                 group: dist.ProcessGroup | None = None) -> torch.Tensor:
+        """Reduce ``tensor`` (any shape, fp32/bf16/fp16) in place; returns it."""
+        if group is None:
+            group = self.topology.group if self.topology else dist.group.WORLD
+        world, me = dist.get_world_size(group), dist.get_rank(group)
+        flat = tensor.reshape(-1) if tensor.is_contiguous() else tensor.contiguous().reshape(-1)
+        if self.compressor is None:
+            self._record(_stock_all_reduce_bytes(flat.numel(), flat.element_size(), world, me),
+                         group, me)
+            dist.all_reduce(flat, op=op, group=group)
+        else:
+            check_op(op)
+            if world == 1 or flat.numel() == 0:
+                return tensor
+            group_size_check(self.compressor, world)
+            streams = self.streams["all_reduce"]
+            streams.check_layout((world, flat.numel()))
+            if isinstance(self.compressor, GlobalQSGD):
+                total = self._linear(flat, group, world, me)
+            elif isinstance(self.compressor, GlobalQSGDExp):
+                total = self._exponential(flat, group, world, me)
+            else:
+                total = self._chunked(flat, streams, group, world, me)
+            if op == dist.ReduceOp.AVG:
+                total = total / world
+            flat.copy_(total)
+        if flat.data_ptr() != tensor.data_ptr():
+            tensor.copy_(flat.view(tensor.shape))
+        return tensor
+
+    # -- Global-QSGD ----------------------------------------------------------------------
+    def _global_scale(self, flat: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        """Alg. 1 line 1: the MAX of the local ℓ∞ norms over the group (+Inf if one is not
+        finite)."""
+        scale = self.compressor.local_scale(flat)
+        dist.all_reduce(scale, op=dist.ReduceOp.MAX, group=group)
+        return scale
+
+    def _linear(self, flat, group, world, me) -> torch.Tensor:
+        """Linear dithering: exact integer sum by a stock all_reduce(SUM) (4.2)."""
+        c = self.compressor
+        scale = self._global_scale(flat, group)
+        codes = c.compress(flat, scale=scale).payload["codes"]
+        self._record([SCALE_BYTES * (k != me) + b for k, b in enumerate(
+            _stock_all_reduce_bytes(codes.numel(), codes.element_size(), world, me))], group, me)
+        dist.all_reduce(codes, op=dist.ReduceOp.SUM, group=group)
+        return c.decompress(Packed({"scale": scale, "codes": codes}, flat.shape, torch.float32))
+
+    def _exponential(self, flat, group, world, me) -> torch.Tensor:
+        """Exponential dithering: all-to-all of code chunks, C_nat tree on the owner (Alg. 2),
+        all-gather of the combined chunks (4.3)."""
+        c = self.compressor
+        scale = self._global_scale(flat, group)
+        rows = _rows(flat, world)
+        width = rows.shape[1]
+        send = torch.cat([c.compress(r, scale=scale).payload["codes"] for r in rows])
+        n = send.numel() // world
+        recv = torch.empty_like(send)
+        self._record([(SCALE_BYTES + 2 * n) * (k != me) for k in range(world)], group, me)
+        dist.all_to_all_single(recv, send, group=group)
+        got = [Packed({"scale": scale, "codes": recv[k * n:(k + 1) * n]}, torch.Size([width]),
+                      torch.float32) for k in range(world)]
+        mine = c.reduce_packed(got).payload["codes"]
+        gathered = torch.empty_like(recv)
+        all_gather_single(gathered, mine.contiguous(), group=group)
+        out = [c.decompress(Packed({"scale": scale, "codes": gathered[k * n:(k + 1) * n]},
+                                   torch.Size([width]), torch.float32)) for k in range(world)]
+        return torch.cat(out)[:flat.numel()]
+
+    # -- any other compressor -------------------------------------------------------------
+    def _chunked(self, flat, streams: Streams, group, world, me) -> torch.Tensor:
+        """compress -> all-to-all -> fp32 sum on the owner -> compress -> all-gather."""
+        rows = _rows(flat, world)
+        width = rows.shape[1]
+        packeds = [streams[("send", k)].compress(rows[k]) for k in range(world)]
+        recv = streams["recv"]
+        got = Exchange(packeds, recv.unflatten, group, None, self.tag,
+                       [False] * world).wait()
+        part = recv.reduce(got).reshape(-1).float()
+        buf = streams["gather"].compress(part).flat()
+        n, m = buf.numel(), got[0].nbytes()
+        self._record([(m + n) * (k != me) for k in range(world)], group, me)
+        gathered = torch.empty(world * n, dtype=torch.uint8, device=buf.device)
+        all_gather_single(gathered, buf, group=group)
+        out = [recv.decompress(recv.unflatten(gathered[k * n:(k + 1) * n], (width,),
+                                              torch.float32)) for k in range(world)]
+        return torch.cat(out)[:flat.numel()]
+
+    def _record(self, per_peer: list[int], group: dist.ProcessGroup, me: int) -> None:
+        if self.meter is not None:
+            self.meter.record_sends(self.tag, per_peer, peer_is_remote(group, self.topology), me)
+
+
+def _rows(flat: torch.Tensor, world: int) -> torch.Tensor:
+    """``flat`` zero-padded to ``world`` equal chunks, as ``[world, ceil(numel / world)]``."""
+    width = -(-flat.numel() // world)
+    pad = world * width - flat.numel()
+    return torch.nn.functional.pad(flat, (0, pad)).view(world, width) if pad \
+        else flat.view(world, width)
+
+
+def _stock_all_reduce_bytes(numel: int, itemsize: int, world: int, me: int) -> list[int]:
+    """Bytes sent to each peer by an all-reduce as reduce-scatter + all-gather of near-equal
+    chunks: chunk k to peer k, then this rank's reduced chunk to every peer."""
+    edges = [numel * k // world for k in range(world + 1)]
+    size = [(edges[k + 1] - edges[k]) * itemsize for k in range(world)]
+    return [(size[k] + size[me]) * (k != me) for k in range(world)]
+
+
+def all_reduce(tensor: torch.Tensor, compressor: Compressor | None = None,
+               op: Any = dist.ReduceOp.SUM, group: dist.ProcessGroup | None = None,
+               topology: Topology | None = None, meter: WireMeter | None = None,
+               tag: str = "all_reduce") -> torch.Tensor:
+    """One in-place quantized all-reduce with a stateless compressor (``QuantizedAllReduce``)."""
+    stateless_only([compressor], "QuantizedAllReduce")
+    return QuantizedAllReduce(compressor, topology, meter, tag)(tensor, op, group)

@@ -1,0 +1,108 @@
+"""Which values of an FSDP2 module's flat buffers are sent exactly (QSDP 5.1: norms, biases
+and small tensors stay in full precision).
+
+FSDP2 packs a module's parameters into one flat buffer per collective: a rank's all-gather
+slot, and each row of the ``[world, S]`` reduce-scatter input, hold parameter after parameter
+(the param group's ``fsdp_params`` order) that parameter's dim-0-padded shard of
+``padded_sharded_param_size.numel()`` values (torch's ``_fsdp_collectives.foreach_all_gather``
+and ``foreach_reduce_scatter_copy_in``). :class:`SlotLayout` names those ranges and splits a
+slot into the columns sent exactly and the columns compressed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One parameter's range of a slot: its name, values per slot, and whether it is exact."""
+
+    name: str
+    numel: int
+    exact: bool
+
+
+def is_exact(name: str, numel: int, patterns: Sequence[str], min_numel: int) -> bool:
+    """A parameter whose name contains one of ``patterns``, or with fewer than ``min_numel``
+    values (its full, unsharded size), is communicated exactly."""
+    return numel < min_numel or any(p in name for p in patterns)
+
+
+class SlotLayout:
+    """The parameter segments of one slot and the index of its compressed / exact columns."""
+
+    def __init__(self, segments: Sequence[Segment]) -> None:
+        self.segments = tuple(segments)
+        self.numel = sum(s.numel for s in self.segments)
+        mask = torch.cat([torch.full((s.numel,), s.exact) for s in self.segments]) \
+            if self.segments else torch.zeros(0, dtype=torch.bool)
+        self.compressed_index = mask.logical_not().nonzero().reshape(-1)
+        self.exact_index = mask.nonzero().reshape(-1)
+        self.exact_numel = self.exact_index.numel()
+
+    @property
+    def mixed(self) -> bool:
+        """Both exact and compressed columns: the collective must be split."""
+        return 0 < self.exact_numel < self.numel
+
+    @property
+    def all_exact(self) -> bool:
+        return self.exact_numel == self.numel
+
+    def split(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[k, S]`` -> (compressed columns ``[k, S_c]``, exact columns ``[k, S_e]``)."""
+        return (rows.index_select(1, self.compressed_index.to(rows.device)),
+                rows.index_select(1, self.exact_index.to(rows.device)))
+
+    def merge(self, rows: torch.Tensor, compressed: torch.Tensor, exact: torch.Tensor) -> None:
+        """Write the two column sets back into ``rows`` (``[k, S]``, in place)."""
+        rows.index_copy_(1, self.compressed_index.to(rows.device), compressed.to(rows.dtype))
+        rows.index_copy_(1, self.exact_index.to(rows.device), exact.to(rows.dtype))
+
+    def __repr__(self) -> str:
+        return (f"SlotLayout({len(self.segments)} params, {self.numel} values per slot, "
+                f"{self.exact_numel} exact)")
+
+
+def param_names(model: nn.Module, param_group) -> list[str]:
+    """Fully qualified names (from ``model``) of an FSDP param group's parameters, in order."""
+    module_names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+    names = []
+    for fp in param_group.fsdp_params:
+        info = fp._module_info
+        prefix = module_names.get(id(info.module), "?")
+        names.append(f"{prefix}.{info.param_name}" if prefix else info.param_name)
+    return names
+
+
+class GroupLayouts:
+    """The slot layouts of one FSDP param group.
+
+    The all-gather slot holds every parameter. The reduce-scatter rows hold only the
+    parameters that got a gradient; when that is not all of them, the layout of the
+    parameters that require gradients is tried, and ``None`` (no known layout) is returned
+    when neither matches the buffer size.
+    """
+
+    def __init__(self, model: nn.Module, param_group, patterns: Sequence[str],
+                 min_numel: int) -> None:
+        self.param_group = param_group
+        self.names = param_names(model, param_group)
+        self.segments = [Segment(n, fp.padded_sharded_param_size.numel(),
+                                 is_exact(n, fp._orig_size.numel(), patterns, min_numel))
+                         for n, fp in zip(self.names, param_group.fsdp_params)]
+        self.full = SlotLayout(self.segments)
+        trainable = [s for s, fp in zip(self.segments, param_group.fsdp_params)
+                     if fp.sharded_param.requires_grad]
+        self.trainable = SlotLayout(trainable)
+
+    def for_numel(self, numel: int) -> SlotLayout | None:
+        for layout in (self.full, self.trainable):
+            if layout.numel == numel:
+                return layout
+        return None

@@ -1,0 +1,141 @@
+"""Global-QSGD quantizers and the exponent reduce, torch twin of ``triton_global_qsgd.py``.
+
+Every peer quantizes with the same global scale (Global-QSGD Alg. 1), given as a float32
+tensor of one element; ``t = min(|x| / scale, 1)``. The noise is float32 U[0, 1), one draw
+per code. All integer and float steps below are the ones the Triton kernels run, so both
+give the same bits for the same noise.
+
+Linear dithering (Global-QSGD 4.2, L_s): ``q = floor(y) + (u < y - floor(y))`` with
+``y = t * sign(x) * levels``, a signed integer in ``[-levels, levels]``; decoded
+``q * (scale / levels)``.
+
+Exponential dithering (Global-QSGD 4.2-4.3, E_s with C_nat rounding): levels ``2**-j``,
+``j = 0 .. levels-1``, and 0. ``t`` rounds to one of its two neighbouring levels, unbiased
+(below the last level: to 0 or ``2**-(levels-1)``). The wire code is ``(sign, e)``
+(Global-QSGD eq. 3): ``e = 0`` is zero, else the value is ``sign * scale * 2**(1 + headroom - e)``,
+so a peer's codes use ``e = j + 1 + headroom`` and ``headroom`` doublings of the sum fit
+before ``e`` reaches 1. Code layout (``bits`` = 8 or 4): the sign bit (1 = negative) is the
+top bit, ``e`` the low ``bits - 1`` bits; 4-bit codes go two per byte, the first in the low
+nibble. The quantizer writes zeros with sign bit 0 (Alg. 2 may leave either sign on a zero).
+
+Non-finite scale (any peer held Inf/NaN): ``inv = 0`` so every code is 0, and decoding
+multiplies by the scale, so every value decodes to NaN or Inf (never finite garbage).
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: run through torch.compile on CPU by ``dispatch.pick`` (same numbers, several times faster)
+COMPILE_ON_CPU = ("linear_quantize", "linear_dequantize", "exp_quantize", "exp_dequantize",
+                  "exp_combine")
+#: float32 holds every integer up to 2**24 exactly: the largest linear level count.
+MAX_LINEAR_LEVELS = 1 << 24
+
+
+def scale_inverse(scale: torch.Tensor) -> torch.Tensor:
+    """``1 / scale``, or 0 when the scale is 0 or not finite (float32, one element)."""
+    s = scale.reshape(1).float()
+    ok = torch.isfinite(s) & (s > 0)
+    return torch.where(ok, 1.0 / torch.where(ok, s, torch.ones_like(s)), torch.zeros_like(s))
+
+
+def linear_step(scale: torch.Tensor, levels: int) -> torch.Tensor:
+    """The value of one linear level: ``scale / levels`` (float32, one element)."""
+    return scale.reshape(1).float() / levels
+
+
+def _unit(x: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """``min(|x| * inv, 1)`` in float32, NaN -> 0 (a new tensor)."""
+    return (x.float().abs() * inv).nan_to_num_(nan=0.0, posinf=1.0).clamp_max_(1.0)
+
+
+# -- linear dithering -------------------------------------------------------------------
+def linear_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, noise: torch.Tensor,
+                    wire_dtype: torch.dtype) -> torch.Tensor:
+    """1-D x -> signed integer codes in ``[-levels, levels]``, ``wire_dtype`` (Global-QSGD 4.2)."""
+    y = (x.float() * scale_inverse(scale)).nan_to_num_(nan=0.0, posinf=1.0, neginf=-1.0)
+    y = y.clamp_(-1.0, 1.0).mul_(float(levels))
+    q = torch.floor(y)
+    return q.add_(noise.reshape(y.shape) < y.sub_(q)).to(wire_dtype)
+
+
+def linear_dequantize(codes: torch.Tensor, scale: torch.Tensor, levels: int,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Integer codes (any integer dtype, e.g. a sum of peers) -> ``codes * scale / levels``."""
+    return (codes.float() * linear_step(scale, levels)).to(dtype)
+
+
+# -- exponential dithering --------------------------------------------------------------
+def _split(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Packed uint8 bytes -> one int32 code per value."""
+    c = codes.reshape(-1, 1).to(torch.int32)
+    if bits == 8:
+        return c.reshape(-1)
+    return torch.cat([c & 0xF, c >> 4], dim=1).reshape(-1)
+
+
+def _join(code: torch.Tensor, bits: int) -> torch.Tensor:
+    """One int32 code per value -> packed uint8 bytes."""
+    if bits == 4:
+        c = code.reshape(-1, 2)
+        code = c[:, 0] | (c[:, 1] << 4)
+    return code.to(torch.uint8)
+
+
+def exp_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, headroom: int, bits: int,
+                 noise: torch.Tensor) -> torch.Tensor:
+    """1-D x (numel a multiple of 8 // bits) -> packed (sign, e) codes (Global-QSGD 4.2)."""
+    t = _unit(x, scale_inverse(scale))
+    u = noise.reshape(t.shape)
+    tb = t.view(torch.int32)
+    jl = 127 - (tb >> 23)                                # t in [2**-jl, 2**(1-jl)), t >= 0
+    frac = (tb & 0x7FFFFF).float().mul_(1.0 / 8388608.0)  # (t - 2**-jl) / 2**-jl, exact
+    e_level = (jl + (1 + headroom)).sub_((u < frac).int())
+    e_sub = (u < t.mul_(float(2.0 ** (levels - 1)))).int().mul_(levels + headroom)
+    e = torch.where(jl <= levels - 1, e_level, e_sub)
+    neg = (x.float() < 0).logical_and_(e > 0).int()
+    return _join(e | (neg << (bits - 1)), bits)
+
+
+def exp_value(code: torch.Tensor, scale: torch.Tensor, headroom: int, bits: int) -> torch.Tensor:
+    """int32 (sign, e) codes -> ``sign * scale * 2**(1 + headroom - e)``; 0 if ``e = 0`` (eq. 3)."""
+    e = code & ((1 << (bits - 1)) - 1)
+    pow2 = ((128 + headroom - e) << 23).view(torch.float32)   # 2**(1 + headroom - e)
+    mag = torch.where(e > 0, pow2, torch.zeros_like(pow2)) * scale.reshape(1).float()
+    return torch.where((code >> (bits - 1)) == 1, -mag, mag)
+
+
+def exp_dequantize(codes: torch.Tensor, scale: torch.Tensor, headroom: int, bits: int,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Packed codes -> values (:func:`exp_value`), by a lookup table of the 256 byte values."""
+    table = exp_value(_split(torch.arange(256, dtype=torch.uint8, device=codes.device), bits),
+                      scale, headroom, bits).to(dtype).reshape(256, 8 // bits)
+    return table[codes.reshape(-1).int()].reshape(-1)
+
+
+def exp_combine(a: torch.Tensor, b: torch.Tensor, bits: int, noise: torch.Tensor) -> torch.Tensor:
+    """The exponent reduce (Global-QSGD Alg. 2): C_nat(x_a + x_b) of two packed code tensors.
+
+    ``k = -floor(log2(2**-m + [p - 2**-m]_+))`` is read from the bits of the noise ``p``,
+    with ``m = 2**(bits-1) - 1`` (the largest exponent the field holds, so
+    ``P(k > diff) = 2**-diff`` for every difference that can occur; the paper's m = s + 1
+    covers only differences up to s). With noise on torch.rand's 2**-24 grid this is exact
+    for diff <= 24 and off by < 2**-24 of the larger operand beyond. A same-sign pair with
+    ``e = 1`` would round up to ``e = 0`` (zero): the compressor's headroom prevents it.
+    """
+    m = (1 << (bits - 1)) - 1
+    ca, cb = _split(a, bits), _split(b, bits)
+    e1, e2 = ca & m, cb & m
+    sign1, sign2 = 1 - 2 * (ca >> (bits - 1)), 1 - 2 * (cb >> (bits - 1))
+    pb = noise.reshape(ca.shape).float().view(torch.int32)
+    k = torch.clamp(127 - ((pb >> 23) & 0xFF), max=m)
+    gz1, gz2 = (e1 > 0).to(torch.int32), (e2 > 0).to(torch.int32)
+    sign12 = sign1 * sign2 * gz1 * gz2
+    diff = (e1 - e2).abs() - (1 - sign12) // 2
+    smaller = ((e1 <= e2).to(torch.int32) + (1 - gz2)) * gz1
+    non_zero = 1 - ((e1 == e2) & (sign12 == -1)).to(torch.int32)
+    sign_r = sign1 * smaller + sign2 * (1 - smaller)
+    e_r = (e1 * smaller + e2 * (1 - smaller)) * non_zero \
+        - sign12 * (k > diff).to(torch.int32) * non_zero
+    return _join(e_r | (((1 - sign_r) // 2) << (bits - 1)), bits)

@@ -1,0 +1,41 @@
+"""QSGD bucketed stochastic quantization (QSDP 3.2 and D.3), torch twin of ``triton_qsgd.py``.
+
+Norm: per bucket the max norm ``norm = max |x|``. QSDP 3.2 scales values "to the range [-1, 1]"
+before rounding and 5.1 sends per-bucket scaling meta-data; QSGD's l2 norm (Alistarh et al.
+2017) would leave a 1024-value bucket only a few levels per typical value.
+With ``s = 2**(bits-1) - 1`` levels per sign and u ~ U[0, 1) (``noise``, one per value), the
+level is ``l = floor(|x| * s / norm + u)`` in [0, s] and ``q = sign(x) * l``: the stochastic
+rounding of QSDP 3.2, unbiased, with per-value variance ``d**2 p (1 - p)``, ``d = norm / s`` and
+p the fraction of ``|x| / d``, so at most ``d**2 / 4`` and ``d |x|`` (QSDP D.3).
+
+Wire: code ``q + 2**(bits-1)`` packed densely (``packing.py``) and the float32 scale ``d`` per
+bucket: the layout of ``group_quant.py``, whose decoders are reused. A bucket holding Inf or NaN
+gets scale NaN and decodes to NaN; an all-zero bucket decodes to exact zeros.
+Inputs are 1-D with ``numel % bucket_size == 0`` (the compressors pad); math is float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .group_quant import dequantize, dequantize_sum, qmax_of  # noqa: F401 (same decode)
+from .packing import pack_codes
+
+#: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU (same numbers)
+COMPILE_ON_CPU = ("quantize", "dequantize", "dequantize_sum")
+
+
+def quantize(x: torch.Tensor, bits: int, bucket_size: int,
+             noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """1-D x -> (packed uint8 codes, float32 scales ``norm / s`` of shape (buckets,))."""
+    s = qmax_of(bits)
+    g = x.reshape(-1, bucket_size).float()
+    norm = g.abs().amax(dim=1)
+    ok = torch.isfinite(norm)
+    s_t = torch.full_like(norm, s)  # tensor / tensor: IEEE division, as div_rn in Triton
+    scale = torch.where(ok, norm / s_t, torch.full_like(norm, float("nan")))
+    inv = torch.where(ok & (norm > 0), s_t / norm, torch.zeros_like(norm))
+    level = torch.floor(g.abs() * inv[:, None] + noise.reshape(g.shape))
+    level = torch.nan_to_num(level, nan=0.0).clamp_(0, s)
+    q = torch.where(g < 0, -level, level)
+    return pack_codes((q + (s + 1)).to(torch.uint8).reshape(-1), bits), scale

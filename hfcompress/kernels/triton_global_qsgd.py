@@ -1,0 +1,214 @@
+"""Global-QSGD quantizers and the exponent reduce (Alg. 2) in Triton.
+
+Same functions, signatures and bits as the torch twin ``global_qsgd.py`` (see its docstring
+for the math and the code layout). One program handles ``BLOCK`` output elements (bytes for
+the exponential codes, two codes per byte at 4 bits); offsets are int64.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .global_qsgd import linear_step, scale_inverse
+
+BLOCK = 2048
+
+
+def _grid(n: int):
+    return (triton.cdiv(n, BLOCK),)
+
+
+@triton.jit
+def _cast_out(v, out_ptr):
+    """float32 -> the output dtype, rounding to nearest even (done by hand for bf16: the
+    interpreter truncates fp32 -> bf16 casts, GPUs round)."""
+    ty = out_ptr.dtype.element_ty
+    if ty == tl.bfloat16:
+        b = v.to(tl.int32, bitcast=True)
+        r = tl.where(v != v, 0x7FC00000, b + 0x7FFF + ((b >> 16) & 1))
+        return (r >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return v.to(ty)
+
+
+@triton.jit
+def _unit(x, inv):
+    """``min(|x| * inv, 1)`` in float32, NaN -> 0."""
+    t = tl.abs(x.to(tl.float32)) * inv
+    t = tl.where(t != t, 0.0, t)
+    return tl.where(t > 1.0, 1.0, t)
+
+
+# -- linear dithering -------------------------------------------------------------------
+@triton.jit
+def _linear_quantize_kernel(x_ptr, inv_ptr, noise_ptr, out_ptr, n, levels,
+                            BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(noise_ptr + offs, mask=mask, other=0.0)
+    y = x * tl.load(inv_ptr)
+    y = tl.where(y != y, 0.0, y)
+    y = tl.minimum(tl.maximum(y, -1.0), 1.0) * levels
+    fl = tl.floor(y)
+    q = fl + (u < y - fl).to(tl.float32)
+    tl.store(out_ptr + offs, q.to(tl.int32).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _linear_dequantize_kernel(codes_ptr, step_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    q = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.float32)
+    tl.store(out_ptr + offs, _cast_out(q * tl.load(step_ptr), out_ptr), mask=mask)
+
+
+def linear_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, noise: torch.Tensor,
+                    wire_dtype: torch.dtype) -> torch.Tensor:
+    x = x.contiguous()
+    out = torch.empty(x.numel(), dtype=wire_dtype, device=x.device)
+    if x.numel():
+        _linear_quantize_kernel[_grid(x.numel())](
+            x, scale_inverse(scale), noise.contiguous(), out, x.numel(), float(levels),
+            BLOCK=BLOCK)
+    return out
+
+
+def linear_dequantize(codes: torch.Tensor, scale: torch.Tensor, levels: int,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    codes = codes.contiguous()
+    out = torch.empty(codes.numel(), dtype=dtype, device=codes.device)
+    if codes.numel():
+        _linear_dequantize_kernel[_grid(codes.numel())](codes, linear_step(scale, levels), out,
+                                                        codes.numel(), BLOCK=BLOCK)
+    return out
+
+
+# -- exponential dithering --------------------------------------------------------------
+@triton.jit
+def _exp_code(x, u, inv, levels, headroom, sub_mult, BITS: tl.constexpr):
+    """One value -> its int32 (sign, e) code."""
+    t = _unit(x, inv)
+    tb = t.to(tl.int32, bitcast=True)
+    jl = 127 - (tb >> 23)
+    frac = (tb & 0x7FFFFF).to(tl.float32) * (1.0 / 8388608.0)
+    e_level = jl - (u < frac).to(tl.int32) + 1 + headroom
+    e_sub = tl.where(u < t * sub_mult, levels + headroom, 0)
+    e = tl.where(jl <= levels - 1, e_level, e_sub)
+    neg = ((x < 0) & (e > 0)).to(tl.int32)
+    return e | (neg << (BITS - 1))
+
+
+@triton.jit
+def _exp_quantize_kernel(x_ptr, inv_ptr, noise_ptr, out_ptr, nbytes, levels, headroom,
+                         sub_mult, BITS: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < nbytes
+    inv = tl.load(inv_ptr)
+    if BITS == 8:
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(noise_ptr + offs, mask=mask, other=0.0)
+        code = _exp_code(x, u, inv, levels, headroom, sub_mult, BITS)
+    else:
+        x0 = tl.load(x_ptr + 2 * offs, mask=mask, other=0.0).to(tl.float32)
+        x1 = tl.load(x_ptr + 2 * offs + 1, mask=mask, other=0.0).to(tl.float32)
+        u0 = tl.load(noise_ptr + 2 * offs, mask=mask, other=0.0)
+        u1 = tl.load(noise_ptr + 2 * offs + 1, mask=mask, other=0.0)
+        code = _exp_code(x0, u0, inv, levels, headroom, sub_mult, BITS) \
+            | (_exp_code(x1, u1, inv, levels, headroom, sub_mult, BITS) << 4)
+    tl.store(out_ptr + offs, code.to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def _exp_value(c, scale, headroom, BITS: tl.constexpr):
+    e = c & ((1 << (BITS - 1)) - 1)
+    pow2 = ((128 + headroom - e) << 23).to(tl.float32, bitcast=True)
+    mag = tl.where(e > 0, pow2, 0.0) * scale
+    return tl.where((c >> (BITS - 1)) == 1, -mag, mag)
+
+
+@triton.jit
+def _exp_dequantize_kernel(codes_ptr, scale_ptr, out_ptr, nbytes, headroom,
+                           BITS: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < nbytes
+    scale = tl.load(scale_ptr).to(tl.float32)
+    c = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
+    if BITS == 8:
+        tl.store(out_ptr + offs, _cast_out(_exp_value(c, scale, headroom, BITS), out_ptr),
+                 mask=mask)
+    else:
+        tl.store(out_ptr + 2 * offs, _cast_out(_exp_value(c & 0xF, scale, headroom, BITS), out_ptr),
+                 mask=mask)
+        tl.store(out_ptr + 2 * offs + 1,
+                 _cast_out(_exp_value(c >> 4, scale, headroom, BITS), out_ptr), mask=mask)
+
+
+@triton.jit
+def _exp_reduce(ca, cb, p, BITS: tl.constexpr):
+    """Global-QSGD Alg. 2 on two int32 (sign, e) codes with noise p (see the twin)."""
+    m: tl.constexpr = (1 << (BITS - 1)) - 1
+    e1 = ca & m
+    e2 = cb & m
+    sign1 = 1 - 2 * (ca >> (BITS - 1))
+    sign2 = 1 - 2 * (cb >> (BITS - 1))
+    k = tl.minimum(127 - ((p.to(tl.int32, bitcast=True) >> 23) & 0xFF), m)
+    gz1 = (e1 > 0).to(tl.int32)
+    gz2 = (e2 > 0).to(tl.int32)
+    sign12 = sign1 * sign2 * gz1 * gz2
+    diff = tl.abs(e1 - e2) - (1 - sign12) // 2
+    smaller = ((e1 <= e2).to(tl.int32) + (1 - gz2)) * gz1
+    non_zero = 1 - ((e1 == e2) & (sign12 == -1)).to(tl.int32)
+    sign_r = sign1 * smaller + sign2 * (1 - smaller)
+    e_r = (e1 * smaller + e2 * (1 - smaller)) * non_zero \
+        - sign12 * (k > diff).to(tl.int32) * non_zero
+    return e_r | (((1 - sign_r) // 2) << (BITS - 1))
+
+
+@triton.jit
+def _exp_combine_kernel(a_ptr, b_ptr, noise_ptr, out_ptr, nbytes, BITS: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < nbytes
+    ca = tl.load(a_ptr + offs, mask=mask, other=0).to(tl.int32)
+    cb = tl.load(b_ptr + offs, mask=mask, other=0).to(tl.int32)
+    if BITS == 8:
+        p = tl.load(noise_ptr + offs, mask=mask, other=0.0)
+        code = _exp_reduce(ca, cb, p, BITS)
+    else:
+        p0 = tl.load(noise_ptr + 2 * offs, mask=mask, other=0.0)
+        p1 = tl.load(noise_ptr + 2 * offs + 1, mask=mask, other=0.0)
+        code = _exp_reduce(ca & 0xF, cb & 0xF, p0, BITS) \
+            | (_exp_reduce(ca >> 4, cb >> 4, p1, BITS) << 4)
+    tl.store(out_ptr + offs, code.to(tl.uint8), mask=mask)
+
+
+def exp_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, headroom: int, bits: int,
+                 noise: torch.Tensor) -> torch.Tensor:
+    nbytes = x.numel() * bits // 8
+    out = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
+    if nbytes:
+        _exp_quantize_kernel[_grid(nbytes)](
+            x.contiguous(), scale_inverse(scale), noise.contiguous(), out, nbytes, levels,
+            headroom, float(2.0 ** (levels - 1)), BITS=bits, BLOCK=BLOCK)
+    return out
+
+
+def exp_dequantize(codes: torch.Tensor, scale: torch.Tensor, headroom: int, bits: int,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    codes = codes.contiguous()
+    out = torch.empty(codes.numel() * 8 // bits, dtype=dtype, device=codes.device)
+    if codes.numel():
+        _exp_dequantize_kernel[_grid(codes.numel())](codes, scale.reshape(1).float(), out,
+                                                     codes.numel(), headroom, BITS=bits,
+                                                     BLOCK=BLOCK)
+    return out
+
+
+def exp_combine(a: torch.Tensor, b: torch.Tensor, bits: int, noise: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(a)
+    if a.numel():
+        _exp_combine_kernel[_grid(a.numel())](a.contiguous(), b.contiguous(), noise.contiguous(),
+                                              out, a.numel(), BITS=bits, BLOCK=BLOCK)
+    return out

@@ -1,0 +1,89 @@
+"""The single-process parts of the FSDP2 integration: exact-column split/merge, the
+settings comparison, per-stream seeds, decoder-layer discovery, hpZ's reshard value."""
+
+import pytest
+import torch
+
+import hfcompress
+from hfcompress.compressors import get_compressor
+from hfcompress.config import Scheme, get_config
+from hfcompress.integrations.consistency import differences, flatten, plain
+from hfcompress.integrations.exact_params import Segment, SlotLayout, is_exact
+from hfcompress.integrations.fsdp import build, decoder_layers, hpz_reshard, stream_seed
+
+
+def test_is_exact_by_name_and_size():
+    pats = ("norm", "bias")
+    assert is_exact("model.layers.0.input_layernorm.weight", 4096, pats, 0)
+    assert is_exact("fc.bias", 4096, pats, 0)
+    assert not is_exact("fc.weight", 4096, pats, 0)
+    assert is_exact("fc.weight", 1023, pats, 1024)        # QSDP: small tensors exact
+    assert not is_exact("fc.weight", 1024, pats, 1024)
+
+
+def test_slot_layout_split_merge_round_trip():
+    segs = [Segment("a.weight", 5, False), Segment("a.norm", 3, True),
+            Segment("b.weight", 4, False), Segment("b.bias", 2, True)]
+    layout = SlotLayout(segs)
+    assert layout.numel == 14 and layout.exact_numel == 5 and layout.mixed
+    rows = torch.arange(3 * 14, dtype=torch.float32).reshape(3, 14)
+    comp, exact = layout.split(rows)
+    assert comp.shape == (3, 9) and exact.shape == (3, 5)
+    assert torch.equal(exact[0], torch.tensor([5., 6., 7., 12., 13.]))
+    assert torch.equal(comp[1], torch.tensor([14., 15., 16., 17., 18., 22., 23., 24., 25.]))
+    out = torch.full_like(rows, float("nan"))
+    layout.merge(out, comp, exact)
+    assert torch.equal(out, rows)
+    assert SlotLayout([Segment("n", 4, True)]).all_exact
+    assert not SlotLayout([Segment("w", 4, False)]).mixed
+    assert SlotLayout([]).numel == 0
+
+
+def test_differences_name_keys_and_ranks():
+    a = get_config("sdp4bit").to_dict()
+    b = get_config("sdp4bit")
+    b.grad_inter = Scheme("hadamard", {"bits": 8, "group_size": 128, "hadamard_size": 32})
+    b = b.to_dict()
+    assert differences([a, a, a]) == []
+    lines = differences([{"config": a, "x": 1}, {"config": b, "x": 1}, {"config": a, "x": 2}])
+    assert lines == ["  config.grad_inter.params.bits: rank 0: 4, rank 1: 8, rank 2: 4",
+                     "  x: rank 0: 1, rank 1: 1, rank 2: 2"]
+    assert differences([{"k": 1}, {}]) == ["  k: rank 0: 1, rank 1: <missing>"]
+    # compressor-valued parameters compare by their config, not by identity
+    s1 = {"inner": get_compressor("int", bits=4)}
+    s2 = {"inner": get_compressor("int", bits=4)}
+    assert differences([s1, s2]) == []
+    assert flatten(plain(s1))["inner.bits"] == 4
+
+
+def test_stream_seeds_and_build():
+    seeds = {stream_seed(0, r, m, d) for r in range(4) for m in range(3) for d in ("w", "g")}
+    assert len(seeds) == 24 and all(0 <= s < 2 ** 63 for s in seeds)
+    assert stream_seed(0, 1, 2, "w") == stream_seed(0, 1, 2, "w")
+    g = Scheme("int", {"bits": 4, "group_size": 128, "rounding": "stochastic"})
+    c1, c2 = build(g, 0, 0, 0, "grad"), build(g, 0, 1, 0, "grad")
+    assert c1.params["seed"] != c2.params["seed"]
+    x = torch.randn(4096)
+    assert not torch.equal(c1.decompress(c1.compress(x)), c2.decompress(c2.compress(x)))
+    # an explicit seed in the scheme is the base instead of the config's
+    assert build(Scheme("int", {"seed": 7}), 0, 0, 0, "g").params["seed"] == \
+        stream_seed(7, 0, 0, "g")
+    assert build(Scheme("qwd"), 0, 0, 0, "w").name == "qwd"       # no seed parameter
+    assert build(None, 0) is None
+
+
+def test_decoder_layers_and_hpz_reshard():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaMLP
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=2, num_key_value_heads=2)
+    model = LlamaForCausalLM(cfg)
+    layers = decoder_layers(model)
+    assert len(layers) == 3 and all(isinstance(m, LlamaDecoderLayer) for m in layers)
+    assert len(decoder_layers(model, (LlamaMLP,))) == 3
+    assert hpz_reshard(1, 4) is False and hpz_reshard(4, 4) is True and hpz_reshard(2, 8) == 2
+
+
+def test_apply_needs_torch_distributed():
+    with pytest.raises(RuntimeError, match="torch.distributed to be initialized"):
+        hfcompress.apply(torch.nn.Linear(2, 2), "sdp4bit")

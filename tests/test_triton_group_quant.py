@@ -1,0 +1,177 @@
+"""Triton group quantization kernels (kernels/triton_group_quant.py) == the torch twin, bit
+for bit, under the Triton interpreter (TRITON_INTERPRET=1, set in conftest.py)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hfcompress import get_compressor
+from hfcompress.kernels import dispatch
+from hfcompress.kernels import group_quant as twin
+
+pytestmark = [
+    pytest.mark.triton,
+    pytest.mark.skipif(not dispatch.triton_available(), reason="Triton not installed"),
+    # inf * 0 and NaN compares inside the interpreter's numpy are expected
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+]
+
+
+@pytest.fixture(scope="module")
+def tt():
+    from hfcompress.kernels import triton_group_quant
+    return triton_group_quant
+
+
+def same(a, b):
+    """Same dtype, shape, NaN positions and values (NaN payload bits may differ)."""
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and torch.equal(torch.isnan(a), torch.isnan(b))
+            and torch.equal(a.nan_to_num(), b.nan_to_num()))
+
+
+def make_input(n, gs, seed, dtype=torch.float32):
+    """Mixed magnitudes with an Inf group, a NaN group, a -Inf group and an all-zero group."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * torch.rand(n, generator=g).pow(3) * 10
+    x[3] = float("inf")
+    x[gs + 1] = float("nan")
+    x[3 * gs + 5] = float("-inf")
+    x[2 * gs: 3 * gs] = 0
+    return x.to(dtype)
+
+
+def peers(n, bits, gs, p, seed):
+    g = torch.Generator().manual_seed(seed)
+    qs = [twin.quantize(torch.randn(n, generator=g) * (i + 1), bits, gs) for i in range(p)]
+    return torch.stack([q[0] for q in qs]), torch.stack([q[1] for q in qs])
+
+
+@pytest.mark.parametrize("bits", [2, 4, 6, 8])
+@pytest.mark.parametrize("gs", [32, 96, 128])
+def test_quantize_equals_twin(tt, bits, gs):
+    n = gs * 150  # several programs, the last one partial
+    g = torch.Generator().manual_seed(bits + gs)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = make_input(n, gs, seed=bits * gs, dtype=dtype)
+        for noise in (None, torch.rand(n, generator=g)):
+            codes, scales = tt.quantize(x, bits, gs, noise)
+            ref_codes, ref_scales = twin.quantize(x, bits, gs, noise)
+            assert torch.equal(codes, ref_codes), (dtype, noise is None)
+            assert same(scales, ref_scales), (dtype, noise is None)
+
+
+def test_quantize_large_group_one_per_program(tt):
+    """group_size 4096 + 2048: tiles of one group (BLOCK_G = 1)."""
+    for gs in (2048, 4096):
+        x = make_input(gs * 4, gs, seed=gs)
+        for a, b in zip(tt.quantize(x, 4, gs), twin.quantize(x, 4, gs)):
+            assert same(a, b)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 6, 8])
+@pytest.mark.parametrize("gs", [32, 96, 128])
+def test_dequantize_equals_twin(tt, bits, gs):
+    x = make_input(gs * 150, gs, seed=bits)
+    codes, scales = twin.quantize(x, bits, gs)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        out = tt.dequantize(codes, scales, bits, gs, dtype)
+        assert same(out, twin.dequantize(codes, scales, bits, gs, dtype)), dtype
+        assert torch.isnan(out[:gs]).all() and torch.isnan(out[gs:2 * gs]).all()
+        assert (out[2 * gs:3 * gs] == 0).all()
+
+
+def test_bf16_output_rounds_to_nearest_even(tt):
+    """bf16 output is the float32 decode rounded to nearest even, on data where truncation
+    (the interpreter's own cast) would give other values."""
+    codes, scales = twin.quantize(make_input(128 * 8, 128, seed=2), 4, 128)
+    out = tt.dequantize(codes, scales, 4, 128, torch.bfloat16)
+    f32 = twin.dequantize(codes, scales, 4, 128)
+    assert same(out, f32.to(torch.bfloat16))
+    truncated = (f32.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+    assert not same(out, truncated)
+
+
+@pytest.mark.parametrize("bits, gs", [(4, 128), (8, 32), (2, 96), (6, 64)])
+def test_dequantize_sum_equals_twin(tt, bits, gs):
+    """P = 3 peers added in order 0, 1, 2 in float32; a non-finite group of one peer makes
+    that group NaN in the sum."""
+    n = gs * 40
+    pk, sc = peers(n, bits, gs, 3, seed=bits)
+    sc[1, 7] = float("nan")
+    out = tt.dequantize_sum(pk, sc, bits, gs)
+    assert same(out, twin.dequantize_sum(pk, sc, bits, gs))
+    assert torch.isnan(out[7 * gs: 8 * gs]).all() and torch.isfinite(out[:7 * gs]).all()
+
+
+@pytest.mark.parametrize("bits, gs, out_bits, out_gs", [
+    (8, 128, 4, 128), (4, 32, 8, 128), (8, 96, 4, 32), (4, 128, 2, 384), (6, 64, 6, 32)])
+def test_dequantize_sum_quantize_equals_twin(tt, bits, gs, out_bits, out_gs):
+    n = 384 * 10
+    pk, sc = peers(n, bits, gs, 3, seed=out_bits)
+    sc[2, 3] = float("inf")  # a non-finite input group
+    g = torch.Generator().manual_seed(1)
+    for noise in (None, torch.rand(n, generator=g)):
+        a = tt.dequantize_sum_quantize(pk, sc, bits, gs, out_bits, out_gs, noise)
+        b = twin.dequantize_sum_quantize(pk, sc, bits, gs, out_bits, out_gs, noise)
+        assert torch.equal(a[0], b[0]) and same(a[1], b[1])
+        assert torch.isnan(a[1]).any()
+
+
+def test_empty_inputs(tt):
+    codes, scales = tt.quantize(torch.zeros(0), 4, 128)
+    assert codes.numel() == 0 and scales.numel() == 0
+    assert tt.dequantize(codes, scales, 4, 128).numel() == 0
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_compressor_backends_agree(rounding):
+    """``int`` with backend='triton' gives the payloads, decodes and reduce of 'torch'."""
+    x = make_input(5000, 128, seed=9, dtype=torch.bfloat16).reshape(50, 100)
+    tri = get_compressor("int", bits=4, rounding=rounding, seed=4, backend="triton")
+    ref = get_compressor("int", bits=4, rounding=rounding, seed=4, backend="torch")
+    pt, pr = tri.compress(x), ref.compress(x)
+    assert torch.equal(pt.payload["codes"], pr.payload["codes"])
+    assert same(pt.payload["scales"], pr.payload["scales"])
+    assert same(tri.decompress(pt), ref.decompress(pr))
+    assert same(tri.reduce([pt, pr, pt]), ref.reduce([pr, pt, pr]))
+
+
+GPU_COMPILE = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from hfcompress.kernels import triton_group_quant as T
+
+def ptx(fn, sig, consts):
+    sig = {**sig, **{k: "constexpr" for k in consts}}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    k = triton.compile(src, target=GPUTarget("cuda", 80, 32), options={"enable_fp_fusion": False})
+    return k.asm["ptx"]
+
+u8, f32 = "*u8", "*fp32"
+q = ptx(T._quantize_kernel, dict(x_ptr="*bf16", noise_ptr=f32, packed_ptr=u8, scale_ptr=f32,
+        n_groups="i32"), dict(GS=96, BITS=6, STOCHASTIC=True, **T._tile_consts(6, 96)))
+d = ptx(T._dequantize_sum_kernel, dict(packed_ptr=u8, scale_ptr=f32, out_ptr="*i16", numel="i64",
+        n_peers="i32", peer_bytes="i64", peer_groups="i32"),
+        dict(GS=128, BITS=4, CPU=2, BPU=1, BLOCK=T.BLOCK_ELEMS, OUT_BF16=True))
+s = ptx(T._dequantize_sum_quantize_kernel, dict(packed_ptr=u8, scale_ptr=f32, noise_ptr=f32,
+        out_packed_ptr=u8, out_scale_ptr=f32, n_groups="i32", n_peers="i32", peer_bytes="i32",
+        peer_groups="i32"), dict(GS=128, BITS=8, CPU=1, BPU=1, OGS=32, OBITS=2, STOCHASTIC=False,
+        **{"O" + k if k in ("CPU", "BPU") else k: v for k, v in T._tile_consts(2, 32).items()}))
+print("div.rn.f32" in q, "div.full" in q + s, "fma.rn.f32" in q + d + s)
+"""
+
+
+def test_kernels_compile_for_a_gpu_without_fma():
+    """The kernels compile to PTX for sm_80 (no GPU needed), with IEEE division and no
+    fused multiply-add, the conditions of bit-exactness with the twin on a real GPU."""
+    pytest.importorskip("triton.backends.nvidia")
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    out = subprocess.run([sys.executable, "-c", GPU_COMPILE], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True", "False", "False"]
