@@ -9,3 +9,15 @@ from .api import apply
 
 __version__ = "0.1.0"
 __all__ = ["Compressor", "Packed", "apply", "get_compressor", "list_compressors", "register_compressor"]
+__all__ += ["Trainer", "TrainingArguments", "optim"]
+
+_LAZY = {"Trainer": ".trainer", "TrainingArguments": ".trainer", "optim": ".optim"}
+
+
+def __getattr__(name: str):
+    """``Trainer``, ``TrainingArguments`` and ``optim`` import transformers: loaded on use."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'hfcompress' has no attribute {name!r}")
+    import importlib
+    module = importlib.import_module(_LAZY[name], __name__)
+    return module if name == "optim" else getattr(module, name)

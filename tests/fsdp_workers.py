@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 import hfcompress
 from hfcompress.comm.hop import all_gather_single
@@ -198,13 +198,19 @@ def resume(preset, ranks_per_node: int, k: int = 4, r: int = 3) -> dict:
     again = run(k, r)
     restore(False)
     without = run(k, r)
-    return {"first": first, "again": again, "without": without}
+    other = copy.deepcopy(comp_state)
+    other["config"]["weights"] = None
+    try:
+        h.load_state_dict(other)
+        refused = None
+    except ValueError as err:
+        refused = str(err)
+    return {"first": first, "again": again, "without": without, "refused": refused}
 
 
-def api_checks(rank) -> dict:
+def api_checks() -> dict:
     """``apply`` on a model the user sharded (shard=False), ``remove()``, and the refusals:
     hpZ config on layers sharded without hpZ, no FSDP modules, an all-reduce-only preset."""
-    from torch.distributed.fsdp import fully_shard
     out = {}
     model = tiny_llama()
     for layer in model.model.layers:
@@ -249,12 +255,12 @@ def api_checks(rank) -> dict:
 
 
 def presets_worker(rank, world, presets, ranks_per_node, steps, probes, resume_presets=(),
-                   mismatch=False):
+                   api=False):
     """Every check of one spawned job: ``train`` per preset (``None``: plain FSDP2),
-    ``resume`` per stateful preset, the mismatched-config and the ``apply`` API checks."""
+    ``resume`` per stateful preset, and (``api``) the mismatched-config and API checks."""
     setup()
-    results = {"mismatch": mismatch_checks(rank) if mismatch else None,
-               "api": api_checks(rank) if mismatch else None}
+    results = {"mismatch": mismatch_checks(rank) if api else None,
+               "api": api_checks() if api else None}
     results["train"] = {p: train(p, ranks_per_node, steps, probes) for p in presets}
     results["resume"] = {p: resume(p, ranks_per_node) for p in resume_presets}
     return results

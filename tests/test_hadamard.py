@@ -390,3 +390,19 @@ def test_triton_kernels_compile_for_gpu(th):
     r = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_compiled_cpu_path_same_numbers(rounding, monkeypatch):
+    # conftest turns compilation off; backend="auto" on CPU with it on runs the twin through
+    # torch.compile (COMPILE_ON_CPU): payloads, decodes, reduce and rotate are bit-identical
+    monkeypatch.setenv("HFCOMPRESS_COMPILE", "1")
+    x = torch.randn(8 * 128 + 40, generator=torch.Generator().manual_seed(5))
+    eager = get_compressor("hadamard", rounding=rounding, backend="torch")
+    compiled = get_compressor("hadamard", rounding=rounding)
+    pe, pc = eager.compress(x), compiled.compress(x)
+    assert torch.equal(pe.payload["codes"], pc.payload["codes"])
+    assert torch.equal(pe.payload["scales"], pc.payload["scales"])
+    assert torch.equal(eager.decompress(pe), compiled.decompress(pc))
+    assert torch.equal(eager.reduce([pe, pe]), compiled.reduce([pc, pc]))
+    assert torch.equal(eager.rotate(x), compiled.rotate(x))

@@ -36,16 +36,18 @@ def flatten(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def differences(per_rank: list[dict[str, Any]]) -> list[str]:
-    """One line per flattened key whose value is not the same on every rank."""
+def differences(per_rank: list[dict[str, Any]], labels: list[str] | None = None) -> list[str]:
+    """One line per flattened key whose value is not the same on every rank (``labels``
+    name the dicts; default ``rank 0``, ``rank 1``, ...)."""
     flat = [flatten(plain(s)) for s in per_rank]
+    labels = labels or [f"rank {r}" for r in range(len(flat))]
     missing = object()
     lines = []
     for key in sorted(set().union(*flat)):
         values = [s.get(key, missing) for s in flat]
         if any(v != values[0] for v in values[1:]):
-            shown = ", ".join(f"rank {r}: {'<missing>' if v is missing else repr(v)}"
-                              for r, v in enumerate(values))
+            shown = ", ".join(f"{label}: {'<missing>' if v is missing else repr(v)}"
+                              for label, v in zip(labels, values))
             lines.append(f"  {key}: {shown}")
     return lines
 

@@ -35,6 +35,7 @@ from ..compressors import Compressor, get_compressor
 from ..compressors.base import FLOAT_DTYPES
 from ..compressors.loco import LoCo
 from ..config import CompressionConfig, Scheme
+from .consistency import differences
 from .exact_params import GroupLayouts, SlotLayout
 from .timeouts import comm_guard
 
@@ -270,6 +271,10 @@ class FSDPCompression:
                             for name, m in self.comms.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        lines = differences([state["config"], self.config.to_dict()], ["saved", "this handle"])
+        if lines:
+            raise ValueError("hfcompress state was saved with another configuration:\n"
+                             + "\n".join(lines))
         modules = state["modules"]
         if set(modules) != set(self.comms):
             raise ValueError(f"hfcompress state is for FSDP modules {sorted(modules)}, this "
@@ -337,8 +342,8 @@ def check_hpz(modules: list[tuple[str, FSDPModule]], ranks_per_node: int, world:
         info = pg.post_forward_mesh_info
         got = False if info is None else (True if info == pg.mesh_info
                                           else info.shard_mesh_size)
-        if got != want:
-            raise ValueError(
+        if got != want and got is not False:  # False: no backward all-gather at all (e.g.
+            raise ValueError(                 # Accelerate's final-norm + lm_head group)
                 f"this configuration uses hpZ (backward all-gather inside the node), but FSDP "
                 f"module {name!r} was sharded with reshard_after_forward={got!r}; shard with "
                 f"fully_shard(..., reshard_after_forward={want!r}) or let apply(..., "

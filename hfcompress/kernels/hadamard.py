@@ -15,15 +15,27 @@ NaN group after the inverse and never leaks into its neighbours).
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 
 from . import group_quant as _gq
 
+COMPILE_ON_CPU = ("rotate", "quantize", "dequantize", "dequantize_sum")
+
+
+def _f32(v: float) -> float:
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
+#: ``1/sqrt(n)`` rounded to float32 for every power of two n (a table, so compiled code
+#: reads a constant instead of breaking its graph)
+_INV_SQRT = {1 << k: _f32(1.0 / math.sqrt(1 << k)) for k in range(31)}
+
 
 def inv_sqrt(n: int) -> float:
     """``1/sqrt(n)`` rounded to float32 (the one constant both backends multiply by)."""
-    return float(torch.tensor(1.0 / math.sqrt(n), dtype=torch.float32))
+    return _INV_SQRT[n]
 
 
 def _fwht_rows(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -1,0 +1,67 @@
+"""Distributed Trainer runs on a CPU-only machine (PLATFORM.md "Hugging Face Trainer /
+Accelerate on CPU").
+
+- Accelerate treats a process without a GPU as a single-process run unless told ``cpu``:
+  under ``torchrun`` / ``accelerate launch --multi_gpu`` every rank would train alone.
+  :func:`default_use_cpu` turns on ``use_cpu`` for a multi-process launch without an
+  accelerator, so the ranks train together over gloo.
+- Accelerate keeps an FSDP plugin only for GPU-like distributed types and silently runs DDP
+  on CPU. :func:`enable_fsdp_on_cpu` sets the distributed type to ``MULTI_GPU`` before the
+  Trainer builds its ``Accelerator``; FSDP2 then shards the model on CPU (gloo).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+logger = logging.getLogger("hfcompress")
+
+
+def say(message: str) -> None:
+    """One line on the console of global rank 0 (what hfcompress did for the user)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        logger.warning(message)
+
+
+def launched_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def default_use_cpu(args) -> None:
+    """``use_cpu=True`` for a multi-process launch on a machine without an accelerator."""
+    if args.use_cpu or torch.accelerator.is_available() or launched_world_size() < 2:
+        return
+    args.use_cpu = True
+    say(f"hfcompress: no GPU found; set use_cpu=True so the {launched_world_size()} launched "
+        f"processes train together over gloo (Accelerate would otherwise train each alone)")
+
+
+def fsdp_version(args) -> int | None:
+    """The FSDP version the user asked for (``args.fsdp`` / ``fsdp_config``, or an
+    ``accelerate launch`` FSDP config), None if FSDP was not asked for."""
+    if getattr(args, "fsdp_plugin_args", None):
+        return int(args.fsdp_plugin_args.get("fsdp_version", 2))
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        return int(os.environ.get("FSDP_VERSION", "1"))
+    return None
+
+
+def enable_fsdp_on_cpu(args) -> bool:
+    """If FSDP was asked for and this is a multi-process CPU run, make Accelerate keep it.
+
+    Call after ``args.device`` was set up and before the Trainer creates its Accelerator.
+    Returns whether the distributed type was changed."""
+    from accelerate.utils import DistributedType
+
+    if fsdp_version(args) is None:
+        return False
+    state = args.distributed_state
+    if state is None or state.distributed_type != DistributedType.MULTI_CPU:
+        return False
+    state.distributed_type = DistributedType.MULTI_GPU
+    say("hfcompress: FSDP requested on CPU, where Accelerate would silently fall back to DDP; "
+        "set Accelerate's distributed type to MULTI_GPU so FSDP2 shards the model over gloo")
+    return True

