@@ -3,8 +3,8 @@
     python benchmarks/bench_kernels.py [--size-mib 64] [--threads 1] [--repeats 7]
 
 For each scheme: compress and decompress throughput in GiB/s of the float32 input (median of
-``--repeats`` timed calls after a warm-up; stateful schemes such as ``qwd`` get their reference
-from the warm-up call), relative error ||x - x^|| / ||x||, and bits per value on the wire.
+``--repeats`` timed calls after a warm-up; stateful schemes such as ``qwd`` first see the
+tensor one optimizer step earlier), relative error ||x - x^|| / ||x||, and bits per value on the wire.
 ``x.clone()`` is the reference: its own row, and timed again interleaved with every row's
 calls for that row's x-clone ratios (fair on a machine shared with other jobs). The CPU
 kernels run as ``dispatch.pick`` chooses (compiled by default; the ``eager`` row sets
@@ -58,15 +58,26 @@ def median_seconds(fns: list[Callable[[], Any]], repeats: int) -> list[float]:
 
 def bench_compressor(label: str, make: Callable[[], hfcompress.Compressor], x: torch.Tensor,
                      repeats: int, gib: float) -> dict[str, Any]:
-    """One row: the first compress is the warm-up (compilation, first-call state such as a
-    reference), the second gives the payload that is decompressed and measured."""
+    """One row. A stateful scheme first sees ``prior``, x minus one optimizer step's drift
+    (1e-3 relative), as in training: qwd then sends the difference, LoCo carries an error.
+    Its timed compresses alternate between x and ``prior`` so that qwd's "unchanged input"
+    shortcut never hides the real work."""
     c = make()
-    c.compress(x)
+    prior = x - 1e-3 * torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+    if c.stateful:
+        c.decompress(c.compress(prior))
+    c.compress(x)  # warm-up (compilation)
     packed = c.compress(x)
     y = c.decompress(packed).float()
     err = float(torch.linalg.vector_norm(x - y) / torch.linalg.vector_norm(x))
+    inputs = [x, prior] if c.stateful else [x]
+    calls = iter(range(1 << 62))
+
+    def compress() -> Any:
+        return c.compress(inputs[next(calls) % len(inputs)])
+
     q_time, dq_time, clone_time = median_seconds(
-        [lambda: c.compress(x), lambda: c.decompress(packed), lambda: x.clone()], repeats)
+        [compress, lambda: c.decompress(packed), lambda: x.clone()], repeats)
     params = " ".join(f"{k}={v}" for k, v in sorted(c.config().items()) if k != "name")
     return {"scheme": label, "params": params, "quantize_gibs": gib / q_time,
             "dequantize_gibs": gib / dq_time, "quantize_x_clone": clone_time / q_time,
