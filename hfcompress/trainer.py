@@ -39,7 +39,7 @@ from .config import CompressionConfig, get_config, list_presets
 from .integrations.fsdp import fsdp_modules, hpz_reshard
 from .optim import LoCoOptimizer, loco_optimizer_class
 from .trainer_callbacks import CommCallback
-from .trainer_install import describe, install_ddp, install_fsdp
+from .trainer_install import check_integration, describe, install_ddp, install_fsdp
 from .trainer_metrics import CommStats
 
 
@@ -110,6 +110,7 @@ class Trainer(transformers.Trainer):
         if self.is_deepspeed_enabled:
             raise ValueError("hfcompress.Trainer compresses FSDP2 and DDP communication; "
                              "DeepSpeed is not supported (drop comm_compressor or DeepSpeed)")
+        check_integration(self.comm_config, self.is_fsdp_enabled)
         self.add_callback(CommCallback(self))
         if self.comm_config.loco is not None:
             self._check_loco_optimizer()
@@ -162,11 +163,11 @@ class Trainer(transformers.Trainer):
             return
         model = self.model_wrapped
         if self.compression is None or self.compression_model is not model:
-            world, x = self._world()
-            if world < 2:
+            if self.args.world_size < 2:
                 cpu_fsdp.say("hfcompress: a single process has no communication to compress; "
                              "training without hfcompress")
                 return
+            world, x = self._world()
             if isinstance(model, DistributedDataParallel):
                 self.compression, kind = install_ddp(model, self.comm_config, x,
                                                      self.comm_stats), "ddp"
@@ -200,8 +201,10 @@ class Trainer(transformers.Trainer):
         c = self.comm_config
         if kind == "ddp":
             what = f"all-reduce {describe(c.all_reduce or c.grad_inter)}"
-            if c.weights is not None or c.two_hop or c.hpz:
-                what += " (its weight scheme, hpZ and 2-hop layout need FSDP2)"
+            unused = [name for name, on in (("weight scheme", c.weights is not None),
+                                            ("2-hop layout", c.two_hop), ("hpZ", c.hpz)) if on]
+            if unused:
+                what += f" (its {', '.join(unused)} need FSDP2)"
         else:
             grads = (f"2-hop {describe(c.grad_intra)} / {describe(c.grad_inter)}"
                      if c.two_hop else describe(c.grad_inter))

@@ -3,7 +3,7 @@ the model is prepared, closes the wire meter's step after every optimizer step, 
 the communication metrics at logging steps.
 
 Every hook used here runs on every rank at the same points (the metric gathering is a
-collective): ``on_train_begin``, ``on_optimizer_step``, ``on_step_end``.
+collective): ``on_train_begin``, ``on_optimizer_step``, ``on_step_end``, ``on_epoch_end``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ class CommCallback(TrainerCallback):
         self.trainer = trainer
         self.seen = 0      # meter steps already added to the stats
         self.logs = 0      # training logs so far (for comm_log_every)
+        self.logged_step = -1
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.trainer.install_compression()
@@ -37,14 +38,22 @@ class CommCallback(TrainerCallback):
         self.seen = len(handle.meter.history)
 
     def on_step_end(self, args, state, control, **kwargs):
+        self._gather_for_log(state, control)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._gather_for_log(state, control)
+        if self.trainer.compression is not None and state.global_step >= state.max_steps:
+            self.trainer.comm_stats.reduce()    # the last steps, for the final summary's totals
+
+    def _gather_for_log(self, state, control) -> None:
+        """At a training log (every ``comm_log_every``-th): the window's metrics, for
+        ``Trainer.log`` to add. (The Trainer logs a step once, as this does.)"""
         t = self.trainer
-        if t.compression is None:
+        t.pending_comm_logs = None
+        if t.compression is None or not control.should_log \
+                or self.logged_step == state.global_step:
             return
-        pending = None
-        if control.should_log:
-            self.logs += 1
-            if t.comm_log_every and self.logs % t.comm_log_every == 0:
-                pending = t.comm_stats.reduce()
-        if pending is None and state.max_steps and state.global_step >= state.max_steps:
-            t.comm_stats.reduce()       # the run totals of the final summary log
-        t.pending_comm_logs = pending
+        self.logged_step = state.global_step
+        self.logs += 1
+        if t.comm_log_every and self.logs % t.comm_log_every == 0:
+            t.pending_comm_logs = t.comm_stats.reduce()

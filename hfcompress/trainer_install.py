@@ -22,7 +22,7 @@ from .api import apply
 from .comm import Topology, WireMeter
 from .comm.all_reduce import _stock_all_reduce_bytes
 from .config import CompressionConfig, Scheme
-from .integrations.ddp import AllReduceState, all_reduce_hook
+from .integrations.ddp import AllReduceState
 from .integrations.fsdp import FSDPCompression
 from .trainer_metrics import CommStats
 
@@ -47,10 +47,24 @@ def one_node_fallback(config: CompressionConfig, ranks_per_node: int, world: int
     if config.hpz:
         parts.append("hpZ changes nothing (the backward all-gather is already inside the node; "
                      "it stays exact over the node's secondary partition)")
+    hint = "Set ranks_per_node to emulate nodes"
+    if config.two_hop and describe(config.grad_intra) != describe(config.grad_inter):
+        hint += ", or use 'ulq' / 'loco' for 4-bit gradients on one node"
     return (f"comm_compressor {config.name!r} is built for several nodes, but all {world} ranks "
             f"are on one node (ranks_per_node={ranks_per_node}): " + "; ".join(parts) +
-            ". Set ranks_per_node to emulate nodes, or use 'ulq' / 'loco' for 4-bit gradients "
-            "on one node")
+            f". {hint}")
+
+
+def check_integration(config: CompressionConfig, fsdp: bool) -> None:
+    """ValueError if ``config`` compresses nothing that FSDP2 (or DDP) sends."""
+    if not fsdp:
+        ddp_scheme(config)
+    elif config.all_reduce is not None and not (config.weights or config.grad_intra
+                                                or config.grad_inter or config.loco):
+        raise ValueError(f"comm_compressor {config.name!r} compresses only DDP's all-reduce "
+                         f"({describe(config.all_reduce)}); FSDP2's all-gather and "
+                         f"reduce-scatter have nothing to compress. Train with DDP (no fsdp), "
+                         f"or pick an FSDP preset such as 'sdp4bit'")
 
 
 def ddp_scheme(config: CompressionConfig) -> Optional[Scheme]:
@@ -102,7 +116,7 @@ def install_fsdp(model: nn.Module, config: CompressionConfig, ranks_per_node: in
                  stats: CommStats) -> FSDPCompression:
     """``hfcompress.apply`` on an FSDP2 model, every collective timed and baselined."""
     fallback = one_node_fallback(config, ranks_per_node, dist.get_world_size())
-    if fallback:
+    if fallback and dist.get_rank() == 0:
         warnings.warn(f"hfcompress: {fallback}", UserWarning, stacklevel=2)
     handle = apply(model, config, ranks_per_node=ranks_per_node)
     stats.topology = handle.topology
@@ -114,21 +128,59 @@ def install_fsdp(model: nn.Module, config: CompressionConfig, ranks_per_node: in
 
 # -- DDP ------------------------------------------------------------------------------------
 class HookState:
-    """The DDP hook's state: hfcompress's all-reduce state and the stats to feed."""
+    """The DDP hook's state: hfcompress's all-reduce state, the stats to feed, and the bucket
+    keys used so far in this process."""
 
     def __init__(self, state: AllReduceState, stats: CommStats) -> None:
         self.state, self.stats = state, stats
+        self.used: set = set()
+
+    def restored_order(self, key: Any, named: list) -> Optional[torch.Tensor]:
+        """Indices putting this bucket's values in the order of a stream restored from a
+        checkpoint, when DDP's first iteration orders the same parameters differently (DDP
+        rebuilds its buckets after the first iteration: the checkpoint holds the rebuilt
+        order). None: use the bucket as it is (a stream whose parameters differ restarts)."""
+        stream = self.state.streams.get(key)
+        first_use = key not in self.used
+        self.used.add(key)
+        if stream is None or not first_use:
+            return None
+        saved = [(seg.name, seg.numel) for seg in stream.layout.segments]
+        if saved == named:
+            return None
+        if sorted(saved) != sorted(named) or len(set(saved)) != len(saved):
+            warnings.warn(f"hfcompress: DDP bucket {key} holds other parameters than the bucket "
+                          f"restored from the checkpoint; its compressor state (LoCo errors, "
+                          f"RNG) restarts", UserWarning, stacklevel=2)
+            return None
+        start, offset = {}, 0
+        for entry in named:
+            start[entry], offset = offset, offset + entry[1]
+        return torch.cat([torch.arange(start[e], start[e] + e[1]) for e in saved])
 
 
 def timed_all_reduce_hook(hook_state: HookState,
                           bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """``integrations.ddp.all_reduce_hook``, timed, with the stock all-reduce's bytes counted."""
-    buf, group = bucket.buffer(), hook_state.state.group
-    world, me = dist.get_world_size(group), dist.get_rank(group)
+    """``integrations.ddp.all_reduce_hook``, timed, with the stock all-reduce's bytes counted,
+    and restored streams kept across DDP's bucket reordering."""
+    state, buf = hook_state.state, bucket.buffer()
+    world, me = dist.get_world_size(state.group), dist.get_rank(state.group)
     hook_state.stats.baseline(_stock_all_reduce_bytes(buf.numel(), buf.element_size(), world, me),
-                              group)
+                              state.group)
+    names = state.param_names
+    named = [(names.get(id(p), "?"), p.numel()) for p in bucket.parameters()]
     with hook_state.stats.timer(buf.device):
-        return all_reduce_hook(hook_state.state, bucket)
+        key = bucket.index()
+        order = hook_state.restored_order(key, named)
+        if order is None:
+            state.reduce(key, buf, state.layout(named))
+        else:
+            part = buf[order.to(buf.device)]
+            state.reduce(key, part, state.streams[key].layout)
+            buf[order.to(buf.device)] = part
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
 
 
 def install_ddp(ddp_model: nn.parallel.DistributedDataParallel, config: CompressionConfig,

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from .integrations.consistency import flatten
 from .integrations.exact_params import Segment
 
 FORMAT = 1
@@ -47,7 +46,11 @@ def save(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int) -
 
 
 def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    a, b = flatten(saved), flatten(current)
+    """One line per differing setting (config fields one by one)."""
+    def fields(s: dict[str, Any]) -> dict[str, Any]:
+        return {**{f"config.{k}": v for k, v in s.get("config", {}).items()},
+                **{k: v for k, v in s.items() if k != "config"}}
+    a, b = fields(saved), fields(current)
     missing = "<missing>"
     return [f"{k}: checkpoint {a.get(k, missing)!r}, this run {b.get(k, missing)!r}"
             for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
@@ -68,6 +71,8 @@ def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
                    f"{rank} (saved by a plain Trainer, with comm_compressor=None, or by fewer "
                    f"ranks), but this run uses comm_compressor {name!r}")
     else:
+        if map_location is not None and torch.device(map_location).type == "cpu":
+            map_location = "cpu"     # torch.load does not know Accelerate's "cpu:0"
         with torch.serialization.safe_globals([Segment]):
             saved = torch.load(path, map_location=map_location, weights_only=True)
         if saved.get("format") != FORMAT:

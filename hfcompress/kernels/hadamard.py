@@ -39,12 +39,16 @@ def inv_sqrt(n: int) -> float:
 
 
 def _fwht_rows(x: torch.Tensor, n: int) -> torch.Tensor:
-    """Normalized Walsh-Hadamard transform of every row of a float32 ``(rows, n)`` tensor."""
-    h = 1
+    """Normalized Walsh-Hadamard transform of every row of a float32 ``(rows, n)`` tensor.
+
+    Each stage writes ``a + b * (+1, -1)``: ``b * -1`` is exact, so this is the butterfly's
+    ``(a + b, a - b)`` bit for bit, as one broadcast that compiles to fused code.
+    """
+    signs = torch.tensor([1.0, -1.0], dtype=x.dtype, device=x.device).view(1, 1, 2, 1)
+    rows, h = x.shape[0], 1
     while h < n:
-        y = x.reshape(x.shape[0], n // (2 * h), 2, h)
-        a, b = y[:, :, 0], y[:, :, 1]
-        x = torch.stack((a + b, a - b), dim=2).reshape(-1, n)
+        y = x.reshape(rows, n // (2 * h), 2, h)
+        x = (y[:, :, 0:1] + y[:, :, 1:2] * signs).reshape(rows, n)
         h *= 2
     return x * inv_sqrt(n)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch.distributed.tensor import DTensor, Replicate
 from transformers.optimization import Adafactor
 
 
@@ -43,11 +44,45 @@ class LoCoAdamW(LoCoOptimizer, torch.optim.AdamW):
 
 
 class LoCoAdafactor(LoCoOptimizer, Adafactor):
-    """``transformers.optimization.Adafactor`` stepping LoCo's reset clock (LoCo 4.2)."""
+    """``transformers.optimization.Adafactor`` stepping LoCo's reset clock (LoCo 4.2).
+
+    Also runs on FSDP2's sharded (DTensor) parameters, where the stock Adafactor fails: its
+    factored second-moment state is created as DTensors placed like the statistics it holds
+    (row means sharded with the rows, column means of a dim-0-sharded matrix replicated), so
+    the update is the unsharded Adafactor's."""
 
     def __init__(self, params, compression: Any = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self.compression = compression
+
+    def step(self, closure: Callable[[], float] | None = None):
+        with torch.no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None and not self.state[p] and isinstance(p.grad, DTensor):
+                        self._init_sharded_state(group, p)
+        return super().step(closure)
+
+    def _init_sharded_state(self, group: dict, p: torch.Tensor) -> None:
+        """The state Adafactor's step would create, as DTensors."""
+        grad = p.grad.float() if p.grad.dtype in (torch.float16, torch.bfloat16) else p.grad
+        factored, use_first_moment = self._get_options(group, grad.shape)
+        state = self.state[p]
+        state["step"], state["RMS"] = 0, 0
+        if use_first_moment:
+            state["exp_avg"] = torch.zeros_like(grad)
+        if factored:
+            state["exp_avg_sq_row"] = _zeros_like_mean(grad, -1)
+            state["exp_avg_sq_col"] = _zeros_like_mean(grad, -2)
+        else:
+            state["exp_avg_sq"] = torch.zeros_like(grad)
+
+
+def _zeros_like_mean(x: DTensor, dim: int) -> DTensor:
+    """Zeros shaped and placed like ``x.mean(dim)``, partial sums resolved to replicas."""
+    m = x.mean(dim=dim)
+    placements = [Replicate() if pl.is_partial() else pl for pl in m.placements]
+    return torch.zeros_like(m.redistribute(m.device_mesh, placements))
 
 
 SUPPORTED = {"adamw_torch": LoCoAdamW, "adamw_torch_fused": LoCoAdamW, "adafactor": LoCoAdafactor}
@@ -55,6 +90,7 @@ SUPPORTED = {"adamw_torch": LoCoAdamW, "adamw_torch_fused": LoCoAdamW, "adafacto
 
 def loco_optimizer_class(cls: type, optim: str = "") -> type:
     """The LoCo wrapper of optimizer class ``cls`` (what ``TrainingArguments.optim`` chose)."""
+    optim = getattr(optim, "value", optim)      # transformers' OptimizerNames enum
     if isinstance(cls, type) and issubclass(cls, LoCoOptimizer):
         return cls
     if isinstance(cls, type) and issubclass(cls, torch.optim.AdamW):
