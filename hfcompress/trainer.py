@@ -18,7 +18,10 @@ more argument, ``comm_compressor`` (a preset name or a ``CompressionConfig``)::
   ranks), ``comm/compression_ratio``, ``comm/time_s`` (seconds per step in the collectives,
   per rank); run totals in the final summary (``trainer_metrics``).
 - Checkpoints hold one ``hfcompress_rank{r}.pt`` per rank, restored by
-  ``train(resume_from_checkpoint=...)`` (``trainer_state``).
+  ``train(resume_from_checkpoint=...)``; other compression settings in the checkpoint raise,
+  or with ``comm_state_mismatch="reset"`` warn and start fresh (``trainer_state``).
+- ``TrainingArguments`` adds ``comm_compressor``, ``ranks_per_node``, ``comm_log_every`` and
+  ``comm_state_mismatch`` (``HfArgumentParser``: ``--comm_compressor tlq_hs ...``).
 - ``trainer.compression``: the installed handle (``.meter``, ``.state_dict()``), after
   training started.
 """

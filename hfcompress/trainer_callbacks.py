@@ -43,7 +43,8 @@ class CommCallback(TrainerCallback):
     def on_epoch_end(self, args, state, control, **kwargs):
         self._gather_for_log(state, control)
         if self.trainer.compression is not None and state.global_step >= state.max_steps:
-            self.trainer.comm_stats.reduce()    # the last steps, for the final summary's totals
+            # the last steps' bytes, for the totals of the final summary log
+            self.trainer.comm_stats.reduce(args.device)
 
     def _gather_for_log(self, state, control) -> None:
         """At a training log (every ``comm_log_every``-th): the window's metrics, for
@@ -56,4 +57,4 @@ class CommCallback(TrainerCallback):
         self.logged_step = state.global_step
         self.logs += 1
         if t.comm_log_every and self.logs % t.comm_log_every == 0:
-            t.pending_comm_logs = t.comm_stats.reduce()
+            t.pending_comm_logs = t.comm_stats.reduce(t.args.device)

@@ -45,8 +45,8 @@ def one_node_fallback(config: CompressionConfig, ranks_per_node: int, world: int
                      f"a node, {describe(config.grad_inter)} across nodes) runs only the "
                      f"intra-node hop, so gradients are sent {describe(config.grad_intra)}")
     if config.hpz:
-        parts.append("hpZ changes nothing (the backward all-gather is already inside the node; "
-                     "it stays exact over the node's secondary partition)")
+        parts.append(f"hpZ changes nothing (the backward all-gather already stays inside the "
+                     f"node; it sends {describe(config.weights)} weights like the forward one)")
     hint = "Set ranks_per_node to emulate nodes"
     if config.two_hop and describe(config.grad_intra) != describe(config.grad_inter):
         hint += ", or use 'ulq' / 'loco' for 4-bit gradients on one node"

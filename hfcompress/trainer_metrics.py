@@ -96,10 +96,11 @@ class CommStats:
         self.timer.take()
 
     # -- at a logging step (collective: every rank calls it) ------------------------------
-    def reduce(self) -> dict[str, float]:
-        """The window's per-step metrics over all ranks; restarts the window."""
+    def reduce(self, device: torch.device | str = "cpu") -> dict[str, float]:
+        """The window's per-step metrics over all ranks; restarts the window. ``device``: where
+        the process group reduces (the GPU under NCCL)."""
         seconds = self.timer.take()
-        t = torch.tensor([*self._window, seconds], dtype=torch.float64)
+        t = torch.tensor([*self._window, seconds], dtype=torch.float64, device=device)
         if dist.is_initialized():
             dist.all_reduce(t)
             world = dist.get_world_size()

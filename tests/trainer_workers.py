@@ -1,0 +1,236 @@
+"""Worker functions of the spawned ``hfcompress.Trainer`` tests (``dist_utils.run_distributed``).
+
+Each worker runs the real Hugging Face Trainer on 2 gloo processes, set up as ``torchrun``
+would (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE): tiny ``LlamaForCausalLM`` /
+``MixtralForCausalLM`` built from configs (vocab 256, hidden 64, 2 layers) on 24 arithmetic
+sequences ``(a + b t) mod 256`` of 16 tokens (384 tokens). Several trainings share one
+process group (one spawn per test keeps the suite fast).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import warnings
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+
+SEQS, LENGTH = 24, 16
+LR = 3e-3
+
+
+def setup(rank: int, world: int) -> None:
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29500", "OMP_NUM_THREADS": "1",
+                       "HFCOMPRESS_COMPILE": "0"})
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    from transformers.utils import logging
+    logging.set_verbosity_error()
+
+
+class Arithmetic(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return SEQS
+
+    def __getitem__(self, i: int) -> dict:
+        g = torch.Generator().manual_seed(i)
+        a = torch.randint(0, 256, (1,), generator=g)
+        b = torch.tensor([1, 2, 3, 5, 7])[torch.randint(0, 5, (1,), generator=g)]
+        ids = (a + b * torch.arange(LENGTH)) % 256
+        return {"input_ids": ids, "labels": ids}
+
+
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+
+
+def tiny_mixtral():
+    from transformers import MixtralConfig, MixtralForCausalLM
+    torch.manual_seed(0)
+    return MixtralForCausalLM(MixtralConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        num_local_experts=4, num_experts_per_tok=2))
+
+
+MODELS = {"llama": tiny_llama, "mixtral": tiny_mixtral}
+
+
+class LogCapture(TrainerCallback):
+    """Keeps what ``on_log`` receives: what the TensorBoard / W&B callbacks get."""
+
+    def __init__(self) -> None:
+        self.logs: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs))
+
+
+def train(out: str, kind: str, preset, model: str = "llama", steps: int = 10,
+          resume: str | None = None, trainer_kwargs: dict | None = None, **arg_kwargs):
+    """One Trainer run; returns (trainer, captured on_log dicts)."""
+    import hfcompress
+    kw = dict(output_dir=out, max_steps=steps, per_device_train_batch_size=4, logging_steps=1,
+              report_to=[], save_strategy="no", learning_rate=LR, warmup_steps=0,
+              lr_scheduler_type="constant", disable_tqdm=True, seed=0, data_seed=0,
+              dataloader_num_workers=0, comm_compressor=preset)
+    if kind == "fsdp":
+        kw.update(fsdp=True, fsdp_config={"version": 2})
+    os.environ.pop("ACCELERATE_USE_FSDP", None)     # an FSDP Accelerator sets it for the process
+    kw.update(arg_kwargs)
+    args = hfcompress.TrainingArguments(**kw)
+    capture = LogCapture()
+    trainer = hfcompress.Trainer(model=MODELS[model](), args=args, train_dataset=Arithmetic(),
+                                 eval_dataset=Arithmetic(), callbacks=[capture],
+                                 **(trainer_kwargs or {}))
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer, capture.logs
+
+
+def losses(trainer) -> dict[int, float]:
+    return {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
+
+
+def meter_steps(trainer) -> list[tuple[float, float]]:
+    """Per optimizer step: (intra, inter) bytes summed over the ranks, from the wire meters."""
+    mine = [(s["intra_bytes"], s["inter_bytes"]) for s in trainer.compression.meter.history]
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return [tuple(map(sum, zip(*per_rank))) for per_rank in zip(*everyone)]
+
+
+def comm_logs(logs: list[dict]) -> list[dict]:
+    return [{k: v for k, v in entry.items() if k.startswith("comm/")} for entry in logs
+            if "loss" in entry]
+
+
+def loco_steps(trainer) -> list[int]:
+    from hfcompress.compressors.loco import LoCo
+    return sorted({c.steps for c in trainer.compression.compressors() if isinstance(c, LoCo)})
+
+
+# -- workers ---------------------------------------------------------------------------------
+def presets_worker(rank: int, world: int, tmp: str, presets: list[str]) -> dict:
+    """FSDP2 (2 emulated nodes: ranks_per_node=1) and DDP with every preset: losses, what
+    reached on_log, and the wire meters' per-step bytes. FSDP runs evaluate at step 5 (its
+    all-gathers must not count as a training step's)."""
+    setup(rank, world)
+    out = {}
+    for kind in ("fsdp", "ddp"):
+        for preset in presets:
+            extra = dict(ranks_per_node=1, eval_strategy="steps", eval_steps=5) \
+                if kind == "fsdp" else {}
+            trainer, logs = train(os.path.join(tmp, f"{kind}-{preset}"), kind, preset, **extra)
+            out[kind, preset] = {
+                "losses": losses(trainer), "comm": comm_logs(logs),
+                "final": [entry for entry in logs if "train_runtime" in entry][0],
+                "meter": meter_steps(trainer), "loco_steps": loco_steps(trainer),
+                "optimizer": type(trainer.optimizer.optimizer).__name__,
+                "sharded": type(trainer.model_wrapped).__name__}
+    return out
+
+
+def resume_worker(rank: int, world: int, tmp: str) -> dict:
+    """Save at step 3, resume, compare with the uninterrupted run; resume with another
+    compressor (error) and with comm_state_mismatch='reset' (warning)."""
+    setup(rank, world)
+    out = {}
+    for kind, preset in (("fsdp", "sdp4bit"), ("ddp", "loco")):
+        d = os.path.join(tmp, f"{kind}-{preset}")
+        full, _ = train(d, kind, preset, steps=6, save_strategy="steps", save_steps=3,
+                        ranks_per_node=1)
+        ckpt = os.path.join(d, "checkpoint-3")
+        out[kind, "files"] = sorted(os.path.basename(p)
+                                    for p in glob.glob(os.path.join(ckpt, "hfcompress_*")))
+        resumed, _ = train(os.path.join(tmp, f"{kind}-resumed"), kind, preset, steps=6,
+                           resume=ckpt, ranks_per_node=1)
+        out[kind, "full"], out[kind, "resumed"] = losses(full), losses(resumed)
+        try:
+            train(os.path.join(tmp, f"{kind}-other"), kind, "tlq_hs", steps=6, resume=ckpt,
+                  ranks_per_node=1)
+            out[kind, "other"] = "no error"
+        except ValueError as err:
+            out[kind, "other"] = str(err)
+        # the same checkpoint without the compressor files, comm_state_mismatch='reset': warns,
+        # and the fresh compressor state changes the trajectory (the state does matter)
+        bare = os.path.join(tmp, f"{kind}-bare-checkpoint-3")
+        if rank == 0:
+            shutil.copytree(ckpt, bare)
+            for p in glob.glob(os.path.join(bare, "hfcompress_*")):
+                os.remove(p)
+        dist.barrier()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            reset, _ = train(os.path.join(tmp, f"{kind}-reset"), kind, preset, steps=6,
+                             resume=bare, ranks_per_node=1, comm_state_mismatch="reset")
+        out[kind, "reset"] = losses(reset)
+        out[kind, "reset_warnings"] = [str(w.message) for w in caught
+                                       if "hfcompress" in str(w.message)]
+    return out
+
+
+def loco_models_worker(rank: int, world: int, tmp: str) -> dict:
+    """LoCo + AdamW / Adafactor on the tiny LLaMA and Mixtral under FSDP2; Mixtral's fused 3-D
+    experts must be compressed. Also: a 2-node preset on one node warns."""
+    setup(rank, world)
+    out = {}
+    for model in ("llama", "mixtral"):
+        for optim in ("adamw_torch", "adafactor"):
+            trainer, _ = train(os.path.join(tmp, f"{model}-{optim}"), "fsdp", "loco", model=model,
+                               steps=12, optim=optim, ranks_per_node=1)
+            out[model, optim] = {"losses": losses(trainer), "loco_steps": loco_steps(trainer),
+                                 "optimizer": type(trainer.optimizer.optimizer).__name__}
+        out[model, "experts"] = expert_segments(trainer)
+        out[model, "grad_error"] = expert_grad_error(trainer)
+    # LoCoAdafactor on FSDP2's DTensors is the unsharded Adafactor: with exact collectives,
+    # FSDP2 and DDP give the same losses
+    from hfcompress.optim import LoCoAdafactor
+    opt = (LoCoAdafactor, {"lr": LR, "scale_parameter": False, "relative_step": False})
+    for kind in ("fsdp", "ddp"):
+        trainer, _ = train(os.path.join(tmp, f"adafactor-{kind}"), kind, "none", steps=6,
+                           trainer_kwargs={"optimizer_cls_and_kwargs": opt})
+        out["adafactor_none", kind] = losses(trainer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(os.path.join(tmp, "one-node"), "fsdp", "tlq_hs", steps=1)
+    out["one_node_warnings"] = [str(w.message) for w in caught if "hfcompress" in str(w.message)]
+    return out
+
+
+def expert_segments(trainer) -> dict[str, bool]:
+    """Fused expert parameter name -> is it sent exactly (not compressed)?"""
+    return {seg.name: seg.exact for comms in trainer.compression.comms.values()
+            for seg in comms.layouts.full.segments if "experts" in seg.name}
+
+
+def expert_grad_error(trainer) -> dict[str, float]:
+    """Relative error of the reduce-scattered expert gradients (LoCo int4) against the exact
+    ones on the same batch: 0 would mean they were skipped."""
+    model, handle = trainer.model_wrapped, trainer.compression
+    first = 4 * dist.get_rank()
+    batch = torch.utils.data.default_collate([Arithmetic()[i] for i in range(first, first + 4)])
+
+    def grads():
+        model.zero_grad()
+        model(**batch).loss.backward()
+        return {n: p.grad.to_local().clone() for n, p in model.named_parameters()
+                if "experts" in n}
+
+    compressed = grads()
+    with handle.disabled():
+        exact = grads()
+    err = {}
+    for n in exact:
+        num = torch.tensor([(compressed[n] - exact[n]).norm() ** 2, exact[n].norm() ** 2])
+        dist.all_reduce(num)
+        err[n] = float((num[0] / num[1]).sqrt())
+    model.zero_grad()
+    return err
