@@ -111,8 +111,9 @@ def load_data(margs: ModelArguments, dargs: DataArguments, targs: TrainingArgume
                 lm = datasets.load_from_disk(blocks)
             else:
                 lm = lm_datasets(raw, tokenizer, dargs.block_size)
-                if targs.process_index == 0:
-                    lm.save_to_disk(blocks)
+                if targs.process_index == 0:   # complete or absent, even if interrupted
+                    lm.save_to_disk(blocks + ".tmp")
+                    os.replace(blocks + ".tmp", blocks)
     for split, n in (("train", dargs.max_train_samples), ("validation", dargs.max_eval_samples)):
         if n:
             lm[split] = lm[split].select(range(min(n, len(lm[split]))))
