@@ -1,4 +1,4 @@
-"""Command line: ``hfcompress list`` and ``hfcompress demo``."""
+"""Command line: ``hfcompress list``, ``hfcompress demo`` and ``hfcompress eval``."""
 
 from __future__ import annotations
 
@@ -20,6 +20,14 @@ def _cmd_demo(args: argparse.Namespace) -> None:
     print_table(compression_table())
 
 
+def _cmd_eval(args: argparse.Namespace) -> None:
+    from .eval.cli import run
+
+    code = run(args)
+    if code:
+        raise SystemExit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="hfcompress", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -27,6 +35,12 @@ def main(argv: list[str] | None = None) -> None:
                    ).set_defaults(func=_cmd_list)
     sub.add_parser("demo", help="compress a small LLaMA's real weights and gradients with "
                    "every scheme and print the table").set_defaults(func=_cmd_demo)
+    from .eval.cli import EPILOG, add_arguments
+
+    ev = sub.add_parser("eval", help="evaluate checkpoints with lm-eval (offline arithmetic "
+                        "tasks or hub tasks) and compare them", epilog=EPILOG)
+    add_arguments(ev)
+    ev.set_defaults(func=_cmd_eval)
     args = parser.parse_args(argv)
     args.func(args)
 

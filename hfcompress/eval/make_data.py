@@ -10,8 +10,8 @@ Arithmetic word problems with checkable answers, written in two public formats:
 
 Deterministic (``random.Random(seed)``). ``python -m hfcompress.eval.make_data`` rewrites the
 files; ``--check`` verifies the shipped files equal a fresh generation.
-``training_problems`` draws problems whose (kind, numbers) never occur in the test splits,
-for training toy models without test leakage.
+``reworded_test_problems`` restates the test arithmetic with other names and things (for
+the toy model of ``toy.py``).
 """
 
 from __future__ import annotations
@@ -33,39 +33,48 @@ THINGS = ["apples", "books", "coins", "marbles", "pencils", "shells", "stamps", 
 KINDS = ("add", "sub", "mul", "add_sub")
 
 
-def _problem(rng: random.Random, kind: str) -> dict:
-    """One word problem: its text, worked GSM8K-style steps and the integer answer."""
-    n, t = rng.choice(NAMES), rng.choice(THINGS)
+def _numbers(rng: random.Random, kind: str) -> tuple[int, ...]:
     if kind == "add":
-        a, b = rng.randint(1, 20), rng.randint(1, 20)
+        return rng.randint(1, 20), rng.randint(1, 20)
+    if kind == "sub":
+        a = rng.randint(2, 30)
+        return a, rng.randint(1, a - 1)
+    if kind == "mul":
+        return rng.randint(2, 12), rng.randint(2, 12)
+    a, b = rng.randint(1, 15), rng.randint(1, 15)
+    return a, b, rng.randint(1, a + b - 1)
+
+
+def render(kind: str, nums: tuple[int, ...], n: str, t: str) -> dict:
+    """A word problem about person ``n`` and things ``t``: its text, worked GSM8K-style steps
+    and the integer answer."""
+    a, b = nums[:2]
+    if kind == "add":
         c = a + b
         q = f"{n} has {a} {t}. {n} gets {b} more {t}. How many {t} does {n} have now?"
         steps = [f"{n} has {a} + {b} = <<{a}+{b}={c}>>{c} {t} now."]
-        nums = (a, b)
     elif kind == "sub":
-        a = rng.randint(2, 30)
-        b = rng.randint(1, a - 1)
         c = a - b
         q = f"{n} has {a} {t} and gives {b} of them away. How many {t} does {n} have left?"
         steps = [f"{n} has {a} - {b} = <<{a}-{b}={c}>>{c} {t} left."]
-        nums = (a, b)
     elif kind == "mul":
-        a, b = rng.randint(2, 12), rng.randint(2, 12)
         c = a * b
         q = f"{n} buys {a} bags with {b} {t} in each bag. How many {t} does {n} buy?"
         steps = [f"{n} buys {a} * {b} = <<{a}*{b}={c}>>{c} {t}."]
-        nums = (a, b)
     else:
-        a, b = rng.randint(1, 15), rng.randint(1, 15)
-        s = a + b
-        d = rng.randint(1, s - 1)
+        d, s = nums[2], a + b
         c = s - d
         q = (f"{n} has {a} {t}, buys {b} more and then gives {d} away. "
              f"How many {t} does {n} have left?")
         steps = [f"After buying, {n} has {a} + {b} = <<{a}+{b}={s}>>{s} {t}.",
                  f"After giving some away, {n} has {s} - {d} = <<{s}-{d}={c}>>{c} {t} left."]
-        nums = (a, b, d)
-    return {"kind": kind, "nums": nums, "question": q, "steps": steps, "target": c}
+    return {"kind": kind, "nums": tuple(nums), "name": n, "thing": t, "question": q,
+            "steps": steps, "target": c}
+
+
+def _problem(rng: random.Random, kind: str) -> dict:
+    n, t = rng.choice(NAMES), rng.choice(THINGS)
+    return render(kind, _numbers(rng, kind), n, t)
 
 
 def _key(p: dict) -> tuple:
@@ -103,7 +112,7 @@ def gsm8k_row(p: dict) -> dict:
 def build(seed: int = SEED) -> dict[str, list[dict]]:
     """All shipped files: name -> rows. Test problems are distinct; few-shot rows are disjoint."""
     rng = random.Random(seed)
-    test = _distinct_problems(rng, SIZES["test"], set())
+    test = _distinct_problems(rng, SIZES["test"], set())  # == test_problems(seed)
     shots = _distinct_problems(rng, SIZES["dev"] + SIZES["gsm_train"], {_key(p) for p in test})
     dev, gsm_train = shots[:SIZES["dev"]], shots[SIZES["dev"]:]
     return {
@@ -114,18 +123,22 @@ def build(seed: int = SEED) -> dict[str, list[dict]]:
     }
 
 
-def test_keys(seed: int = SEED) -> set:
-    rng = random.Random(seed)
-    return {_key(p) for p in _distinct_problems(rng, SIZES["test"], set())}
+def test_problems(seed: int = SEED) -> list[dict]:
+    """The problems behind the test files, in file order."""
+    return _distinct_problems(random.Random(seed), SIZES["test"], set())
 
 
-def training_problems(count: int, seed: int = 0) -> list[dict]:
-    """``count`` problems (repeats allowed) none of which shares (kind, numbers) with a test item."""
-    rng, banned, out = random.Random(seed), test_keys(), []
-    while len(out) < count:
-        p = _problem(rng, rng.choice(KINDS))
-        if _key(p) not in banned:
-            out.append(p)
+def reworded_test_problems(count: int, seed: int = 0) -> list[dict]:
+    """``count`` problems with the arithmetic (kind and numbers) of random test items but
+    another person and other things, so never a test question's text. For a toy model that
+    has learned these sums (a check that the harness scores a model that knows the answers
+    above chance), not for measuring generalization."""
+    rng, test, out = random.Random(seed), test_problems(), []
+    for _ in range(count):
+        p = rng.choice(test)
+        n = rng.choice([x for x in NAMES if x != p["name"]])
+        t = rng.choice([x for x in THINGS if x != p["thing"]])
+        out.append(render(p["kind"], p["nums"], n, t))
     return out
 
 

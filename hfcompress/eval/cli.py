@@ -1,0 +1,70 @@
+"""Arguments and entry point shared by ``hfcompress eval`` and ``eval/run_eval.py``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .tasks import OFFICIAL_NAMES, OFFLINE_TASKS, EvalError
+
+EPILOG = ("offline tasks (shipped data, no hub): "
+          + ", ".join(f"{t} ({OFFICIAL_NAMES[t]} format)" for t in OFFLINE_TASKS)
+          + ". Any other name is an lm-eval task (mmlu, gsm8k, hellaswag, arc_easy, ...) whose "
+            "dataset comes from the Hugging Face Hub.")
+
+
+def _batch_size(s: str) -> int | str:
+    if s == "auto" or (s.isdigit() and int(s) > 0):
+        return s if s == "auto" else int(s)
+    raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {s!r}")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("models", nargs="+", help="checkpoint directories or hub model ids; with "
+                   "several, the first is the baseline of the comparison")
+    p.add_argument("--tasks", default=",".join(OFFLINE_TASKS),
+                   help="comma-separated task names (default: the offline tasks)")
+    p.add_argument("--names", help="comma-separated model labels (default: folder names)")
+    p.add_argument("--num-fewshot", type=int, default=None,
+                   help="few-shot examples (default: each task's own)")
+    p.add_argument("--limit", type=float, default=None, help="items per task (< 1: a fraction)")
+    p.add_argument("--batch-size", type=_batch_size, default=8, help="an integer or 'auto'")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:0, ... (default: cuda if any)")
+    p.add_argument("--dtype", default=None, help="auto, float32, bfloat16, float16")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer path or id if the checkpoint has none")
+    p.add_argument("--include-path", default=None,
+                   help="folder of your own lm-eval task YAMLs (their names become valid)")
+    p.add_argument("--output", action="append", default=[],
+                   help="save the table rows to a .json or .csv file (repeatable)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .compare import check_output, compare_models, format_table, save
+
+    limit = args.limit
+    if limit is not None and limit >= 1:
+        limit = int(limit)
+    names = args.names.split(",") if args.names else None
+    try:
+        for path in args.output:
+            check_output(path)
+        _, rows = compare_models(
+            args.models, args.tasks, names=names, num_fewshot=args.num_fewshot, limit=limit,
+            batch_size=args.batch_size, device=args.device, dtype=args.dtype,
+            tokenizer=args.tokenizer, include_path=args.include_path)
+    except (EvalError, FileNotFoundError) as e:
+        print(f"hfcompress eval: error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(rows))
+    for path in args.output:
+        save(rows, path)
+        print(f"saved {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="run_eval", description="Evaluate checkpoints with lm-eval "
+                                "and compare them.", epilog=EPILOG)
+    add_arguments(p)
+    return run(p.parse_args(argv))

@@ -1,0 +1,141 @@
+"""Evaluate a model with lm-eval in-process, through ``lm_eval.models.huggingface.HFLM``.
+
+``model`` is a checkpoint directory (``save_pretrained`` / Trainer ``checkpoint-N``), a hub
+model id, or a ``PreTrainedModel`` already in memory (e.g. at the end of training: no
+round-trip to disk). Tasks: see ``tasks.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any
+
+from . import tasks as _tasks
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_checkpoint(path: str, need_tokenizer: bool) -> str:
+    """Return ``path`` if it is a local checkpoint or a plausible hub id, else raise.
+
+    FileNotFoundError: a local path that does not exist (or any missing name while the hub
+    is switched off). ``EvalError``: a directory without ``config.json`` (lists the
+    ``checkpoint-*`` folders a Trainer output directory holds) or without a tokenizer.
+    """
+    p = os.path.expanduser(path)
+    if os.path.isdir(p):
+        if not os.path.isfile(os.path.join(p, "config.json")):
+            subs = sorted(d for d in os.listdir(p) if d.startswith("checkpoint-"))
+            hint = f"; it holds {', '.join(subs)}: pass one of them" if subs else ""
+            raise _tasks.EvalError(
+                f"{path!r} is not a model checkpoint (no config.json){hint}")
+        if need_tokenizer and not any(os.path.isfile(os.path.join(p, f))
+                                      for f in _TOKENIZER_FILES):
+            raise _tasks.EvalError(
+                f"no tokenizer in {path!r}: pass tokenizer= (a path, hub id or tokenizer "
+                "object), or save one with tokenizer.save_pretrained")
+        return os.path.abspath(p)
+    first = p.split(os.sep)[0]
+    looks_local = (os.path.isabs(p) or p.startswith((".", "~")) or os.path.exists(p)
+                   or (os.sep in p and first and os.path.isdir(first)) or not _HUB_ID.match(p))
+    if looks_local:
+        raise FileNotFoundError(f"checkpoint directory not found: {path!r}")
+    if _tasks.hub_offline():
+        raise FileNotFoundError(f"{path!r} is not a local directory and the hub is switched "
+                                "off (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)")
+    return path  # a hub model id, resolved by transformers (not tested: no hub here)
+
+
+def model_label(model, name: str | None = None) -> str:
+    """``name``, else the checkpoint's folder name, else the model's ``_name_or_path``."""
+    if name:
+        return name
+    if isinstance(model, str):
+        return os.path.basename(os.path.normpath(model))
+    return getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+
+
+def _check_model(model, tokenizer, device, dtype):
+    """Cheap checks before any task is loaded; returns the checkpoint path to load, if any."""
+    if isinstance(model, str):
+        return check_checkpoint(model, need_tokenizer=tokenizer is None)
+    if device is not None or dtype is not None:
+        raise _tasks.EvalError("device / dtype apply when loading a checkpoint; move or cast "
+                               "an in-memory model yourself")
+    if tokenizer is None:
+        raise _tasks.EvalError("an in-memory model needs tokenizer= (its tokenizer object)")
+    return None
+
+
+def _lm(model, path, tokenizer, batch_size, device, dtype, max_length):
+    from lm_eval.models.huggingface import HFLM
+
+    if path is None:
+        return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
+                    max_length=max_length)
+    if isinstance(tokenizer, str) and os.path.exists(os.path.expanduser(tokenizer)):
+        tokenizer = os.path.abspath(os.path.expanduser(tokenizer))
+    import torch
+
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return HFLM(pretrained=path, tokenizer=tokenizer, batch_size=batch_size, device=dev,
+                dtype=dtype or "auto", max_length=max_length)
+
+
+def evaluate(model, tasks: list[str] | str, *, tokenizer=None, num_fewshot: int | None = None,
+             limit: int | float | None = None, batch_size: int | str = 8,
+             device: str | None = None, dtype: str | None = None,
+             max_length: int | None = None, name: str | None = None, seed: int = 0,
+             gen_kwargs: dict | None = None, include_path: str | None = None
+             ) -> dict[str, Any]:
+    """Run lm-eval's ``simple_evaluate`` on ``tasks`` and return a JSON-able dict:
+    ``{"model", "results": {task or group: {"acc,none": x, "acc_stderr,none": s,
+    "sample_len": n, ...}}, "config"}`` (``results`` as lm-eval reports them).
+
+    ``num_fewshot`` None keeps each task's default (official gsm8k: 5, mmlu: 0); ``limit``
+    caps the items per task; ``device`` / ``dtype`` apply when loading a checkpoint;
+    ``include_path``: a folder of your own lm-eval YAML tasks. An in-memory model is left in
+    the train/eval mode it came in.
+    """
+    names = _tasks.task_names(tasks)
+    path = _check_model(model, tokenizer, device, dtype)
+    objs, tm = _tasks.load_tasks(names, include_path)  # raises EvalError without lm-eval
+    import lm_eval
+
+    was_training = getattr(model, "training", None)
+    try:
+        lm = _lm(model, path, tokenizer, batch_size, device, dtype, max_length)
+        out = lm_eval.simple_evaluate(
+            model=lm, tasks=objs, task_manager=tm, num_fewshot=num_fewshot, limit=limit,
+            log_samples=False, gen_kwargs=gen_kwargs, random_seed=seed, numpy_random_seed=seed,
+            torch_random_seed=seed, fewshot_random_seed=seed)
+    finally:
+        if was_training:
+            model.train()
+    if out is None:  # lm-eval returns results on local rank 0 only
+        return {}
+    return {
+        "model": model_label(model, name),
+        "results": _jsonable(out["results"]),
+        "config": {"tasks": names, "num_fewshot": num_fewshot, "limit": limit,
+                   "batch_size": batch_size, "device": device, "dtype": dtype,
+                   "seed": seed, "include_path": include_path,
+                   "lm_eval_version": lm_eval.__version__},
+    }
+
+
+def _jsonable(d: dict) -> dict:
+    """Plain Python numbers (numpy scalars unwrapped), non-numeric stderrs ("N/A") as NaN."""
+    out = {}
+    for task, metrics in d.items():
+        row = {}
+        for k, v in metrics.items():
+            v = v.item() if hasattr(v, "item") and not isinstance(v, (list, dict)) else v
+            if "_stderr," in k and not isinstance(v, (int, float)):
+                v = math.nan
+            row[k] = v
+        out[task] = row
+    return out
