@@ -55,10 +55,11 @@ def rel_err(x: torch.Tensor, y: torch.Tensor) -> float:
     return float((x - y.float()).norm() / x.norm().clamp_min(1e-30))
 
 
-def compression_table() -> list[dict]:
+def compression_table(names: list[str] | None = None) -> list[dict]:
+    """One row per compressor (``names``, default: every registered one)."""
     grad, w_before, w_after = real_tensors()
     rows = []
-    for name in list_compressors():
+    for name in names if names is not None else list_compressors():
         row = {"scheme": name}
         for label, prev, x in (("grad", None, grad), ("weights", w_before, w_after)):
             c = get_compressor(name)

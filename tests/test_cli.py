@@ -13,8 +13,8 @@ def test_list_prints_every_compressor_with_its_bits(capsys):
 
 
 def test_demo_table_on_real_llama_tensors():
-    rows = {r["scheme"]: r for r in compression_table()}
-    assert set(rows) == set(list_compressors())
+    rows = {r["scheme"]: r for r in compression_table(["int", "qwd", "qsgd"])}
+    assert set(rows) == {"int", "qwd", "qsgd"}
     # SDP4Bit 3.1: quantizing the step's weight difference is far more accurate than
     # quantizing the weights at the same 4 bits (measured ~60x on this model)
     assert rows["qwd"]["weights_rel_err"] < rows["int"]["weights_rel_err"] / 10
