@@ -20,6 +20,7 @@ import csv
 import ctypes
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -27,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 import hfcompress
+from _dist_common import run_info, write_meta
 from hfcompress import get_compressor
 
 RESULTS = Path(__file__).resolve().parent / "results" / "kernels.csv"
@@ -139,6 +141,11 @@ def main() -> None:
         for r in rows:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
     print(f"wrote {args.out}")
+    info = run_info(" ".join(["python benchmarks/bench_kernels.py", *sys.argv[1:]]),
+                    f"{args.size_mib:g} MiB float32 tensor (randn)",
+                    f"{args.threads} thread(s), median of {args.repeats}, "
+                    f"HFCOMPRESS_COMPILE={os.environ.get('HFCOMPRESS_COMPILE', '1')}")
+    write_meta(args.out.with_name(args.out.stem + "_meta.csv"), info)
 
     int4 = next(r for r in rows if r["scheme"] == "int4 g128 nearest" and not r["note"])
     met = {k: int4[f"{k}_x_clone"] >= v for k, v in TARGET.items()}
