@@ -8,8 +8,8 @@ from .compressors import (Compressor, Packed, get_compressor, list_compressors,
 from .api import apply
 
 __version__ = "0.1.0"
-__all__ = ["Compressor", "Packed", "apply", "get_compressor", "list_compressors", "register_compressor"]
-__all__ += ["Trainer", "TrainingArguments", "optim"]
+__all__ = ["Compressor", "Packed", "Trainer", "TrainingArguments", "apply", "get_compressor",
+           "list_compressors", "optim", "register_compressor"]
 
 _LAZY = {"Trainer": ".trainer", "TrainingArguments": ".trainer", "optim": ".optim"}
 

@@ -1,7 +1,8 @@
 """Kernels: one Triton kernel per hot operation and a torch twin with the same numbers.
 
-The functions here dispatch (``dispatch.use_triton``): Triton on CUDA tensors when Triton
-is usable, the torch twin otherwise; ``backend="torch" | "triton"`` forces one.
+The functions here dispatch (``dispatch.pick``): Triton on CUDA tensors when Triton is
+usable, otherwise the torch twin, run through ``torch.compile`` on CPU (``HFCOMPRESS_COMPILE=0``
+keeps it eager); ``backend="torch" | "triton"`` forces one.
 """
 
 from __future__ import annotations
