@@ -286,13 +286,8 @@ def load_average() -> str:
         return "unknown"
 
 
-def run_info(command: str, model: str, settings: str) -> dict[str, str]:
-    """Machine, versions, date, command (BENCHMARKS.md shows them with every result)."""
-    import torch
-    import transformers
-
-    import hfcompress
-
+def machine() -> str:
+    """CPU model, core count and platform of this machine."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -301,6 +296,16 @@ def run_info(command: str, model: str, settings: str) -> dict[str, str]:
                 break
     except OSError:
         pass
+    return f"{cpu}, {os.cpu_count()} CPUs, {platform.platform()}"
+
+
+def run_info(command: str, model: str, settings: str) -> dict[str, str]:
+    """Machine, versions, date, command (BENCHMARKS.md shows them with every result)."""
+    import torch
+    import transformers
+
+    import hfcompress
+
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
                                 capture_output=True, text=True).stdout.strip()
@@ -311,7 +316,7 @@ def run_info(command: str, model: str, settings: str) -> dict[str, str]:
         commit = "unknown"
     return {"command": command, "model": model, "settings": settings,
             "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-            "machine": f"{cpu}, {os.cpu_count()} CPUs, {platform.platform()}",
+            "machine": machine(),
             "versions": f"python {platform.python_version()}, torch {torch.__version__}, "
                         f"transformers {transformers.__version__}, "
                         f"hfcompress {hfcompress.__version__} (git {commit or 'unknown'})",

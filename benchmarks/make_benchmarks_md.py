@@ -21,6 +21,8 @@ import re
 import sys
 from pathlib import Path
 
+from _dist_common import machine
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
@@ -106,18 +108,6 @@ def kernels_section(results: Path) -> str | None:
                      f"{num(r, 'dequantize_x_clone', '.2f')} | {num(r, 'rel_error', '.3g')} | "
                      f"{num(r, 'bits_per_value', '.3f')} | {note} |")
     return "\n".join(lines)
-
-
-def machine() -> str:
-    cpu = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} CPUs, {platform.platform()}"
 
 
 def versions() -> str:
