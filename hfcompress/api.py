@@ -40,8 +40,7 @@ def apply(model: nn.Module, compressor: str | CompressionConfig = "sdp4bit",
                            "(torchrun / accelerate launch, or dist.init_process_group)")
     try:
         config = get_config(compressor)
-        if config.all_reduce is not None and not (config.weights or config.grad_inter
-                                                  or config.grad_intra or config.loco):
+        if config.all_reduce is not None and not config.compresses_fsdp:
             raise ValueError(f"config {config.name!r} compresses only the DDP / HSDP "
                              f"all-reduce; FSDP's all-gather and reduce-scatter have nothing "
                              f"to compress. Use the DDP comm hook, or an FSDP preset such as "

@@ -56,6 +56,11 @@ class CompressionConfig:
     seed: int = 0
     name: str = "custom"
 
+    @property
+    def compresses_fsdp(self) -> bool:
+        """Whether anything FSDP2 sends (all-gather, reduce-scatter) is compressed."""
+        return bool(self.weights or self.grad_intra or self.grad_inter or self.loco)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

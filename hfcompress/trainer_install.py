@@ -59,8 +59,7 @@ def check_integration(config: CompressionConfig, fsdp: bool) -> None:
     """ValueError if ``config`` compresses nothing that FSDP2 (or DDP) sends."""
     if not fsdp:
         ddp_scheme(config)
-    elif config.all_reduce is not None and not (config.weights or config.grad_intra
-                                                or config.grad_inter or config.loco):
+    elif config.all_reduce is not None and not config.compresses_fsdp:
         raise ValueError(f"comm_compressor {config.name!r} compresses only DDP's all-reduce "
                          f"({describe(config.all_reduce)}); FSDP2's all-gather and "
                          f"reduce-scatter have nothing to compress. Train with DDP (no fsdp), "
