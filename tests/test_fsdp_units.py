@@ -39,6 +39,21 @@ def test_slot_layout_split_merge_round_trip():
     assert SlotLayout([]).numel == 0
 
 
+def test_slot_layout_adjacent_segments_form_one_run_split_as_views():
+    # a decoder layer: projections first, norms last -> one compressed run, one exact run
+    segs = [Segment("q", 4, False), Segment("k", 4, False), Segment("norm1", 2, True),
+            Segment("norm2", 2, True), Segment("empty", 0, False)]
+    layout = SlotLayout(segs)
+    assert layout.compressed_runs == ((0, 8),) and layout.exact_runs == ((8, 12),)
+    rows = torch.arange(2 * 12, dtype=torch.float32).reshape(2, 12)
+    comp, exact = layout.split(rows)
+    assert comp.data_ptr() == rows.data_ptr()            # a view, no copy
+    assert torch.equal(comp, rows[:, :8]) and torch.equal(exact, rows[:, 8:])
+    out = torch.zeros_like(rows)
+    layout.merge(out, comp * 2, exact * 3)
+    assert torch.equal(out, torch.cat([rows[:, :8] * 2, rows[:, 8:] * 3], dim=1))
+
+
 def test_differences_name_keys_and_ranks():
     a = get_config("sdp4bit").to_dict()
     b = get_config("sdp4bit")

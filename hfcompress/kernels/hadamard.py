@@ -38,12 +38,29 @@ def inv_sqrt(n: int) -> float:
     return _INV_SQRT[n]
 
 
+#: up to this size the butterfly runs on the block's columns (see :func:`_fwht_rows`)
+COLUMN_MAX = 32
+
+
 def _fwht_rows(x: torch.Tensor, n: int) -> torch.Tensor:
     """Normalized Walsh-Hadamard transform of every row of a float32 ``(rows, n)`` tensor.
 
-    Each stage writes ``a + b * (+1, -1)``: ``b * -1`` is exact, so this is the butterfly's
-    ``(a + b, a - b)`` bit for bit, as one broadcast that compiles to fused code.
+    ``n <= COLUMN_MAX``: the butterfly on the n columns as n separate vectors, so compiled code
+    runs each stage once per row (~4 GiB/s on one CPU core); a broadcast over the whole tensor
+    would be fused into one expression per output that recomputes the 2n-1 node tree (~4x
+    slower). Larger n: one broadcast per stage, ``a + b * (+1, -1)``. Either way each stage
+    computes ``(a + b, a - b)`` bit for bit (``b * -1`` is exact).
     """
+    if n <= COLUMN_MAX:
+        cols = [x[:, j] for j in range(n)]
+        h = 1
+        while h < n:
+            for i in range(0, n, 2 * h):
+                for j in range(i, i + h):
+                    a, b = cols[j], cols[j + h]
+                    cols[j], cols[j + h] = a + b, a + b * -1.0
+            h *= 2
+        return torch.stack(cols, dim=1) * inv_sqrt(n)
     signs = torch.tensor([1.0, -1.0], dtype=x.dtype, device=x.device).view(1, 1, 2, 1)
     rows, h = x.shape[0], 1
     while h < n:
@@ -51,6 +68,14 @@ def _fwht_rows(x: torch.Tensor, n: int) -> torch.Tensor:
         x = (y[:, :, 0:1] + y[:, :, 1:2] * signs).reshape(rows, n)
         h *= 2
     return x * inv_sqrt(n)
+
+
+def _own_kernel(t: torch.Tensor) -> torch.Tensor:
+    """Ends the compiled graph at ``t`` (a no-op in eager): the rotation and the quantization
+    run as two kernels with the rotated values stored in between, because Inductor fusing them
+    re-evaluates the butterfly for every read of the group reduction (~4x slower)."""
+    torch._dynamo.graph_break()
+    return t
 
 
 def rotate(x: torch.Tensor, hadamard_size: int) -> torch.Tensor:
@@ -62,7 +87,7 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
              noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused rotate + group quantize: ``group_quant.quantize(rotate(x), ...)``; ``noise`` is
     indexed like the rotated values."""
-    return _gq.quantize(rotate(x, hadamard_size), bits, group_size, noise)
+    return _gq.quantize(_own_kernel(rotate(x, hadamard_size)), bits, group_size, noise)
 
 
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
@@ -70,7 +95,7 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size:
                inverse: bool = True) -> torch.Tensor:
     """Dequantize, then (``inverse``) rotate back, in float32; cast to ``dtype`` last."""
     y = _gq.dequantize(packed, scale, bits, group_size)
-    return (rotate(y, hadamard_size) if inverse else y).to(dtype)
+    return (rotate(_own_kernel(y), hadamard_size) if inverse else y).to(dtype)
 
 
 def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
@@ -78,4 +103,4 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
     """Sum of P peers in the rotated domain (``packed`` (P, nbytes), ``scale`` (P, groups)),
     then one inverse rotation (``sum_i H g_i = H sum_i g_i``, SDP4Bit 3.3). float32."""
     y = _gq.dequantize_sum(packed, scale, bits, group_size)
-    return rotate(y, hadamard_size) if inverse else y
+    return rotate(_own_kernel(y), hadamard_size) if inverse else y
