@@ -26,7 +26,8 @@ parameters (norms; QSDP: < 1024 values) and the collective's fan-out: all-gather
 reduce-scatter send every value to the X (Y - 1) ranks of other nodes and the X - 1 ranks of
 its own node; the 2-hop reduce-scatter sends (X - 1) Y N values inside nodes and (Y - 1) N
 across (ZeRO++ E.3); hpZ's backward all-gather sends Y (X - 1) N_layers bf16 values inside
-nodes and none across; DDP's all-reduce counts as reduce-scatter + all-gather (2 x the
+nodes and none across; qWD's backward all-gather sends only the exact columns and one 32-bit
+"weights changed" flag per layer (every rank rebuilds the forward's weights itself); DDP's all-reduce counts as reduce-scatter + all-gather (2 x the
 fan-out). FSDP does not re-gather the root module (embeddings, head) in backward, so the
 ZeRO-3 baseline of this model is 16 (N + N_layers) + 32 N per fan-out unit; ZeRO-2's is
 16 N + 32 N. The target: sdp4bit's inter-node volume <= 1/5 of the baseline.
@@ -81,9 +82,11 @@ def scheme_bits(scheme, exact_bits: float) -> float:
     raise ValueError(f"no analytic wire size for scheme {scheme.name!r}")
 
 
-def analytic(preset: str, n: int, n_l: int, e: int, e_l: int, x: int, y: int) -> dict:
+def analytic(preset: str, n: int, n_l: int, e: int, e_l: int, x: int, y: int,
+             layers: int) -> dict:
     """``{collective: (intra_bits, inter_bits)}`` all ranks send in one step (see the module
-    docstring). n / n_l: parameters (all / in layers), e / e_l: of them sent exactly."""
+    docstring). n / n_l: parameters (all / in layers), e / e_l: of them sent exactly;
+    ``layers``: decoder layers (FSDP modules re-gathered in backward)."""
     from hfcompress.config import get_config
 
     cfg = get_config("none" if preset == "ddp" else preset)
@@ -99,6 +102,8 @@ def analytic(preset: str, n: int, n_l: int, e: int, e_l: int, x: int, y: int) ->
     out = {"all_gather": spread((n - e) * wb + e * 16)}
     if cfg.hpz:
         out["all_gather_bwd"] = (y * (x - 1) * n_l * 16.0, 0.0) if x > 1 else (0.0, 0.0)
+    elif cfg.weights is not None and cfg.weights.name == "qwd":  # a 32-bit "changed" flag
+        out["all_gather_bwd"] = spread(e_l * 16 + 32 * layers)   # per layer, no differences
     else:
         out["all_gather_bwd"] = spread((n_l - e_l) * wb + e_l * 16)
     if cfg.two_hop:
@@ -140,7 +145,8 @@ def worker(payload: dict) -> dict:
                      "params": sum(named.values()),
                      "layer_params": sum(k for n, k in named.items() if ".layers." in n),
                      "exact": sum(named[n] for n in exact),
-                     "layer_exact": sum(named[n] for n in exact if ".layers." in n)}
+                     "layer_exact": sum(named[n] for n in exact if ".layers." in n),
+                     "layers": payload["dims"]["layers"]}
         dist.barrier()
     return out
 
@@ -170,7 +176,7 @@ def rows_for(topology: tuple[int, int], results: list[dict], names: list[str]) -
         r = results[0][name]
         n, n_l, e, e_l = r["params"], r["layer_params"], r["exact"], r["layer_exact"]
         meas, steps = measured(results, name)
-        ana = analytic(name, n, n_l, e, e_l, x, y)
+        ana = analytic(name, n, n_l, e, e_l, x, y, r["layers"])
         b3, b2 = baseline(n, n_l, x, y)
         row = {"topology": f"{y}x{x}", "nodes": y, "ranks_per_node": x, "preset": name,
                "engine": "DDP" if name == "ddp" or name in dc.DDP_PRESETS else "FSDP2",
@@ -191,7 +197,8 @@ def rows_for(topology: tuple[int, int], results: list[dict], names: list[str]) -
             row["zero2_inter_measured"] = (row["all_gather_inter_measured"]
                                            + row["reduce_scatter_inter_measured"])
         row["ratio_zero2"] = row["zero2_inter_measured"] / row["baseline_zero2_inter"]
-        exact = analytic("ddp" if row["engine"] == "DDP" else "none", n, n_l, e, e_l, x, y)
+        exact = analytic("ddp" if row["engine"] == "DDP" else "none", n, n_l, e, e_l, x, y,
+                         r["layers"])
         row["exact_engine_inter"] = sum(v[1] for v in exact.values()) / n
         row["ratio_exact_engine"] = row["inter_measured"] / row["exact_engine_inter"]
         tot_m = row["inter_measured"] + row["intra_measured"]

@@ -241,8 +241,7 @@ class Trainer(transformers.Trainer):
         """Evaluation traffic (FSDP's forward all-gathers) is not a training step's: drop it."""
         output = super().evaluation_loop(*args, **kwargs)
         if self.compression is not None:
-            self.compression.meter.step()
-            self.compression.meter.history.pop()
+            self.compression.meter.discard()
             self.comm_stats.discard_step()
         return output
 

@@ -23,19 +23,19 @@ class CommCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self.trainer.install_compression()
         if self.trainer.compression is not None:
-            self.seen = len(self.trainer.compression.meter.history)
+            self.seen = self.trainer.compression.meter.steps
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         t = self.trainer
         handle = t.compression
         if handle is None:
             return
-        if len(handle.meter.history) == self.seen:
+        if handle.meter.steps == self.seen:
             # a LoCo optimizer steps the handle itself; if it did not, this step was skipped
             # (e.g. a GradScaler overflow): close only the meter's step
             handle.meter.step() if t.loco_optimizer is not None else handle.step()
         t.comm_stats.close_step(handle.meter.history[-1])
-        self.seen = len(handle.meter.history)
+        self.seen = handle.meter.steps
 
     def on_step_end(self, args, state, control, **kwargs):
         self._gather_for_log(state, control)

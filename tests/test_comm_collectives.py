@@ -215,6 +215,41 @@ def check_weight_difference_all_gather(rank, world, topo, meter):
     assert torch.equal(out2, prev)
 
 
+def check_weight_difference_skip(rank, world, topo, meter):
+    """``maybe_unchanged=True`` (FSDP's backward all-gather): if no rank changed its slot, one
+    int32 flag per peer goes on the wire and the output is bitwise the forward's; if one rank
+    changed, the full exchange runs and matches a collective that never skips."""
+    s = 300
+    ag = QuantizedAllGather(get_compressor("qwd"), topology=topo, meter=meter)
+    plain = QuantizedAllGather(get_compressor("qwd"), topology=topo)   # never skips
+    w = inputs(world, s, torch.bfloat16, seed=13)
+    inner_bytes = get_compressor("int", group_size=2048).wire_bits(s) // 8
+
+    def gather(coll, x, **kw):
+        out = torch.empty(world * s, dtype=torch.bfloat16)
+        coll(out, x, **kw)
+        return out
+
+    for x in (w[rank], (w[rank].float() * 1.01).to(torch.bfloat16)):  # init, then a step
+        fwd = gather(ag, x)
+        assert torch.equal(fwd, gather(plain, x))
+    meter.reset()
+    bwd = gather(ag, x, maybe_unchanged=True)
+    assert torch.equal(bwd, fwd) and same_on_all_ranks(bwd)
+    cur = meter.current()
+    assert (cur["intra_bytes"], cur["inter_bytes"]) == \
+        split_bytes(4, world, rank, topo.ranks_per_node)
+    assert torch.equal(gather(plain, x), fwd)          # zero differences: the same weights
+    if rank == 0:                                      # only rank 0 changed its slot
+        x = (x.float() * 1.01).to(torch.bfloat16)
+    meter.reset()
+    got = gather(ag, x, maybe_unchanged=True)
+    assert torch.equal(got, gather(plain, x)) and not torch.equal(got, fwd)
+    cur = meter.current()
+    assert (cur["intra_bytes"], cur["inter_bytes"]) == \
+        split_bytes(4 + inner_bytes, world, rank, topo.ranks_per_node)
+
+
 def check_compressed_reduce_scatter(rank, world, topo, meter):
     """1-hop int8 and 2-hop TLq / TLq-HS: bitwise equal to the algorithm written out, within
     the quantization bound of the exact sum; inter-node bytes are the 4-bit hop's only."""
@@ -315,6 +350,7 @@ def worker(rank, world):
         check_uncompressed(rank, world, topo, meter)
         check_compressed_all_gather(rank, world, topo, meter)
         check_weight_difference_all_gather(rank, world, topo, meter)
+        check_weight_difference_skip(rank, world, topo, meter)
         check_compressed_reduce_scatter(rank, world, topo, meter)
         check_stateful_reduce_scatter(rank, world, topo)
     # a layout that does not divide the world is refused before any group is created

@@ -79,6 +79,21 @@ def test_wire_meter_steps_and_summary():
     assert m.summary()["steps"] == 0 and m.summary()["total"]["intra_bytes"] == 0
 
 
+def test_wire_meter_keeps_recent_steps_counts_all_and_discards_current():
+    m = WireMeter(keep=3)
+    for i in range(5):
+        m.record("ag", i, 10 * i)
+        m.step()
+    assert m.steps == 5 and [h["intra_bytes"] for h in m.history] == [2, 3, 4]
+    m.record("eval", 1000, 1000)
+    m.discard()                                     # evaluation traffic: not a step
+    s = m.summary()
+    assert s["steps"] == 5 and s["last_step"]["intra_bytes"] == 4
+    assert s["total"]["intra_bytes"] == 10 and s["total"]["inter_bytes"] == 100
+    assert s["total"]["collectives"] == {"ag": {"intra_bytes": 10, "inter_bytes": 100,
+                                                "calls": 5}}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_raw_codec_is_exact(dtype):
     raw = RawCodec()

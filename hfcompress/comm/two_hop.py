@@ -72,13 +72,13 @@ class TwoHopReduceScatter(StreamOwner):
         check_op(op)
         rows = input.reshape(p, s)
         if self.rotated:  # SDP4Bit 3.3: H once per row, before the first quantization
-            h = self.streams["intra"].compressor
-            rows = torch.stack([h.rotate(r) for r in rows]) if s else rows.float()
-        rows = rows[slice_order(x, y)]
+            rows = self._rotate_rows(rows)
+        order = slice_order(x, y)
+        if order != sorted(order):  # the identity on one node or one rank per node
+            rows = rows[order]
         bounds = _chunk_bounds(s, self.chunks)
         for name in self.streams:
             self.streams[name].check_layout((p, x, s, len(bounds)))
-        total = torch.empty(s, dtype=torch.float32, device=input.device)
         hop1 = self._hop1(rows, bounds, 0) if bounds else None
         hop2 = []
         for c, (a, b) in enumerate(bounds):
@@ -86,11 +86,22 @@ class TwoHopReduceScatter(StreamOwner):
             if c + 1 < len(bounds):
                 hop1 = self._hop1(rows, bounds, c + 1)
             hop2.append((a, b, self._hop2(partial, b - a, c, input.dtype)))
-        for a, b, finish in hop2:
-            total[a:b] = finish()
+        if len(hop2) == 1:  # one chunk: its sum is the result
+            total = hop2[0][2]()
+        else:
+            total = torch.empty(s, dtype=torch.float32, device=input.device)
+            for a, b, finish in hop2:
+                total[a:b] = finish()
         if self.rotated:  # one inverse after the final sum (sum_i H g_i = H sum_i g_i)
             total = self.streams["inter"].compressor.rotate(total)
         write_result(output, total, op, p)
+
+    def _rotate_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """H on every row: one call over all rows when no Hadamard block crosses a row end."""
+        h = self.streams["intra"].compressor
+        if rows.shape[1] % h.hadamard_size == 0:
+            return h.rotate(rows)
+        return torch.stack([h.rotate(r) for r in rows])
 
     def _hop1(self, rows: torch.Tensor, bounds: list[tuple[int, int]], c: int):
         """Start the intra-node all-to-all of chunk c; returns a function giving the node's

@@ -26,23 +26,24 @@ def peer_is_remote(group: dist.ProcessGroup | None, topology: Topology | None) -
 
 
 class WireMeter:
-    """Per-step byte counts: ``record`` during a step, ``step()`` closes it, ``summary()``."""
+    """Per-step byte counts: ``record`` during a step, ``step()`` closes it, ``summary()``.
 
-    def __init__(self) -> None:
+    ``history`` keeps the last ``keep`` closed steps (a long run does not grow memory);
+    ``steps`` and the totals count every closed step."""
+
+    def __init__(self, keep: int = 1000) -> None:
+        self.keep = keep
         self.reset()
 
     def reset(self) -> None:
         """Forget every step, including the current one."""
         self.history: list[dict] = []
+        self.steps = 0
+        self._closed = _empty_step()
         self._current = _empty_step()
 
     def record(self, collective: str, intra_bytes: int, inter_bytes: int) -> None:
-        entry = self._current["collectives"].setdefault(collective, _empty_entry())
-        entry["intra_bytes"] += int(intra_bytes)
-        entry["inter_bytes"] += int(inter_bytes)
-        entry["calls"] += 1
-        self._current["intra_bytes"] += int(intra_bytes)
-        self._current["inter_bytes"] += int(inter_bytes)
+        _add(self._current, collective, int(intra_bytes), int(inter_bytes), 1)
 
     def record_sends(self, collective: str, per_peer_bytes: Sequence[int],
                      remote: Sequence[bool], me: int) -> None:
@@ -58,23 +59,38 @@ class WireMeter:
         """Close the current step (kept in ``history``) and return its counts."""
         done, self._current = self._current, _empty_step()
         self.history.append(done)
+        del self.history[:-self.keep]
+        self.steps += 1
+        _merge(self._closed, done)
         return copy.deepcopy(done)
+
+    def discard(self) -> None:
+        """Drop the current step's counts (e.g. evaluation traffic between training steps)."""
+        self._current = _empty_step()
 
     def summary(self) -> dict:
         """``{"steps", "current", "last_step", "total"}``; every step dict holds
         ``intra_bytes``, ``inter_bytes`` and ``collectives: {name: {intra_bytes, inter_bytes,
         calls}}``. ``total`` covers the closed steps and the current one."""
-        total = _empty_step()
-        for s in [*self.history, self._current]:
-            total["intra_bytes"] += s["intra_bytes"]
-            total["inter_bytes"] += s["inter_bytes"]
-            for name, e in s["collectives"].items():
-                t = total["collectives"].setdefault(name, _empty_entry())
-                for k in t:
-                    t[k] += e[k]
-        return {"steps": len(self.history), "current": self.current(),
+        total = copy.deepcopy(self._closed)
+        _merge(total, self._current)
+        return {"steps": self.steps, "current": self.current(),
                 "last_step": copy.deepcopy(self.history[-1]) if self.history else None,
                 "total": total}
+
+
+def _add(step: dict, collective: str, intra: int, inter: int, calls: int) -> None:
+    entry = step["collectives"].setdefault(collective, _empty_entry())
+    entry["intra_bytes"] += intra
+    entry["inter_bytes"] += inter
+    entry["calls"] += calls
+    step["intra_bytes"] += intra
+    step["inter_bytes"] += inter
+
+
+def _merge(into: dict, step: dict) -> None:
+    for name, e in step["collectives"].items():
+        _add(into, name, e["intra_bytes"], e["inter_bytes"], e["calls"])
 
 
 def _empty_entry() -> dict:

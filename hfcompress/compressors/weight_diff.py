@@ -61,7 +61,8 @@ class WeightDifferenceQuantizer(Compressor):
       (Alg. 4 line 8). Call it exactly once per payload on every replica, the sender included.
     - A compress whose input is bitwise equal to the previous compress input sends zero
       differences, so FSDP's backward all-gather (no optimizer step in between) rebuilds
-      exactly the forward's weights.
+      exactly the forward's weights. A collective that learns that every rank's input is
+      ``unchanged`` can skip the exchange and use ``reference`` as is (same result).
 
     All-gather recipe (one reference for the full gathered tensor, each rank sends its slot;
     slots are equal, rank-major, as in FSDP's flat all-gather buffer)::
@@ -95,6 +96,12 @@ class WeightDifferenceQuantizer(Compressor):
         """``inner(x - w~)``; exact x on the first call; zero differences if x is unchanged."""
         return self._encode(x, self.reference)
 
+    def unchanged(self, x: torch.Tensor) -> bool:
+        """``x`` is bitwise the last compressed input and w~ exists: a compress would send
+        zero differences and decompress would return w~ unchanged."""
+        return (self.reference is not None and self._last_input is not None
+                and _same_bits(x.detach(), self._last_input))
+
     def compress_slot(self, x: torch.Tensor, rank: int, world: int) -> Packed:
         """Like ``compress`` with slot ``rank`` of ``world`` equal slots of w~ as reference."""
         return self._encode(x, self._slot_views(world, x.numel())[rank].view(x.shape)
@@ -103,7 +110,7 @@ class WeightDifferenceQuantizer(Compressor):
     def _encode(self, x: torch.Tensor, ref: torch.Tensor | None) -> Packed:
         check_float_input(self.name, x)
         x = x.detach()
-        unchanged = self._last_input is not None and _same_bits(x, self._last_input)
+        unchanged = self.unchanged(x)
         self._last_input = x.clone()
         if ref is None:
             return Packed({_EXACT: x.reshape(-1).float()}, x.shape, x.dtype)

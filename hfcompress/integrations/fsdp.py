@@ -3,7 +3,8 @@
 points").
 
 - Forward all-gather: the config's weight scheme (ZeRO++ qwZ, SDP4Bit qWD Alg. 2, QSDP W8).
-  Backward all-gather: the same collective object (qWD then sends zero differences), or, with
+  Backward all-gather: the same collective object (qWD: a flag all-reduce, then every rank
+  rebuilds the forward's weights from its references, no payload), or, with
   hpZ (``reshard_after_forward=ranks_per_node``, ZeRO++ 3.3 / B.2), an exact gather of the
   node's secondary partition, which never leaves the node.
 - Reduce-scatter: 1-hop all-to-all or the 2-hop intra-/inter-node all-to-all (ZeRO++ qgZ,
@@ -111,7 +112,7 @@ class FSDPAllGather(_Alloc, AllGather):
                 return None
             self.compressed.tag = tag
             if not layout.mixed:
-                self.compressed(output_tensor, input_tensor, group)
+                self.compressed(output_tensor, input_tensor, group, maybe_unchanged=backward)
                 return None
             world = group.size()
             comp_in, exact_in = layout.split(input_tensor.reshape(1, -1))
@@ -119,7 +120,7 @@ class FSDPAllGather(_Alloc, AllGather):
                                    device=input_tensor.device)
             exact_out = torch.empty(world * exact_in.numel(), dtype=input_tensor.dtype,
                                     device=input_tensor.device)
-            self.compressed(comp_out, comp_in.reshape(-1), group)
+            self.compressed(comp_out, comp_in.reshape(-1), group, maybe_unchanged=backward)
             self.exact(exact_out, exact_in.reshape(-1), group)
             layout.merge(output_tensor.view(world, -1), comp_out.view(world, -1),
                          exact_out.view(world, -1))
