@@ -231,7 +231,12 @@ def test_pick_chooses_compiled_only_when_enabled(monkeypatch):
     monkeypatch.setenv("HFCOMPRESS_COMPILE", "1")
     mod = dispatch.pick(x, "auto", twin, "triton_group_quant")
     assert mod is dispatch.compiled(twin) and isinstance(mod.quantize, dispatch.Compiled)
-    assert mod.qmax_of is twin.qmax_of
+    # helpers and composites stay Python, calling the compiled kernels (their globals: the copy)
+    assert mod.qmax_of(4) == 7 and mod.qmax_of.__globals__ is vars(mod)
+    from hfcompress.kernels import hadamard
+    had = dispatch.compiled(hadamard)
+    assert had._gq is mod and isinstance(had.rotate, dispatch.Compiled)
+    assert not isinstance(had.quantize, dispatch.Compiled)
     assert dispatch.pick(x, "torch", twin, "triton_group_quant") is twin
 
 

@@ -72,11 +72,21 @@ def pick(t: torch.Tensor, backend: str, twin: ModuleType, triton_module: str) ->
 
 @functools.cache
 def compiled(twin: ModuleType) -> ModuleType:
-    """A copy of ``twin`` whose ``COMPILE_ON_CPU`` functions are :class:`Compiled`."""
+    """A copy of ``twin`` whose ``COMPILE_ON_CPU`` functions are :class:`Compiled`. Its other
+    functions (composites of kernels) run in Python and call the copy's compiled functions,
+    and those of the twins it imports (``from . import group_quant as _gq``): each kernel is
+    its own graph, its output stored before the next one reads it."""
     mod = types.ModuleType(f"{twin.__name__}.compiled", twin.__doc__)
-    mod.__dict__.update({k: v for k, v in vars(twin).items() if not k.startswith("__")})
-    for name in twin.COMPILE_ON_CPU:
-        setattr(mod, name, Compiled(getattr(twin, name)))
+    ns = {k: v for k, v in vars(twin).items() if not k.startswith("__")}
+    for k, v in ns.items():
+        if isinstance(v, ModuleType) and getattr(v, "COMPILE_ON_CPU", ()):
+            ns[k] = compiled(v)
+        elif k in twin.COMPILE_ON_CPU:
+            ns[k] = Compiled(v)
+        elif isinstance(v, types.FunctionType) and v.__module__ == twin.__name__:
+            ns[k] = types.FunctionType(v.__code__, mod.__dict__, v.__name__, v.__defaults__,
+                                       v.__closure__)
+    mod.__dict__.update(ns)
     return mod
 
 

@@ -21,7 +21,10 @@ import torch
 
 from . import group_quant as _gq
 
-COMPILE_ON_CPU = ("rotate", "quantize", "dequantize", "dequantize_sum")
+#: compiled on CPU; the fused-op composites below run as separate kernels there (``dispatch.
+#: compiled``): Inductor fusing the rotation into the group reduction re-evaluates the
+#: butterfly for every read (measured ~4x slower than storing the rotated values once)
+COMPILE_ON_CPU = ("rotate",)
 
 
 def _f32(v: float) -> float:
@@ -70,14 +73,6 @@ def _fwht_rows(x: torch.Tensor, n: int) -> torch.Tensor:
     return x * inv_sqrt(n)
 
 
-def _own_kernel(t: torch.Tensor) -> torch.Tensor:
-    """Ends the compiled graph at ``t`` (a no-op in eager): the rotation and the quantization
-    run as two kernels with the rotated values stored in between, because Inductor fusing them
-    re-evaluates the butterfly for every read of the group reduction (~4x slower)."""
-    torch._dynamo.graph_break()
-    return t
-
-
 def rotate(x: torch.Tensor, hadamard_size: int) -> torch.Tensor:
     """1-D x (numel % hadamard_size == 0) -> float32 ``x.view(-1, n) @ H``, flattened."""
     return _fwht_rows(x.reshape(-1, hadamard_size).float(), hadamard_size).reshape(-1)
@@ -87,7 +82,8 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
              noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused rotate + group quantize: ``group_quant.quantize(rotate(x), ...)``; ``noise`` is
     indexed like the rotated values."""
-    return _gq.quantize(_own_kernel(rotate(x, hadamard_size)), bits, group_size, noise)
+    y = rotate(x, hadamard_size) if hadamard_size > 1 else x  # x * 1.0 == x: skip the pass
+    return _gq.quantize(y, bits, group_size, noise)
 
 
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
@@ -95,7 +91,7 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size:
                inverse: bool = True) -> torch.Tensor:
     """Dequantize, then (``inverse``) rotate back, in float32; cast to ``dtype`` last."""
     y = _gq.dequantize(packed, scale, bits, group_size)
-    return (rotate(_own_kernel(y), hadamard_size) if inverse else y).to(dtype)
+    return (rotate(y, hadamard_size) if inverse else y).to(dtype)
 
 
 def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
@@ -103,4 +99,4 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
     """Sum of P peers in the rotated domain (``packed`` (P, nbytes), ``scale`` (P, groups)),
     then one inverse rotation (``sum_i H g_i = H sum_i g_i``, SDP4Bit 3.3). float32."""
     y = _gq.dequantize_sum(packed, scale, bits, group_size)
-    return rotate(_own_kernel(y), hadamard_size) if inverse else y
+    return rotate(y, hadamard_size) if inverse else y
