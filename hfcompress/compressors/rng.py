@@ -1,8 +1,12 @@
 """Seeded, checkpointable random numbers for the stochastic schemes.
 
-One ``torch.Generator`` per device, seeded from a mix of ``seed`` (so the rounding noise is
-not the same stream as ``torch.manual_seed(seed)`` data); its state goes into the
-compressor's ``state_dict`` so a resumed run draws the same noise.
+``uniform_like`` (the rounding noise of every stochastic scheme, e.g. SDP4Bit 2.2, QSDP 3.2,
+Global-QSGD Alg. 1) is the counter-based hash of ``kernels/noise.py``: call ``n`` is keyed by
+the ``n``-th output of a splitmix64 stream seeded from ``seed``, so the state is just
+``(seed, n)`` and the numbers are the same on every device and backend. ``generator(device)``
+is a ``torch.Generator`` per device, seeded from a mix of ``seed`` (not the stream of
+``torch.manual_seed(seed)``), for small draws (random shifts, level initialization). Both
+states go into the compressor's ``state_dict`` so a resumed run draws the same noise.
 """
 
 from __future__ import annotations
@@ -11,10 +15,17 @@ from typing import Any
 
 import torch
 
+from ..kernels import dispatch
+from ..kernels import noise as noise_twin
+
+GOLDEN = 0x9E3779B97F4A7C15
+M64 = (1 << 64) - 1
+
 
 class SeededRNG:
     def __init__(self, seed: int) -> None:
         self.seed = int(seed)
+        self.calls = 0  # uniform_like calls so far: the hash's key counter
         self._gens: dict[str, torch.Generator] = {}
 
     def generator(self, device: torch.device | str) -> torch.Generator:
@@ -26,23 +37,41 @@ class SeededRNG:
         return self._gens[key]
 
     def uniform_like(self, x: torch.Tensor) -> torch.Tensor:
-        """float32 U[0, 1) noise of x's shape on x's device."""
-        return torch.rand(x.shape, generator=self.generator(x.device), device=x.device,
-                          dtype=torch.float32)
+        """float32 U[0, 1) noise of x's shape on x's device (x is not read); fresh per call."""
+        keys = torch.tensor(call_keys(self.seed, self.calls), dtype=torch.int64)
+        # CUDA: a pinned source copied non_blocking, so the host does not wait for the
+        # kernels already queued (a copy from pageable memory would)
+        keys = keys.pin_memory().to(x.device, non_blocking=True) if x.is_cuda else keys.to(x.device)
+        self.calls += 1
+        return dispatch.pick(x, "auto", noise_twin, "triton_noise").uniform_like(x, keys)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "states": {k: g.get_state() for k, g in self._gens.items()}}
+        return {"seed": self.seed, "calls": self.calls,
+                "states": {k: g.get_state() for k, g in self._gens.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.seed = int(state["seed"])
+        self.calls = int(state.get("calls", 0))  # states saved before the counter: call 0
         self._gens = {}
         for key, st in state["states"].items():
             self.generator(key).set_state(st)
 
 
+def _splitmix64(z: int) -> int:
+    """One splitmix64 output: advance the state ``z`` by the golden gamma and finalize."""
+    z = (int(z) + GOLDEN) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
 def _mix(seed: int) -> int:
     """A splitmix64-style scramble of the user seed (non-negative, < 2**63)."""
-    z = (int(seed) + 0x9E3779B97F4A7C15) % (1 << 64)
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % (1 << 64)
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % (1 << 64)
-    return (z ^ (z >> 31)) >> 1
+    return _splitmix64(seed) >> 1
+
+
+def call_keys(seed: int, call: int) -> tuple[int, int]:
+    """The 32-bit hash keys ``(k1, k2)`` of ``uniform_like`` call number ``call``: output
+    ``call`` of the splitmix64 stream whose state starts at ``_mix(seed)``."""
+    z = _splitmix64(_mix(seed) + call * GOLDEN)
+    return z & 0xFFFFFFFF, z >> 32

@@ -1,0 +1,59 @@
+"""Counter-based U[0, 1) noise for stochastic rounding (SDP4Bit 2.2, QSDP 3.2, Global-QSGD
+Alg. 1), torch twin of ``triton_noise.py``.
+
+Element ``i`` (flat index within one call) of a call keyed by the 32-bit ``(k1, k2)`` is
+
+    h = fmix(fmix((i & 0xFFFFFFFF) ^ k1) ^ ((i >> 32) ^ k2)),   u = (h >> 8) * 2**-24
+
+with ``fmix`` a 32-bit xorshift-multiply finalizer (murmur3 / lowbias32 shape: shifts
+16, 15, 16; odd multipliers 0x7FEB352D, 0x5BD1E995). A pure function of ``(i, k1, k2)``:
+no generator state, so the numbers are the same on every device and backend (eager,
+``torch.compile``, Triton), and one call is a few element-wise integer ops that compile to
+vectorized code. For ``i < 2**32`` the map ``i -> h`` is a bijection (each ``fmix`` is); the
+high word of larger indices (tensors past 4G values) enters through ``(i >> 32) ^ k2``, so
+the sequence does not repeat with period 2**32.
+
+The lanes are int64 holding 32-bit values: a product of a value ``< 2**32`` and a
+multiplier ``< 2**31`` is ``< 2**63``, so nothing overflows (signed overflow is undefined
+in C and would be unsafe in generated code), and every right shift is of a non-negative
+value. ``u`` keeps the top 24 bits of ``h``, exact in float32, in ``[0, 1 - 2**-24]``:
+stochastic rounding ``floor(y + u)`` (in exact arithmetic) rounds up with probability
+``frac(y)`` rounded down to a multiple of 2**-24, a bias in ``(-2**-24, 0]`` of a level
+(-2**-25 on average over ``frac(y)``), far below the rounding noise itself.
+
+``SeededRNG`` (``compressors/rng.py``) draws fresh ``(k1, k2)`` per call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU
+COMPILE_ON_CPU = ("uniform_like",)
+
+M32 = 0xFFFFFFFF
+MUL1, MUL2 = 0x7FEB352D, 0x5BD1E995
+#: noise bits kept from the 32-bit hash (exact in float32's 24-bit significand)
+BITS = 24
+
+
+def fmix(x: torch.Tensor) -> torch.Tensor:
+    """32-bit finalizer on int64 lanes holding values in ``[0, 2**32)``."""
+    x = x ^ (x >> 16)
+    x = (x * MUL1) & M32
+    x = x ^ (x >> 15)
+    x = (x * MUL2) & M32
+    return x ^ (x >> 16)
+
+
+def hash_index(i: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor:
+    """int64 indices ``i >= 0`` and 32-bit keys -> 32-bit hashes (int64)."""
+    return fmix(fmix((i & M32) ^ k1) ^ ((i >> 32) ^ k2))
+
+
+def uniform_like(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """float32 U[0, 1) of ``x``'s shape on ``x``'s device (``x`` itself is never read);
+    ``keys`` int64 ``(k1, k2)`` on ``x``'s device, each in ``[0, 2**32)``."""
+    i = torch.arange(x.numel(), dtype=torch.int64, device=x.device)
+    h = hash_index(i, keys[0], keys[1])
+    return ((h >> (32 - BITS)).to(torch.float32) * (1.0 / (1 << BITS))).reshape(x.shape)
