@@ -35,7 +35,8 @@ class CompressionConfig:
       ``two_hop=False`` only ``grad_inter`` is used, as a 1-hop all-to-all. None = exact.
     - ``loco``: LoCo error-feedback parameters (LoCo Alg. 1) wrapping the gradient scheme
       of the hop that leaves the rank first; None = no error feedback.
-    - ``all_reduce``: the DDP / HSDP replica all-reduce scheme (Global-QSGD).
+    - ``all_reduce``: the DDP / HSDP replica all-reduce scheme (Global-QSGD; e.g.
+      ``Scheme("global_qsgd", {"block_size": 1024})``: one global scale per 1024 values).
     - ``hpz``: the backward all-gather stays inside the node (ZeRO++ 3.3).
     - ``exact_patterns`` / ``min_numel``: parameters whose name contains one of the patterns,
       or with fewer than ``min_numel`` values, are communicated exactly (QSDP keeps norms,

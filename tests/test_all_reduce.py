@@ -61,10 +61,16 @@ def ref_linear(reps, xs):
 
 
 def ref_exponential(reps, xs):
-    """Rank k owns chunk k: every rank's codes for it, combined by rank k's C_nat tree."""
+    """Rank k owns chunk k: every rank's codes for it, combined by rank k's C_nat tree. The
+    global scale: one for the tensor, or (block_size) per block of each chunk."""
     n = len(xs)
-    scale = torch.stack([c.local_scale(x) for c, x in zip(reps, xs)]).amax(0)
-    sent = [[c.compress(r, scale=scale) for r in rows(x, n)] for c, x in zip(reps, xs)]
+    if reps[0].block_size is None:
+        scales = [torch.stack([c.local_scale(x) for c, x in zip(reps, xs)]).amax(0)] * n
+    else:
+        scales = [torch.stack([c.local_scale(rows(x, n)[k]) for c, x in zip(reps, xs)]).amax(0)
+                  for k in range(n)]
+    sent = [[c.compress(r, scale=scales[k]) for k, r in enumerate(rows(x, n))]
+            for c, x in zip(reps, xs)]
     combined = [reps[k].reduce_packed([sent[r][k] for r in range(n)]) for k in range(n)]
     out = [reps[k].decompress(dataclasses.replace(p, dtype=torch.float32))
            for k, p in enumerate(combined)]
@@ -141,10 +147,11 @@ def check_linear(rank, world, topo, meter):
                 step = max(x.float().abs().max() for x in xs) / comp.levels
                 err = (got.float() * div - exact).abs().max()
                 assert err <= world * step * 1.0001 + exact.abs().max() * U[dtype] * div, err
-                # one int8 per value + the MAX of the scales (4 bytes per peer)
+                # one int8 per value + the MAX of one float32 scale, both as stock
+                # all-reduces (reduce-scatter + all-gather: 2 (n - 1) x the bytes in total)
                 sent = meter.current()
                 assert world_sum(sent["intra_bytes"] + sent["inter_bytes"]) == \
-                    2 * (world - 1) * s + 4 * world * (world - 1)
+                    2 * (world - 1) * (s + 4)
     # the largest codes of n peers sum to n * levels <= 127: exact, no wrap-around
     top = ar(torch.full((64,), 3.0))
     assert ((top - 3.0 * world).abs() <= 3.0 * world * 2 ** -22).all(), top
@@ -204,12 +211,12 @@ def check_exponential(rank, world, topo, meter):
                 got = ar(xs[rank].clone(), AVG)
                 assert torch.equal(got, (ref_exponential(reps, xs) / world).to(dtype))
                 assert same_on_all_ranks(got)
-                # codes only, twice (all-to-all, all-gather), + the MAX of the scales
+                # codes only, twice (all-to-all, all-gather), + the MAX of the scale
                 w = -(-s // world)
-                per_peer = 2 * comp.payload_spec(w)["codes"][1] + 4
+                per_peer = 2 * comp.payload_spec(w)["codes"][1]
                 sent = meter.current()
                 assert world_sum(sent["intra_bytes"] + sent["inter_bytes"]) == \
-                    world * (world - 1) * per_peer
+                    world * (world - 1) * per_peer + 2 * (world - 1) * 4
     # unbiasedness and the variance factor, 8 bits (127 - headroom levels: no values fall
     # below the last level here, so each peer's variance is <= x**2 / 8, 4.2)
     comp = get_compressor("global_qsgd_exp", num_peers=world, seed=200 + rank)
@@ -234,6 +241,48 @@ def check_exponential(rank, world, topo, meter):
     assert var.sum() > 0.05 * bound.sum()     # it is a stochastic reduce, not a copy
     with pytest.raises(ValueError, match=f"num_peers={world + 1} but"):
         QuantizedAllReduce(get_compressor("global_qsgd_exp", num_peers=world + 1))(xs[rank])
+
+
+def check_blocks(rank, world, topo, meter):
+    """block_size=32: one global scale per block (the MAX all-reduce of a vector). Block
+    magnitudes span 2**-12 .. 1. Bitwise the algorithm written out (linear: the exact integer
+    sum), identical on every rank; linear within one level of its own block per peer (a
+    per-tensor scale would allow 2**12 times more in the small blocks); the meter counts the
+    scale vector as a stock all-reduce of float32; an Inf poisons only its block."""
+    bs = 32
+    for name in ("global_qsgd", "global_qsgd_exp"):
+        comp = get_compressor(name, num_peers=world, seed=rank, block_size=bs)
+        ar = QuantizedAllReduce(comp, topology=topo, meter=meter)
+        reps = [get_compressor(name, num_peers=world, seed=r, block_size=bs)
+                for r in range(world)]
+        for s in SIZES:
+            f = torch.exp2(-(torch.arange(s) // bs % 13).float())
+            xs = [x * f for x in inputs(range(world), s, torch.float32, seed=80 + s)]
+            meter.reset()
+            got = ar(xs[rank].clone())
+            sent = world_sum(meter.current()["intra_bytes"] + meter.current()["inter_bytes"])
+            assert same_on_all_ranks(got)
+            if name == "global_qsgd":
+                assert torch.equal(got, ref_linear(reps, xs)), s
+                blocks = -(-s // bs)
+                assert sent == 2 * (world - 1) * (s + 4 * blocks)
+                top = torch.stack([comp.local_scale(x) for x in xs]).amax(0)
+                step = top.repeat_interleave(bs)[:s] / comp.levels
+                exact = sum(xs)
+                tol = world * step * 1.0001 + exact.abs() * U[torch.float32]
+                assert ((got - exact).abs() <= tol).all()
+            else:
+                assert torch.equal(got, ref_exponential(reps, xs)), s
+                w = -(-s // world)
+                blocks = world * -(-w // bs)          # per chunk
+                assert sent == world * (world - 1) * 2 * comp.payload_spec(w)["codes"][1] \
+                    + 2 * (world - 1) * 4 * blocks
+        x = inputs([rank], 1000, torch.float32, seed=90)[0]
+        if rank == 0:
+            x[40] = float("inf")                   # block 1 (also of chunk 0)
+        bad = torch.arange(1000) // bs == 1
+        got = ar(x)
+        assert not torch.isfinite(got[bad]).any() and torch.isfinite(got[~bad]).all(), name
 
 
 def check_group_schemes(rank, world, topo, meter):
@@ -318,6 +367,7 @@ def worker(rank, world):
     check_linear(rank, world, topo, meter)
     check_linear_unbiased(rank, world, topo)
     check_exponential(rank, world, topo, meter)
+    check_blocks(rank, world, topo, meter)
     check_group_schemes(rank, world, topo, meter)
     check_loco(rank, world, topo)
     check_subgroup(rank, world, topo)

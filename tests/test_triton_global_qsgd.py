@@ -67,6 +67,45 @@ def test_exp_quantize_dequantize(bits, levels, headroom, dtype):
                   twin.exp_dequantize(c, scale, headroom, bits, dtype))
 
 
+def block_scales(numel, block_size, seed):
+    """One scale per block (the last partial): random magnitudes over 2**-20 .. 2, with a
+    zero, an Inf and a NaN block (the last)."""
+    g = torch.Generator().manual_seed(seed)
+    k = -(-numel // block_size)
+    s = torch.rand(k, generator=g) * torch.exp2(-torch.randint(0, 20, (k,), generator=g)) * 2
+    s[[1, 2, k - 1]] = torch.tensor([0.0, INF, NAN])
+    return s
+
+
+@pytest.mark.parametrize("wire", [torch.int8, torch.int32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [32, 1024])
+def test_linear_block_scales(wire, dtype, block_size):
+    """Per-block scales (5001 values: 157 or 5 blocks, the last partial)."""
+    x, u = inputs(5001, dtype, 3)
+    scale = block_scales(5001, block_size, 4)
+    levels = 31 if wire == torch.int8 else 1 << 24
+    q = tri.linear_quantize(x, scale, levels, u, wire, block_size)
+    same_bits(q, twin.linear_quantize(x, scale, levels, u, wire, block_size))
+    for codes in (q, q.long() * 3):
+        same_bits(tri.linear_dequantize(codes, scale, levels, dtype, block_size),
+                  twin.linear_dequantize(codes, scale, levels, dtype, block_size))
+
+
+@pytest.mark.parametrize("bits, levels, headroom", [(8, 127, 0), (8, 20, 3), (4, 5, 2)])
+@pytest.mark.parametrize("block_size", [32, 1024])
+def test_exp_block_scales(bits, levels, headroom, block_size):
+    """Per-block scales (4098 values: 129 or 5 blocks, the last partial); 4-bit bytes hold
+    two values of the same block (block_size is even)."""
+    x, u = inputs(4098, torch.bfloat16, 5)
+    scale = block_scales(4098, block_size, 6)
+    c = tri.exp_quantize(x, scale, levels, headroom, bits, u, block_size)
+    same_bits(c, twin.exp_quantize(x, scale, levels, headroom, bits, u, block_size))
+    for dtype in (torch.float32, torch.bfloat16):
+        same_bits(tri.exp_dequantize(c, scale, headroom, bits, dtype, block_size),
+                  twin.exp_dequantize(c, scale, headroom, bits, dtype, block_size))
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_exp_combine_all_code_pairs(bits):
     """Every pair of codes (4 bit: 256 pairs x 16 repeats; 8 bit: 65536 pairs) with random
@@ -93,7 +132,10 @@ def test_exp_combine_all_code_pairs(bits):
 
 @pytest.mark.parametrize("name, kw", [("global_qsgd", dict(num_peers=4)),
                                       ("global_qsgd_exp", dict(num_peers=3)),
-                                      ("global_qsgd_exp", dict(num_peers=3, bits=4))])
+                                      ("global_qsgd_exp", dict(num_peers=3, bits=4)),
+                                      ("global_qsgd", dict(num_peers=4, block_size=256)),
+                                      ("global_qsgd_exp", dict(num_peers=3, bits=4,
+                                                               block_size=32))])
 def test_compressor_backends_agree(name, kw):
     x = torch.randn(3, 1001, dtype=torch.bfloat16)
     peers = [torch.randn(3003) for _ in range(3)]

@@ -4,21 +4,24 @@
 every rank ends with bit-identical values (all decode the same bytes). By compressor:
 
 - ``None``: torch's ``all_reduce`` (exact).
-- ``global_qsgd`` (linear dithering, 4.2): one ``all_reduce(MAX)`` of the local scales, then
-  a stock ``all_reduce(SUM)`` of the integer codes: an exact sum that cannot overflow because
-  the level count leaves room for ``num_peers`` = group size (checked).
+- ``global_qsgd`` (linear dithering, 4.2): one ``all_reduce(MAX)`` of the local scales (one
+  float, or one per block with ``block_size``), then a stock ``all_reduce(SUM)`` of the
+  integer codes: an exact sum that cannot overflow because the level count leaves room for
+  ``num_peers`` = group size (checked).
 - ``global_qsgd_exp`` (exponential dithering, 4.3): the ``C_nat`` exponent reduce (Alg. 2),
   which no stock all-reduce runs. After the MAX of the scales: an all-to-all of code chunks
   (rank k gets chunk k from everyone), a pairwise ``combine`` tree of depth ceil(log2 n) on
   rank k, then an all-gather of the combined chunks. Only codes travel (the scale is known).
+  With ``block_size`` the blocks are counted within each chunk (none straddles two owners).
 - any other compressor (``int`` 8/4 bit groups, ``loco`` wrapping one): compress chunks ->
   all-to-all -> fp32 sum on the chunk's owner -> compress -> all-gather (LoCo 3.2, A.1).
   A stateful compressor keeps one stream per chunk sent and one for the gathered chunk, so
   LoCo error feedback applies to the local gradient before it is sent, and to the owner's
   reduced chunk.
 
-Wire meter (what each rank sends, direct sends): the stock all-reduce counts as
-reduce-scatter + all-gather of equal chunks; the MAX of the scales as 4 bytes per peer.
+Wire meter (what each rank sends, direct sends): a stock all-reduce, the codes' SUM and the
+scales' MAX alike (one float32, or one per block), counts as reduce-scatter + all-gather of
+near-equal chunks: 2 (n - 1) times its bytes over the group of n ranks.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
 from .wire_meter import WireMeter, peer_is_remote
 
-SCALE_BYTES = 4
 _STOCK_SUM_BITS = (8, 32)   # gloo and NCCL have no int16 SUM
 
 
@@ -98,20 +100,22 @@ class QuantizedAllReduce(StreamOwner):
         return tensor
 
     # -- Global-QSGD ----------------------------------------------------------------------
-    def _global_scale(self, flat: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        """Alg. 1 line 1: the MAX of the local ℓ∞ norms over the group (+Inf if one is not
-        finite)."""
-        scale = self.compressor.local_scale(flat)
+    def _global_scale(self, parts: list[torch.Tensor], group: dist.ProcessGroup, world: int,
+                      me: int) -> tuple[torch.Tensor, list[int]]:
+        """Alg. 1 line 1: the MAX over the group of the local ℓ∞ norms of ``parts`` (per
+        block with ``block_size``; +Inf where one is not finite), concatenated; and the bytes
+        that all-reduce sends to each peer."""
+        scale = torch.cat([self.compressor.local_scale(p) for p in parts])
         dist.all_reduce(scale, op=dist.ReduceOp.MAX, group=group)
-        return scale
+        return scale, _stock_all_reduce_bytes(scale.numel(), scale.element_size(), world, me)
 
     def _linear(self, flat, group, world, me) -> torch.Tensor:
         """Linear dithering: exact integer sum by a stock all_reduce(SUM) (4.2)."""
         c = self.compressor
-        scale = self._global_scale(flat, group)
+        scale, sent = self._global_scale([flat], group, world, me)
         codes = c.compress(flat, scale=scale).payload["codes"]
-        self._record([SCALE_BYTES * (k != me) + b for k, b in enumerate(
-            _stock_all_reduce_bytes(codes.numel(), codes.element_size(), world, me))], group, me)
+        self._record([a + b for a, b in zip(sent, _stock_all_reduce_bytes(
+            codes.numel(), codes.element_size(), world, me))], group, me)
         dist.all_reduce(codes, op=dist.ReduceOp.SUM, group=group)
         return c.decompress(Packed({"scale": scale, "codes": codes}, flat.shape, torch.float32))
 
@@ -119,20 +123,26 @@ class QuantizedAllReduce(StreamOwner):
         """Exponential dithering: all-to-all of code chunks, C_nat tree on the owner (Alg. 2),
         all-gather of the combined chunks (4.3)."""
         c = self.compressor
-        scale = self._global_scale(flat, group)
         rows = _rows(flat, world)
         width = rows.shape[1]
-        send = torch.cat([c.compress(r, scale=scale).payload["codes"] for r in rows])
+        if c.block_size is None:      # one scale for the tensor, shared by every chunk
+            scale, sent = self._global_scale([flat], group, world, me)
+            scales = scale.expand(world, 1)
+        else:                         # the blocks of each chunk
+            scale, sent = self._global_scale(list(rows), group, world, me)
+            scales = scale.view(world, -1)
+        send = torch.cat([c.compress(r, scale=s).payload["codes"] for r, s in zip(rows, scales)])
         n = send.numel() // world
         recv = torch.empty_like(send)
-        self._record([(SCALE_BYTES + 2 * n) * (k != me) for k in range(world)], group, me)
+        self._record([b + 2 * n * (k != me) for k, b in enumerate(sent)], group, me)
         dist.all_to_all_single(recv, send, group=group)
-        got = [Packed({"scale": scale, "codes": recv[k * n:(k + 1) * n]}, torch.Size([width]),
+        mine = scales[me]
+        got = [Packed({"scale": mine, "codes": recv[k * n:(k + 1) * n]}, torch.Size([width]),
                       torch.float32) for k in range(world)]
-        mine = c.reduce_packed(got).payload["codes"]
+        combined = c.reduce_packed(got).payload["codes"]
         gathered = torch.empty_like(recv)
-        all_gather_single(gathered, mine.contiguous(), group=group)
-        out = [c.decompress(Packed({"scale": scale, "codes": gathered[k * n:(k + 1) * n]},
+        all_gather_single(gathered, combined.contiguous(), group=group)
+        out = [c.decompress(Packed({"scale": scales[k], "codes": gathered[k * n:(k + 1) * n]},
                                    torch.Size([width]), torch.float32)) for k in range(world)]
         return torch.cat(out)[:flat.numel()]
 

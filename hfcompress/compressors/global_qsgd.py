@@ -2,19 +2,23 @@
 
 Every peer quantizes with the same scale, the all-reduced MAX of the local norms
 (ℓ∞, the paper's default, Global-QSGD 8), so payloads add up in the compressed domain.
-How a collective uses it (Alg. 1)::
+``block_size`` (not in the paper; default None = one scale per tensor, the paper) gives
+each block of ``block_size`` consecutive values its own global scale, so small-gradient
+tensors sharing a DDP bucket with large ones keep their levels; the MAX all-reduce then
+carries ``ceil(numel / block_size)`` floats. How a collective uses it (Alg. 1)::
 
-    s = comp.local_scale(x)                  # max|x|; +Inf if x holds Inf or NaN
-    all_reduce(s, op=MAX)                    # one float: the global scale
+    s = comp.local_scale(x)                  # max|x| per block; +Inf where Inf or NaN
+    all_reduce(s, op=MAX)                    # the global scale(s)
     p = comp.compress(x, scale=s)
     # global_qsgd:     all_reduce(p.payload["codes"], op=SUM)  (exact, cannot overflow)
     # global_qsgd_exp: p = comp.combine(p, peer_p) along a tree of depth <= comp.headroom
     total = comp.decompress(p)               # the sum over peers (divide by n for the mean)
 
 ``compress(x)`` without a scale uses the local one (single-process use). ``scale`` must be at
-least ``local_scale(x)`` (the MAX guarantees it); values above it are clipped. Non-finite
-input makes the global scale Inf, and every peer then decodes NaN/Inf. Give each rank its
-own ``seed``: peers sharing noise get correlated rounding errors.
+least ``local_scale(x)`` (the MAX guarantees it); values above it are clipped; one value
+serves every block. Non-finite input makes its block's global scale Inf, and every peer then
+decodes NaN/Inf in that block (the other blocks stay finite). Give each rank its own
+``seed``: peers sharing noise get correlated rounding errors.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import torch
 
 from .. import kernels
 from ..kernels import global_qsgd as _twin
-from .base import Compressor, Packed, check_choice, check_float_input
+from .base import Compressor, Packed, check_choice, check_float_input, check_group_size
 from .registry import register_compressor
 from .rng import SeededRNG
 
@@ -51,18 +55,26 @@ def _same_scale(scheme: str, packeds: Sequence[Packed]) -> None:
 
 
 class _GlobalScaled(Compressor):
-    """What both dithering schemes share: the global scale, the noise, the peer count."""
+    """What both dithering schemes share: the global scale(s), the noise, the peer count."""
 
     unbiased = True
 
     def __init__(self, num_peers: int, bits: int, allowed_bits: tuple[int, ...], seed: int,
-                 backend: str, **params: Any) -> None:
+                 backend: str, block_size: int | None, **params: Any) -> None:
         _check_positive_int(self.name, "num_peers", num_peers)
         check_choice(self.name, "bits", bits, allowed_bits)
         check_choice(self.name, "backend", backend, kernels.dispatch.BACKENDS)
-        super().__init__(num_peers=num_peers, bits=bits, seed=seed, backend=backend, **params)
+        if block_size is not None:
+            check_group_size(self.name, block_size, 32, "block_size")
+        super().__init__(num_peers=num_peers, bits=bits, seed=seed, backend=backend,
+                         block_size=block_size, **params)
         self.num_peers, self.bits, self.backend = num_peers, bits, backend
+        self.block_size = block_size
         self.rng = SeededRNG(seed)
+
+    def num_scales(self, numel: int) -> int:
+        """Scales for ``numel`` values: 1, or one per (last: partial) block."""
+        return 1 if self.block_size is None else -(-numel // self.block_size)
 
     def _levels(self, levels: Any, most: int, why: str) -> int:
         if most < 1:
@@ -81,20 +93,29 @@ class _GlobalScaled(Compressor):
         return kernels.dispatch.pick(t, self.backend, _twin, _TRITON)
 
     def local_scale(self, x: torch.Tensor) -> torch.Tensor:
-        """This peer's ℓ∞ norm as a float32 tensor of one element (+Inf if x is not finite)."""
+        """This peer's ℓ∞ norm per block (the whole tensor: one element), float32, +Inf for
+        a block holding Inf or NaN."""
         check_float_input(self.name, x)
-        if x.numel() == 0:
-            return torch.zeros(1, dtype=torch.float32, device=x.device)
-        m = x.detach().abs().amax().float().reshape(1)
+        n, k = x.numel(), self.num_scales(x.numel())
+        if n == 0:
+            return torch.zeros(k, dtype=torch.float32, device=x.device)
+        width = n if self.block_size is None else self.block_size
+        a = x.detach().reshape(-1).abs()
+        if k * width > n:
+            a = torch.nn.functional.pad(a, (0, k * width - n))
+        m = a.view(k, width).amax(1).float()
         return torch.where(torch.isfinite(m), m, torch.full_like(m, float("inf")))
 
     def _scale(self, x: torch.Tensor, scale: Any) -> torch.Tensor:
         if scale is None:
             return self.local_scale(x)
-        s = torch.as_tensor(scale, dtype=torch.float32, device=x.device).detach()
-        if s.numel() != 1:
-            raise ValueError(f"{self.name}: scale must hold one value, got shape {tuple(s.shape)}")
-        return s.reshape(1).clone()
+        s = torch.as_tensor(scale, dtype=torch.float32, device=x.device).detach().reshape(-1)
+        k = self.num_scales(x.numel())
+        if s.numel() not in (1, k):
+            blocks = f" or one per block of {self.block_size} values ({k})" if k != 1 else ""
+            raise ValueError(f"{self.name}: scale must hold one value{blocks}, got shape "
+                             f"{tuple(s.shape)}")
+        return s.expand(k).clone()
 
     def _check_peers(self, packeds: Sequence[Packed]) -> None:
         _same_scale(self.name, packeds)
@@ -117,30 +138,34 @@ class GlobalQSGD(_GlobalScaled):
     ``bits`` is the wire integer (8, 16, 32 -> int8/int16/int32). ``levels="auto"`` takes the
     most that cannot overflow when ``num_peers`` payloads are summed:
     ``(2**(bits-1) - 1) // num_peers`` (the paper's overflow argument, 4.2), at most 2**24.
-    Defaults (bits 8, one peer): 127 levels; 4 peers: 31; 8 peers: 15.
+    Defaults (bits 8, one peer): 127 levels; 4 peers: 31; 8 peers: 15. ``block_size``: one
+    global scale per block of that many values (a multiple of 32), None = per tensor.
     Note: gloo and NCCL have no int16 SUM, so bits=16 cannot use a stock all_reduce.
     """
 
     def __init__(self, num_peers: int = 1, bits: int = 8, levels: Any = "auto", seed: int = 0,
-                 backend: str = "auto") -> None:
-        super().__init__(num_peers, bits, tuple(_WIRE_DTYPES), seed, backend, levels=levels)
+                 backend: str = "auto", block_size: int | None = None) -> None:
+        super().__init__(num_peers, bits, tuple(_WIRE_DTYPES), seed, backend, block_size,
+                         levels=levels)
         most = min(((1 << (bits - 1)) - 1) // num_peers, _twin.MAX_LINEAR_LEVELS)
         self.levels = self._levels(levels, most, f"the sum of {num_peers} peers in int{bits}")
         self.wire_dtype = _WIRE_DTYPES[bits]
 
     def payload_spec(self, numel: int) -> dict[str, tuple[torch.dtype, int]]:
-        return {"scale": (torch.float32, 1), "codes": (self.wire_dtype, numel)}
+        return {"scale": (torch.float32, self.num_scales(numel)),
+                "codes": (self.wire_dtype, numel)}
 
     def compress(self, x: torch.Tensor, scale: Any = None) -> Packed:
         check_float_input(self.name, x)
         s = self._scale(x, scale)
         flat = x.reshape(-1)
         codes = self._impl(flat).linear_quantize(flat, s, self.levels, self.rng.uniform_like(flat),
-                                                 self.wire_dtype)
+                                                 self.wire_dtype, self.block_size)
         return Packed({"scale": s, "codes": codes}, x.shape, x.dtype)
 
     def _decode(self, codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return self._impl(codes).linear_dequantize(codes, scale, self.levels, dtype)
+        return self._impl(codes).linear_dequantize(codes, scale, self.levels, dtype,
+                                                   self.block_size)
 
     def decompress(self, packed: Packed) -> torch.Tensor:
         p = packed.payload
@@ -174,12 +199,15 @@ class GlobalQSGDExp(_GlobalScaled):
     ``headroom`` times: ``"auto"`` = ceil(log2(num_peers)), enough for a tree reduce; a ring
     (a chain of num_peers - 1 combines) needs ``headroom = num_peers - 1``.
     ``levels="auto"`` = ``2**(bits-1) - 1 - headroom``: 8 bits, 1 peer -> 127; 8 peers -> 124;
-    4 bits, 4 peers -> 5.
+    4 bits, 4 peers -> 5. ``block_size``: as for ``global_qsgd`` (the reduce is per value,
+    each value's code relative to its block's scale).
     """
 
     def __init__(self, num_peers: int = 1, bits: int = 8, levels: Any = "auto",
-                 headroom: Any = "auto", seed: int = 0, backend: str = "auto") -> None:
-        super().__init__(num_peers, bits, (4, 8), seed, backend, levels=levels, headroom=headroom)
+                 headroom: Any = "auto", seed: int = 0, backend: str = "auto",
+                 block_size: int | None = None) -> None:
+        super().__init__(num_peers, bits, (4, 8), seed, backend, block_size, levels=levels,
+                         headroom=headroom)
         need = (num_peers - 1).bit_length()
         if headroom == "auto":
             headroom = need
@@ -196,7 +224,7 @@ class GlobalQSGDExp(_GlobalScaled):
         return -(-numel // per_byte) * per_byte
 
     def payload_spec(self, numel: int) -> dict[str, tuple[torch.dtype, int]]:
-        return {"scale": (torch.float32, 1),
+        return {"scale": (torch.float32, self.num_scales(numel)),
                 "codes": (torch.uint8, self._padded(numel) * self.bits // 8)}
 
     def compress(self, x: torch.Tensor, scale: Any = None) -> Packed:
@@ -206,13 +234,13 @@ class GlobalQSGDExp(_GlobalScaled):
         pad = self._padded(flat.numel()) - flat.numel()
         flat = torch.nn.functional.pad(flat, (0, pad)) if pad else flat
         codes = self._impl(flat).exp_quantize(flat, s, self.levels, self.headroom, self.bits,
-                                              self.rng.uniform_like(flat))
+                                              self.rng.uniform_like(flat), self.block_size)
         return Packed({"scale": s, "codes": codes}, x.shape, x.dtype)
 
     def _decode(self, packed: Packed, dtype: torch.dtype) -> torch.Tensor:
         p = packed.payload
         out = self._impl(p["codes"]).exp_dequantize(p["codes"], p["scale"], self.headroom,
-                                                    self.bits, dtype)
+                                                    self.bits, dtype, self.block_size)
         return out[:packed.numel].reshape(packed.shape)
 
     def decompress(self, packed: Packed) -> torch.Tensor:

@@ -1,9 +1,11 @@
 """Global-QSGD quantizers and the exponent reduce, torch twin of ``triton_global_qsgd.py``.
 
 Every peer quantizes with the same global scale (Global-QSGD Alg. 1), given as a float32
-tensor of one element; ``t = min(|x| / scale, 1)``. The noise is float32 U[0, 1), one draw
-per code. All integer and float steps below are the ones the Triton kernels run, so both
-give the same bits for the same noise.
+tensor: one element for the whole tensor (``block_size=None``, the paper), or one per block
+of ``block_size`` consecutive values (value i uses ``scale[i // block_size]``);
+``t = min(|x| / scale, 1)``. The noise is float32 U[0, 1), one draw per code. All integer
+and float steps below are the ones the Triton kernels run, so both give the same bits for
+the same noise.
 
 Linear dithering (Global-QSGD 4.2, L_s): ``q = floor(y) + (u < y - floor(y))`` with
 ``y = t * sign(x) * levels``, a signed integer in ``[-levels, levels]``; decoded
@@ -18,8 +20,9 @@ before ``e`` reaches 1. Code layout (``bits`` = 8 or 4): the sign bit (1 = negat
 top bit, ``e`` the low ``bits - 1`` bits; 4-bit codes go two per byte, the first in the low
 nibble. The quantizer writes zeros with sign bit 0 (Alg. 2 may leave either sign on a zero).
 
-Non-finite scale (any peer held Inf/NaN): ``inv = 0`` so every code is 0, and decoding
-multiplies by the scale, so every value decodes to NaN or Inf (never finite garbage).
+Non-finite scale (any peer held Inf/NaN in that block): ``inv = 0`` so every code of the
+block is 0, and decoding multiplies by the scale, so every value of the block decodes to NaN
+or Inf (never finite garbage).
 """
 
 from __future__ import annotations
@@ -34,15 +37,23 @@ MAX_LINEAR_LEVELS = 1 << 24
 
 
 def scale_inverse(scale: torch.Tensor) -> torch.Tensor:
-    """``1 / scale``, or 0 when the scale is 0 or not finite (float32, one element)."""
-    s = scale.reshape(1).float()
+    """``1 / scale``, or 0 where the scale is 0 or not finite (float32, one per scale)."""
+    s = scale.reshape(-1).float()
     ok = torch.isfinite(s) & (s > 0)
     return torch.where(ok, 1.0 / torch.where(ok, s, torch.ones_like(s)), torch.zeros_like(s))
 
 
 def linear_step(scale: torch.Tensor, levels: int) -> torch.Tensor:
-    """The value of one linear level: ``scale / levels`` (float32, one element)."""
-    return scale.reshape(1).float() / levels
+    """The value of one linear level: ``scale / levels`` (float32, one per scale)."""
+    return scale.reshape(-1).float() / levels
+
+
+def per_value(v: torch.Tensor, numel: int, block_size: int | None) -> torch.Tensor:
+    """``v[i // block_size]`` for each of ``numel`` values; ``v`` itself (one element,
+    broadcast) when ``block_size`` is None."""
+    if block_size is None:
+        return v
+    return v.repeat_interleave(block_size)[:numel]
 
 
 def _unit(x: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
@@ -52,18 +63,21 @@ def _unit(x: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
 
 # -- linear dithering -------------------------------------------------------------------
 def linear_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, noise: torch.Tensor,
-                    wire_dtype: torch.dtype) -> torch.Tensor:
+                    wire_dtype: torch.dtype, block_size: int | None = None) -> torch.Tensor:
     """1-D x -> signed integer codes in ``[-levels, levels]``, ``wire_dtype`` (Global-QSGD 4.2)."""
-    y = (x.float() * scale_inverse(scale)).nan_to_num_(nan=0.0, posinf=1.0, neginf=-1.0)
+    inv = per_value(scale_inverse(scale), x.numel(), block_size)
+    y = (x.float() * inv).nan_to_num_(nan=0.0, posinf=1.0, neginf=-1.0)
     y = y.clamp_(-1.0, 1.0).mul_(float(levels))
     q = torch.floor(y)
     return q.add_(noise.reshape(y.shape) < y.sub_(q)).to(wire_dtype)
 
 
 def linear_dequantize(codes: torch.Tensor, scale: torch.Tensor, levels: int,
-                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                      dtype: torch.dtype = torch.float32,
+                      block_size: int | None = None) -> torch.Tensor:
     """Integer codes (any integer dtype, e.g. a sum of peers) -> ``codes * scale / levels``."""
-    return (codes.float() * linear_step(scale, levels)).to(dtype)
+    step = per_value(linear_step(scale, levels), codes.numel(), block_size)
+    return (codes.float() * step).to(dtype)
 
 
 # -- exponential dithering --------------------------------------------------------------
@@ -84,9 +98,9 @@ def _join(code: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def exp_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, headroom: int, bits: int,
-                 noise: torch.Tensor) -> torch.Tensor:
+                 noise: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
     """1-D x (numel a multiple of 8 // bits) -> packed (sign, e) codes (Global-QSGD 4.2)."""
-    t = _unit(x, scale_inverse(scale))
+    t = _unit(x, per_value(scale_inverse(scale), x.numel(), block_size))
     u = noise.reshape(t.shape)
     tb = t.view(torch.int32)
     jl = 127 - (tb >> 23)                                # t in [2**-jl, 2**(1-jl)), t >= 0
@@ -107,11 +121,15 @@ def exp_value(code: torch.Tensor, scale: torch.Tensor, headroom: int, bits: int)
 
 
 def exp_dequantize(codes: torch.Tensor, scale: torch.Tensor, headroom: int, bits: int,
-                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Packed codes -> values (:func:`exp_value`), by a lookup table of the 256 byte values."""
+                   dtype: torch.dtype = torch.float32,
+                   block_size: int | None = None) -> torch.Tensor:
+    """Packed codes -> values (:func:`exp_value`): a lookup table of the 256 byte values at
+    scale 1 (``+-2**k`` or ``+-0``), times the scale (the same float32 product)."""
+    one = torch.ones(1, dtype=torch.float32, device=codes.device)
     table = exp_value(_split(torch.arange(256, dtype=torch.uint8, device=codes.device), bits),
-                      scale, headroom, bits).to(dtype).reshape(256, 8 // bits)
-    return table[codes.reshape(-1).int()].reshape(-1)
+                      one, headroom, bits).reshape(256, 8 // bits)
+    unit = table[codes.reshape(-1).int()].reshape(-1)
+    return (unit * per_value(scale.reshape(-1).float(), unit.numel(), block_size)).to(dtype)
 
 
 def exp_combine(a: torch.Tensor, b: torch.Tensor, bits: int, noise: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,9 @@
 
 Same functions, signatures and bits as the torch twin ``global_qsgd.py`` (see its docstring
 for the math and the code layout). One program handles ``BLOCK`` output elements (bytes for
-the exponential codes, two codes per byte at 4 bits); offsets are int64.
+the exponential codes, two codes per byte at 4 bits); offsets are int64. Value i reads its
+scale at ``i // per``: ``per`` is the scale's block size, or the value count when one scale
+covers the tensor (``block_size=None``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ BLOCK = 2048
 
 def _grid(n: int):
     return (triton.cdiv(n, BLOCK),)
+
+
+def _per(block_size: int | None, numel: int) -> int:
+    """Values per scale: ``block_size``, or all of them (one scale)."""
+    return max(numel, 1) if block_size is None else block_size
 
 
 @triton.jit
@@ -42,13 +49,13 @@ def _unit(x, inv):
 
 # -- linear dithering -------------------------------------------------------------------
 @triton.jit
-def _linear_quantize_kernel(x_ptr, inv_ptr, noise_ptr, out_ptr, n, levels,
+def _linear_quantize_kernel(x_ptr, inv_ptr, noise_ptr, out_ptr, n, per, levels,
                             BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(noise_ptr + offs, mask=mask, other=0.0)
-    y = x * tl.load(inv_ptr)
+    y = x * tl.load(inv_ptr + offs // per, mask=mask, other=0.0)
     y = tl.where(y != y, 0.0, y)
     y = tl.minimum(tl.maximum(y, -1.0), 1.0) * levels
     fl = tl.floor(y)
@@ -57,31 +64,34 @@ def _linear_quantize_kernel(x_ptr, inv_ptr, noise_ptr, out_ptr, n, levels,
 
 
 @triton.jit
-def _linear_dequantize_kernel(codes_ptr, step_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _linear_dequantize_kernel(codes_ptr, step_ptr, out_ptr, n, per, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     q = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.float32)
-    tl.store(out_ptr + offs, _cast_out(q * tl.load(step_ptr), out_ptr), mask=mask)
+    step = tl.load(step_ptr + offs // per, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, _cast_out(q * step, out_ptr), mask=mask)
 
 
 def linear_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, noise: torch.Tensor,
-                    wire_dtype: torch.dtype) -> torch.Tensor:
+                    wire_dtype: torch.dtype, block_size: int | None = None) -> torch.Tensor:
     x = x.contiguous()
-    out = torch.empty(x.numel(), dtype=wire_dtype, device=x.device)
-    if x.numel():
-        _linear_quantize_kernel[_grid(x.numel())](
-            x, scale_inverse(scale), noise.contiguous(), out, x.numel(), float(levels),
-            BLOCK=BLOCK)
+    n = x.numel()
+    out = torch.empty(n, dtype=wire_dtype, device=x.device)
+    if n:
+        _linear_quantize_kernel[_grid(n)](x, scale_inverse(scale), noise.contiguous(), out, n,
+                                          _per(block_size, n), float(levels), BLOCK=BLOCK)
     return out
 
 
 def linear_dequantize(codes: torch.Tensor, scale: torch.Tensor, levels: int,
-                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                      dtype: torch.dtype = torch.float32,
+                      block_size: int | None = None) -> torch.Tensor:
     codes = codes.contiguous()
-    out = torch.empty(codes.numel(), dtype=dtype, device=codes.device)
-    if codes.numel():
-        _linear_dequantize_kernel[_grid(codes.numel())](codes, linear_step(scale, levels), out,
-                                                        codes.numel(), BLOCK=BLOCK)
+    n = codes.numel()
+    out = torch.empty(n, dtype=dtype, device=codes.device)
+    if n:
+        _linear_dequantize_kernel[_grid(n)](codes, linear_step(scale, levels), out, n,
+                                            _per(block_size, n), BLOCK=BLOCK)
     return out
 
 
@@ -101,22 +111,24 @@ def _exp_code(x, u, inv, levels, headroom, sub_mult, BITS: tl.constexpr):
 
 
 @triton.jit
-def _exp_quantize_kernel(x_ptr, inv_ptr, noise_ptr, out_ptr, nbytes, levels, headroom,
+def _exp_quantize_kernel(x_ptr, inv_ptr, noise_ptr, out_ptr, nbytes, per, levels, headroom,
                          sub_mult, BITS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < nbytes
-    inv = tl.load(inv_ptr)
     if BITS == 8:
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(noise_ptr + offs, mask=mask, other=0.0)
+        inv = tl.load(inv_ptr + offs // per, mask=mask, other=0.0)
         code = _exp_code(x, u, inv, levels, headroom, sub_mult, BITS)
     else:
         x0 = tl.load(x_ptr + 2 * offs, mask=mask, other=0.0).to(tl.float32)
         x1 = tl.load(x_ptr + 2 * offs + 1, mask=mask, other=0.0).to(tl.float32)
         u0 = tl.load(noise_ptr + 2 * offs, mask=mask, other=0.0)
         u1 = tl.load(noise_ptr + 2 * offs + 1, mask=mask, other=0.0)
-        code = _exp_code(x0, u0, inv, levels, headroom, sub_mult, BITS) \
-            | (_exp_code(x1, u1, inv, levels, headroom, sub_mult, BITS) << 4)
+        inv0 = tl.load(inv_ptr + (2 * offs) // per, mask=mask, other=0.0)
+        inv1 = tl.load(inv_ptr + (2 * offs + 1) // per, mask=mask, other=0.0)
+        code = _exp_code(x0, u0, inv0, levels, headroom, sub_mult, BITS) \
+            | (_exp_code(x1, u1, inv1, levels, headroom, sub_mult, BITS) << 4)
     tl.store(out_ptr + offs, code.to(tl.uint8), mask=mask)
 
 
@@ -129,20 +141,22 @@ def _exp_value(c, scale, headroom, BITS: tl.constexpr):
 
 
 @triton.jit
-def _exp_dequantize_kernel(codes_ptr, scale_ptr, out_ptr, nbytes, headroom,
+def _exp_dequantize_kernel(codes_ptr, scale_ptr, out_ptr, nbytes, per, headroom,
                            BITS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < nbytes
-    scale = tl.load(scale_ptr).to(tl.float32)
     c = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
     if BITS == 8:
+        scale = tl.load(scale_ptr + offs // per, mask=mask, other=0.0)
         tl.store(out_ptr + offs, _cast_out(_exp_value(c, scale, headroom, BITS), out_ptr),
                  mask=mask)
     else:
-        tl.store(out_ptr + 2 * offs, _cast_out(_exp_value(c & 0xF, scale, headroom, BITS), out_ptr),
+        s0 = tl.load(scale_ptr + (2 * offs) // per, mask=mask, other=0.0)
+        s1 = tl.load(scale_ptr + (2 * offs + 1) // per, mask=mask, other=0.0)
+        tl.store(out_ptr + 2 * offs, _cast_out(_exp_value(c & 0xF, s0, headroom, BITS), out_ptr),
                  mask=mask)
         tl.store(out_ptr + 2 * offs + 1,
-                 _cast_out(_exp_value(c >> 4, scale, headroom, BITS), out_ptr), mask=mask)
+                 _cast_out(_exp_value(c >> 4, s1, headroom, BITS), out_ptr), mask=mask)
 
 
 @triton.jit
@@ -185,24 +199,27 @@ def _exp_combine_kernel(a_ptr, b_ptr, noise_ptr, out_ptr, nbytes, BITS: tl.const
 
 
 def exp_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, headroom: int, bits: int,
-                 noise: torch.Tensor) -> torch.Tensor:
+                 noise: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
     nbytes = x.numel() * bits // 8
     out = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
     if nbytes:
         _exp_quantize_kernel[_grid(nbytes)](
-            x.contiguous(), scale_inverse(scale), noise.contiguous(), out, nbytes, levels,
-            headroom, float(2.0 ** (levels - 1)), BITS=bits, BLOCK=BLOCK)
+            x.contiguous(), scale_inverse(scale), noise.contiguous(), out, nbytes,
+            _per(block_size, x.numel()), levels, headroom, float(2.0 ** (levels - 1)),
+            BITS=bits, BLOCK=BLOCK)
     return out
 
 
 def exp_dequantize(codes: torch.Tensor, scale: torch.Tensor, headroom: int, bits: int,
-                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                   dtype: torch.dtype = torch.float32,
+                   block_size: int | None = None) -> torch.Tensor:
     codes = codes.contiguous()
-    out = torch.empty(codes.numel() * 8 // bits, dtype=dtype, device=codes.device)
+    n = codes.numel() * 8 // bits
+    out = torch.empty(n, dtype=dtype, device=codes.device)
     if codes.numel():
-        _exp_dequantize_kernel[_grid(codes.numel())](codes, scale.reshape(1).float(), out,
-                                                     codes.numel(), headroom, BITS=bits,
-                                                     BLOCK=BLOCK)
+        _exp_dequantize_kernel[_grid(codes.numel())](codes, scale.reshape(-1).float(), out,
+                                                     codes.numel(), _per(block_size, n),
+                                                     headroom, BITS=bits, BLOCK=BLOCK)
     return out
 
 
