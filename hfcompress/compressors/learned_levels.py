@@ -26,18 +26,15 @@ Kernels: ``kernels/learned_levels.py`` and ``kernels/triton_learned_levels.py``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
-from ..kernels import dispatch
 from ..kernels import learned_levels as _twin
-from .base import Compressor, Packed, check_choice, check_float_input, check_group_size
+from .base import Packed, check_float_input
+from .bucketed import BucketQuantizer
 from .random_shift import pad_edge
 from .registry import register_compressor
-from .rng import SeededRNG
-
-BUCKET_MULTIPLE = 32
 
 
 def uniform_levels(bits: int) -> torch.Tensor:
@@ -51,28 +48,26 @@ def _check_int(scheme: str, param: str, value: Any, least: int) -> None:
 
 
 @register_compressor("learned")
-class LearnedLevels(Compressor):
+class LearnedLevels(BucketQuantizer):
     """Nearest rounding onto a learned codebook per min-max bucket (QSDP 5.2)."""
 
     stateful = True
+    twin, triton_module = _twin, "triton_learned_levels"
+    bucket_params = ("lo", "range")
+    allowed_bits = _twin.ALL_BITS
+    codes_nbytes = staticmethod(_twin.packed_nbytes)
 
     def __init__(self, bits: int = 5, bucket_size: int = 1024, fit_steps: int = 500,
                  fit_after: int = 0, lr: float = 0.01, batch_size: int = 1024, seed: int = 0,
                  backend: str = "auto") -> None:
-        check_choice(self.name, "bits", bits, _twin.ALL_BITS)
-        check_group_size(self.name, bucket_size, BUCKET_MULTIPLE, "bucket_size")
+        super().__init__(bits, bucket_size, seed, backend)
         _check_int(self.name, "fit_steps", fit_steps, 0)
         _check_int(self.name, "fit_after", fit_after, 0)
         _check_int(self.name, "batch_size", batch_size, 1)
         self._check_lr(lr)
-        check_choice(self.name, "backend", backend, dispatch.BACKENDS)
-        super().__init__(bits=bits, bucket_size=bucket_size, fit_steps=fit_steps,
-                         fit_after=fit_after, lr=lr, batch_size=batch_size, seed=seed,
-                         backend=backend)
-        self.bits, self.bucket_size, self.backend = bits, bucket_size, backend
+        self.params.update(fit_steps=fit_steps, fit_after=fit_after, lr=lr, batch_size=batch_size)
         self.fit_steps, self.fit_after = fit_steps, fit_after
         self.lr, self.batch_size = lr, batch_size
-        self.rng = SeededRNG(seed)
         self.levels = uniform_levels(bits)
         self.fitted = False
         self.calls = 0
@@ -80,9 +75,6 @@ class LearnedLevels(Compressor):
     def _check_lr(self, lr: Any) -> None:
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr <= 1:
             raise ValueError(f"{self.name}: lr={lr!r} must be a number in (0, 1]")
-
-    def _impl(self, t: torch.Tensor):
-        return dispatch.pick(t, self.backend, _twin, "triton_learned_levels")
 
     # -- learning (Alg. 2) ------------------------------------------------------------------
     def _normalized(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,11 +122,8 @@ class LearnedLevels(Compressor):
 
     # -- the contract -----------------------------------------------------------------------
     def payload_spec(self, numel: int) -> dict[str, tuple[torch.dtype, int]]:
-        n = -(-numel // self.bucket_size) * self.bucket_size
-        nb = n // self.bucket_size
-        return {"codes": (torch.uint8, _twin.packed_nbytes(n, self.bits)),
-                "lo": (torch.float32, nb), "range": (torch.float32, nb),
-                "levels": (torch.float32, 1 << self.bits)}
+        """Codes, lo and range per bucket, then the codebook (2**bits float32)."""
+        return {**super().payload_spec(numel), "levels": (torch.float32, 1 << self.bits)}
 
     def compress(self, x: torch.Tensor) -> Packed:
         check_float_input(self.name, x)
@@ -144,27 +133,11 @@ class LearnedLevels(Compressor):
         flat = pad_edge(x.detach(), self.bucket_size)
         levels = self.levels.to(flat.device)
         codes, lo, rng = self._impl(flat).quantize(flat, levels, self.bits, self.bucket_size)
-        return Packed({"codes": codes, "lo": lo, "range": rng, "levels": levels.clone()},
-                      x.shape, x.dtype)
-
-    def decompress(self, packed: Packed) -> torch.Tensor:
-        p = packed.payload
-        out = self._impl(p["codes"]).dequantize(p["codes"], p["lo"], p["range"], p["levels"],
-                                                self.bits, self.bucket_size, packed.dtype)
-        return out[:packed.numel].reshape(packed.shape)
-
-    def reduce(self, packeds: Sequence[Packed]) -> torch.Tensor:
-        if not packeds:
-            raise ValueError("reduce() needs at least one payload")
-        codes, lo, rng, levels = (torch.stack([p.payload[k] for p in packeds])
-                                  for k in ("codes", "lo", "range", "levels"))
-        total = self._impl(codes).dequantize_sum(codes, lo, rng, levels, self.bits,
-                                                 self.bucket_size)
-        return total[:packeds[0].numel].reshape(packeds[0].shape)
+        return self._packed(x, (codes, lo, rng, levels.clone()))
 
     def state_dict(self) -> dict[str, Any]:
         return {"levels": self.levels.clone(), "fitted": self.fitted, "calls": self.calls,
-                "rng": self.rng.state_dict()}
+                **super().state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         levels = torch.as_tensor(state["levels"], dtype=torch.float32).cpu()
@@ -175,4 +148,4 @@ class LearnedLevels(Compressor):
         self.levels = levels.clone()
         self.fitted = bool(state["fitted"])
         self.calls = int(state["calls"])
-        self.rng.load_state_dict(state["rng"])
+        super().load_state_dict(state)

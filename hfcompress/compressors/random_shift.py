@@ -18,18 +18,12 @@ Kernels: ``kernels/random_shift.py`` and ``kernels/triton_random_shift.py``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
 import torch
 
-from ..kernels import dispatch
 from ..kernels import random_shift as _twin
-from ..kernels.packing import SUPPORTED_BITS, packed_nbytes
-from .base import Compressor, Packed, check_choice, check_float_input, check_group_size
+from .base import Packed, check_float_input
+from .bucketed import BucketQuantizer
 from .registry import register_compressor
-from .rng import SeededRNG
-
-BUCKET_MULTIPLE = 32
 
 
 def pad_edge(x: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -41,28 +35,12 @@ def pad_edge(x: torch.Tensor, multiple: int) -> torch.Tensor:
 
 
 @register_compressor("random_shift")
-class RandomShift(Compressor):
+class RandomShift(BucketQuantizer):
     """Random-shift lattice quantization per bucket (QSDP's weight quantizer)."""
 
     unbiased = True
-
-    def __init__(self, bits: int = 8, bucket_size: int = 1024, seed: int = 0,
-                 backend: str = "auto") -> None:
-        check_choice(self.name, "bits", bits, SUPPORTED_BITS)
-        check_group_size(self.name, bucket_size, BUCKET_MULTIPLE, "bucket_size")
-        check_choice(self.name, "backend", backend, dispatch.BACKENDS)
-        super().__init__(bits=bits, bucket_size=bucket_size, seed=seed, backend=backend)
-        self.bits, self.bucket_size, self.backend = bits, bucket_size, backend
-        self.rng = SeededRNG(seed)
-
-    def _impl(self, t: torch.Tensor):
-        return dispatch.pick(t, self.backend, _twin, "triton_random_shift")
-
-    def payload_spec(self, numel: int) -> dict[str, tuple[torch.dtype, int]]:
-        n = -(-numel // self.bucket_size) * self.bucket_size
-        nb = n // self.bucket_size
-        return {"codes": (torch.uint8, packed_nbytes(n, self.bits)),
-                "base": (torch.float32, nb), "step": (torch.float32, nb)}
+    twin, triton_module = _twin, "triton_random_shift"
+    bucket_params = ("base", "step")
 
     def compress(self, x: torch.Tensor) -> Packed:
         check_float_input(self.name, x)
@@ -70,25 +48,4 @@ class RandomShift(Compressor):
         nb = flat.numel() // self.bucket_size
         shift = torch.rand(nb, generator=self.rng.generator(flat.device), device=flat.device,
                            dtype=torch.float32)
-        codes, base, step = self._impl(flat).quantize(flat, self.bits, self.bucket_size, shift)
-        return Packed({"codes": codes, "base": base, "step": step}, x.shape, x.dtype)
-
-    def decompress(self, packed: Packed) -> torch.Tensor:
-        p = packed.payload
-        out = self._impl(p["codes"]).dequantize(p["codes"], p["base"], p["step"], self.bits,
-                                                self.bucket_size, packed.dtype)
-        return out[:packed.numel].reshape(packed.shape)
-
-    def reduce(self, packeds: Sequence[Packed]) -> torch.Tensor:
-        if not packeds:
-            raise ValueError("reduce() needs at least one payload")
-        codes, base, step = (torch.stack([p.payload[k] for p in packeds])
-                             for k in ("codes", "base", "step"))
-        total = self._impl(codes).dequantize_sum(codes, base, step, self.bits, self.bucket_size)
-        return total[:packeds[0].numel].reshape(packeds[0].shape)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rng.load_state_dict(state["rng"])
+        return self._packed(x, self._impl(flat).quantize(flat, self.bits, self.bucket_size, shift))

@@ -2,8 +2,8 @@
 ``learned_levels.py`` (same functions, same numbers bit for bit).
 
 The nearest level is found by a ``bits``-step binary search over the sorted midpoints (the count
-of midpoints strictly below v, as ``torch.bucketize``). Tiling, IEEE division, no FMA contraction
-and bf16 stores as in ``triton_qsgd.py``.
+of midpoints strictly below v, as ``torch.bucketize``). Tiles, launches and the bf16 store:
+``triton_tiles.py``. Divisions are IEEE (``div_rn``).
 """
 
 from __future__ import annotations
@@ -13,41 +13,39 @@ import triton
 import triton.language as tl
 
 from .learned_levels import midpoints, pack_codes, unpack_codes
-from .triton_qsgd import _nonfinite_rows, _store_out, _tile, out_view, tiles
+from .triton_tiles import (affine_rows, dequantize_peers, load_codes, load_values,
+                           nonfinite_rows, quantize_buckets, row_min_max, scaled, store_codes,
+                           store_out, store_rows, tile)
 
 
 @triton.jit
 def _quantize_kernel(x_ptr, mid_ptr, code_ptr, lo_ptr, rng_ptr, n_buckets, bucket_size,
                      BITS: tl.constexpr, GROUPS: tl.constexpr, BLOCK: tl.constexpr):
-    rows, row_ok, mask, offs = _tile(n_buckets, bucket_size, GROUPS, BLOCK)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    lo = tl.min(tl.where(mask, x, float("inf")), axis=1)
-    rng = tl.max(tl.where(mask, x, -float("inf")), axis=1) - lo
-    bad = _nonfinite_rows(x) | (rng != rng) | (rng == float("inf"))
+    rows, row_ok, mask, offs = tile(n_buckets, bucket_size, GROUPS, BLOCK)
+    x = load_values(x_ptr, offs, mask)
+    lo, hi = row_min_max(x, mask)
+    rng = hi - lo
+    bad = nonfinite_rows(x) | (rng != rng) | (rng == float("inf"))
     lo = tl.where(bad, float("nan"), lo)
     rng = tl.where(bad, float("nan"), rng)
-    pos = rng > 0.0
-    v = tl.math.div_rn(x - lo[:, None], tl.where(pos, rng, 1.0)[:, None])
-    v = tl.where(pos[:, None], v, 0.0)
+    v = scaled(x, lo, rng)
     code = tl.zeros([GROUPS, BLOCK], tl.int32)
     for i in tl.static_range(BITS):
         cand = code + (1 << (BITS - 1 - i))
         mid = tl.load(mid_ptr + cand - 1, mask=mask, other=0.0)
         code = tl.where(mid < v, cand, code)
     code = tl.where(bad[:, None], 0, code)
-    tl.store(code_ptr + offs, code.to(tl.uint8), mask=mask)
-    tl.store(lo_ptr + rows, lo, mask=row_ok)
-    tl.store(rng_ptr + rows, rng, mask=row_ok)
+    store_codes(code_ptr, offs, mask, code)
+    store_rows(lo_ptr, rows, row_ok, lo)
+    store_rows(rng_ptr, rows, row_ok, rng)
 
 
 @triton.jit
 def _decode(code_ptr, lo_ptr, rng_ptr, lv_ptr, rows, row_ok, mask, offs):
     """lo + levels[code] * rng of one peer's tile."""
-    lo = tl.load(lo_ptr + rows, mask=row_ok, other=0.0)
-    rng = tl.load(rng_ptr + rows, mask=row_ok, other=0.0)
-    code = tl.load(code_ptr + offs, mask=mask, other=0).to(tl.int32)
+    code = load_codes(code_ptr, offs, mask).to(tl.int32)
     level = tl.load(lv_ptr + code, mask=mask, other=0.0)
-    return lo[:, None] + level * rng[:, None]
+    return affine_rows(level, lo_ptr, rng_ptr, rows, row_ok)
 
 
 @triton.jit
@@ -55,7 +53,7 @@ def _dequantize_kernel(code_ptr, lo_ptr, rng_ptr, lv_ptr, out_ptr, n_buckets, bu
                        n_peers, numel, LEVELS: tl.constexpr, GROUPS: tl.constexpr,
                        BLOCK: tl.constexpr, OUT_BF16: tl.constexpr):
     """out = sum over peers p (in order) of their decoded tiles; one peer = dequantize."""
-    rows, row_ok, mask, offs = _tile(n_buckets, bucket_size, GROUPS, BLOCK)
+    rows, row_ok, mask, offs = tile(n_buckets, bucket_size, GROUPS, BLOCK)
     total = _decode(code_ptr, lo_ptr, rng_ptr, lv_ptr, rows, row_ok, mask, offs)
     for _ in range(1, n_peers):
         code_ptr += numel
@@ -63,50 +61,27 @@ def _dequantize_kernel(code_ptr, lo_ptr, rng_ptr, lv_ptr, out_ptr, n_buckets, bu
         rng_ptr += n_buckets
         lv_ptr += LEVELS
         total = total + _decode(code_ptr, lo_ptr, rng_ptr, lv_ptr, rows, row_ok, mask, offs)
-    _store_out(out_ptr, offs, total, mask, OUT_BF16)
+    store_out(out_ptr, offs, total, mask, OUT_BF16)
 
 
 def quantize(x: torch.Tensor, levels: torch.Tensor, bits: int,
              bucket_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """1-D x, sorted levels (2**bits,) -> (packed uint8 codes, float32 lo, float32 rng)."""
-    n = x.numel()
-    nb = n // bucket_size
-    codes = torch.empty(n, dtype=torch.uint8, device=x.device)
-    lo = torch.empty(nb, dtype=torch.float32, device=x.device)
-    rng = torch.empty(nb, dtype=torch.float32, device=x.device)
-    if nb:
-        block, groups = tiles(bucket_size)
-        _quantize_kernel[(triton.cdiv(nb, groups),)](
-            x.contiguous(), midpoints(levels).to(x.device), codes, lo, rng, nb, bucket_size,
-            BITS=bits, GROUPS=groups, BLOCK=block, enable_fp_fusion=False)
-    return pack_codes(codes, bits), lo, rng
-
-
-def _dequantize_peers(packed: torch.Tensor, lo: torch.Tensor, rng: torch.Tensor,
-                      levels: torch.Tensor, bits: int, bucket_size: int,
-                      dtype: torch.dtype) -> torch.Tensor:
-    n_peers, nb = lo.shape
-    n = nb * bucket_size
-    codes = unpack_codes(packed.reshape(-1), bits).contiguous()
-    out = torch.empty(n, dtype=dtype, device=packed.device)
-    if nb:
-        block, groups = tiles(bucket_size)
-        _dequantize_kernel[(triton.cdiv(nb, groups),)](
-            codes, lo.contiguous(), rng.contiguous(), levels.float().contiguous(), out_view(out),
-            nb, bucket_size, n_peers, n, LEVELS=1 << bits, GROUPS=groups, BLOCK=block,
-            OUT_BF16=dtype == torch.bfloat16, enable_fp_fusion=False)
-    return out
+    return quantize_buckets(_quantize_kernel, x, midpoints(levels).to(x.device), 2, bits,
+                            bucket_size, pack_codes, BITS=bits)
 
 
 def dequantize(packed: torch.Tensor, lo: torch.Tensor, rng: torch.Tensor, levels: torch.Tensor,
                bits: int, bucket_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Inverse of :func:`quantize`: 1-D tensor of ``lo.numel() * bucket_size`` values."""
-    return _dequantize_peers(packed[None], lo[None], rng[None], levels[None], bits, bucket_size,
-                             dtype)
+    return dequantize_peers(_dequantize_kernel, packed[None],
+                            (lo[None], rng[None], levels[None].float()), bits, bucket_size, dtype,
+                            unpack_codes, LEVELS=1 << bits)
 
 
 def dequantize_sum(packed: torch.Tensor, lo: torch.Tensor, rng: torch.Tensor, levels: torch.Tensor,
                    bits: int, bucket_size: int) -> torch.Tensor:
     """Sum over peers: packed (P, nbytes), lo and rng (P, buckets), levels (P, 2**bits) ->
     float32 (numel,)."""
-    return _dequantize_peers(packed, lo, rng, levels, bits, bucket_size, torch.float32)
+    return dequantize_peers(_dequantize_kernel, packed, (lo, rng, levels.float()), bits,
+                            bucket_size, torch.float32, unpack_codes, LEVELS=1 << bits)

@@ -1,0 +1,80 @@
+"""What the bucketed quantizers share: packed codes plus float32 values per bucket of
+``bucket_size`` values (QSDP 5.1 buckets; the groups of SDP4Bit 2.2 / ZeRO++ 3.2).
+
+A subclass names its kernels (``twin`` module and ``triton_module``, both with
+``quantize`` / ``dequantize`` / ``dequantize_sum``) and its per-bucket payload tensors
+(``bucket_params``), and writes its own ``compress`` (noise, shift or rounding: the scheme).
+The parameter checks, the payload layout, ``decompress`` and ``reduce`` (the peers stacked,
+one ``dequantize_sum``, trimmed to numel) and the RNG state are here.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, Callable, ClassVar, Sequence
+
+import torch
+
+from ..kernels import dispatch
+from ..kernels.packing import SUPPORTED_BITS, packed_nbytes
+from .base import Compressor, Packed, check_choice, check_group_size
+from .rng import SeededRNG
+
+BUCKET_MULTIPLE = 32
+
+
+class BucketQuantizer(Compressor):
+    """Codes and per-bucket float32 payload; decode and peer sum by the scheme's kernels."""
+
+    #: torch twin of the kernels and the name of the Triton module (same functions)
+    twin: ClassVar[ModuleType]
+    triton_module: ClassVar[str]
+    #: payload tensors after ``codes``, one float32 per bucket, in kernel argument order
+    bucket_params: ClassVar[tuple[str, ...]] = ("scales",)
+    allowed_bits: ClassVar[Sequence[int]] = SUPPORTED_BITS
+    #: the constructor's name for the bucket size
+    size_param: ClassVar[str] = "bucket_size"
+    codes_nbytes: ClassVar[Callable[[int, int], int]] = staticmethod(packed_nbytes)
+
+    def __init__(self, bits: int = 8, bucket_size: int = 1024, seed: int = 0,
+                 backend: str = "auto") -> None:
+        """Defaults: QSDP's W8G8, 8 bits and buckets of 1024 (QSDP 5.1, 6). A subclass with
+        more arguments checks them and adds them to ``self.params``."""
+        check_choice(self.name, "bits", bits, self.allowed_bits)
+        check_group_size(self.name, bucket_size, BUCKET_MULTIPLE, self.size_param)
+        check_choice(self.name, "backend", backend, dispatch.BACKENDS)
+        super().__init__(bits=bits, **{self.size_param: bucket_size}, seed=seed, backend=backend)
+        self.bits, self.backend, self._size = bits, backend, bucket_size
+        setattr(self, self.size_param, bucket_size)  # .bucket_size (.group_size for ``int``)
+        self.rng = SeededRNG(seed)
+
+    def _impl(self, t: torch.Tensor) -> ModuleType:
+        return dispatch.pick(t, self.backend, self.twin, self.triton_module)
+
+    def payload_spec(self, numel: int) -> dict[str, tuple[torch.dtype, int]]:
+        n = -(-numel // self._size) * self._size
+        nb = n // self._size
+        return {"codes": (torch.uint8, self.codes_nbytes(n, self.bits)),
+                **{k: (torch.float32, nb) for k in self.bucket_params}}
+
+    def _packed(self, x: torch.Tensor, tensors: Sequence[torch.Tensor]) -> Packed:
+        """The kernel's outputs as x's payload (payload_spec's order)."""
+        return Packed(dict(zip(self.payload_spec(0), tensors, strict=True)), x.shape, x.dtype)
+
+    def decompress(self, packed: Packed) -> torch.Tensor:
+        p = [packed.payload[k] for k in self.payload_spec(0)]
+        out = self._impl(p[0]).dequantize(*p, self.bits, self._size, packed.dtype)
+        return out[:packed.numel].reshape(packed.shape)
+
+    def reduce(self, packeds: Sequence[Packed]) -> torch.Tensor:
+        if not packeds:
+            raise ValueError("reduce() needs at least one payload")
+        p = [torch.stack([q.payload[k] for q in packeds]) for k in self.payload_spec(0)]
+        total = self._impl(p[0]).dequantize_sum(*p, self.bits, self._size)
+        return total[:packeds[0].numel].reshape(packeds[0].shape)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.load_state_dict(state["rng"])
