@@ -263,6 +263,12 @@ def test_compiled_kernels_equal_eager(monkeypatch):
         assert _same(mod.dequantize_sum(pk, sc, 4, 128), twin.dequantize_sum(pk, sc, 4, 128))
         assert all(map(_same, mod.dequantize_sum_quantize(pk, sc, 4, 128, 8, 128, noise),
                        twin.dequantize_sum_quantize(pk, sc, 4, 128, 8, 128, noise)))
+        ref = torch.randn(n - 3, generator=g).bfloat16()        # qWD: any numel, bf16 w~
+        w = x[:n - 3].bfloat16()
+        assert all(map(_same, mod.quantize_difference(w, ref, 4, 128),
+                       twin.quantize_difference(w, ref, 4, 128)))
+        assert _same(mod.dequantize_add(codes, scales, 4, 128, ref),
+                     twin.dequantize_add(codes, scales, 4, 128, ref))
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[0] == graphs[1], "the second size recompiled"  # dynamic shapes
 

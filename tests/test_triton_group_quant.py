@@ -121,6 +121,21 @@ def test_dequantize_sum_quantize_equals_twin(tt, bits, gs, out_bits, out_gs):
         assert torch.isnan(a[1]).any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_difference_kernels_equal_twin(tt, dtype):
+    """qWD's fused sender / receiver steps: any numel (padded inside), w~ in w's dtype."""
+    n, gs = 2048 * 3 + 77, 2048
+    x = make_input(n, gs, seed=7, dtype=dtype)
+    ref = (x.float() + 0.01 * torch.randn(n, generator=torch.Generator().manual_seed(8))).to(dtype)
+    got, want = tt.quantize_difference(x, ref, 4, gs), twin.quantize_difference(x, ref, 4, gs)
+    assert all(map(same, got, want))
+    assert all(map(same, want, twin.quantize(twin.difference(x, ref, gs), 4, gs)))
+    codes, scales = want
+    out = tt.dequantize_add(codes, scales, 4, gs, ref)
+    assert same(out, twin.dequantize_add(codes, scales, 4, gs, ref)) and out.dtype == dtype
+    assert same(out, (ref.float() + twin.dequantize(codes, scales, 4, gs)[:n]).to(dtype))
+
+
 def test_empty_inputs(tt):
     codes, scales = tt.quantize(torch.zeros(0), 4, 128)
     assert codes.numel() == 0 and scales.numel() == 0

@@ -248,3 +248,27 @@ def test_counterexample_4_1_with_separate_main_weights():
         w_main = w_main - ETA * _stochastic_grad(w_model, gen)
         w_model = _roundtrip(q, w_main)
     assert w_model.norm() < 1e-10 and w_main.norm() < 1e-10
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int_fused_difference_steps_equal_the_generic_ones(rounding, dtype):
+    """``int``'s fused compress_difference / decompress_add == Compressor's generic
+    ``compress(x - ref)`` / ``ref + decompress`` (any numel, same noise stream)."""
+    from hfcompress.compressors.base import Compressor
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(1000, generator=g).to(dtype)
+    ref = (x.float() + 0.05 * torch.randn(1000, generator=g)).to(dtype)
+    fused, generic = (get_compressor("int", bits=4, group_size=128, rounding=rounding, seed=4)
+                      for _ in range(2))
+    p, q = fused.compress_difference(x, ref), Compressor.compress_difference(generic, x, ref)
+    assert p.payload.keys() == q.payload.keys()
+    assert all(torch.equal(p.payload[k], q.payload[k]) for k in p.payload)
+    out = fused.decompress_add(p, ref)
+    assert out.dtype == dtype and torch.equal(out, Compressor.decompress_add(generic, p, ref))
+    # error: under one quantization step (half for nearest) of the largest difference, plus
+    # the rounding of w~ to dtype
+    step = (x.float() - ref.float()).abs().max() / 7
+    u = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -24
+    bound = step * (1.0 if rounding == "stochastic" else 0.5) + x.float().abs().max() * u
+    assert (out.float() - x.float()).abs().max() <= bound * (1 + 1e-6)

@@ -89,6 +89,17 @@ class Compressor:
             total = total + self.decompress(p).float()
         return total
 
+    def compress_difference(self, x: torch.Tensor, ref: torch.Tensor) -> Packed:
+        """``compress`` of the float32 difference ``x - ref`` (qWD's sender step, SDP4Bit
+        3.1); a scheme may fuse the subtraction into its kernel (same numbers)."""
+        return self.compress(x.float() - ref.float())
+
+    def decompress_add(self, packed: Packed, ref: torch.Tensor) -> torch.Tensor:
+        """``ref + decompress(packed)`` in float32, rounded to ref's dtype (qWD's update
+        ``w~ + deq(C(w - w~))``, SDP4Bit Alg. 2); a scheme may fuse it (same numbers)."""
+        diff = self.decompress(Packed(packed.payload, packed.shape, torch.float32, packed.meta))
+        return (ref.float().reshape(packed.shape) + diff).to(ref.dtype)
+
     def wire_bits(self, numel: int) -> int:
         """Bits that ``compress`` puts on the wire for ``numel`` values."""
         return 8 * sum(dt.itemsize * n for dt, n in self.payload_spec(numel).values())

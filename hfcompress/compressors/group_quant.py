@@ -50,6 +50,22 @@ class GroupQuantizer(BucketQuantizer):
         noise = self.rng.uniform_like(flat) if self.rounding == "stochastic" else None
         return self._packed(x, self._impl(flat).quantize(flat, self.bits, self.group_size, noise))
 
+    def compress_difference(self, x: torch.Tensor, ref: torch.Tensor) -> Packed:
+        """``compress(x - ref)``, the subtraction and padding fused into the kernel."""
+        check_float_input(self.name, x)
+        n = x.numel() + (-x.numel()) % self.group_size
+        noise = self.rng.uniform_like(torch.empty(n, device=x.device)) \
+            if self.rounding == "stochastic" else None
+        codes, scales = self._impl(x).quantize_difference(x, ref, self.bits, self.group_size,
+                                                          noise)
+        return Packed({"codes": codes, "scales": scales}, x.shape, torch.float32)
+
+    def decompress_add(self, packed: Packed, ref: torch.Tensor) -> torch.Tensor:
+        """``ref + decompress(packed)`` rounded to ref's dtype, fused into the kernel."""
+        codes, scales = packed.payload["codes"], packed.payload["scales"]
+        return self._impl(codes).dequantize_add(codes, scales, self.bits, self.group_size,
+                                                ref.reshape(packed.shape))
+
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() if self.rounding == "stochastic" else {}
 

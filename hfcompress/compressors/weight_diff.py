@@ -117,9 +117,8 @@ class WeightDifferenceQuantizer(Compressor):
         if ref.shape != x.shape:
             raise ValueError(f"qwd: input shape {tuple(x.shape)} does not match the reference "
                              f"{tuple(ref.shape)}; use one instance per tensor (fresh())")
-        diff = torch.zeros(x.shape, dtype=torch.float32, device=x.device) if unchanged \
-            else x.float() - ref.float()
-        packed = self.inner.compress(diff)
+        packed = (self.inner.compress(torch.zeros(x.shape, dtype=torch.float32, device=x.device))
+                  if unchanged else self.inner.compress_difference(x, ref))
         return Packed(packed.payload, x.shape, x.dtype, packed.meta)
 
     # -- every replica --------------------------------------------------------------------
@@ -130,9 +129,9 @@ class WeightDifferenceQuantizer(Compressor):
             return packed.payload[_EXACT].to(packed.dtype).reshape(packed.shape)
         if ref is None:
             raise ValueError("qwd: a difference payload needs a reference (none initialised)")
-        diff = self.inner.decompress(Packed(packed.payload, packed.shape, torch.float32,
-                                            packed.meta))
-        return (ref.float().reshape(packed.shape) + diff).to(packed.dtype)
+        if ref.dtype != packed.dtype:  # the float32 sum, rounded once to packed.dtype
+            ref = ref.float()
+        return self.inner.decompress_add(packed, ref).to(packed.dtype)
 
     def decompress(self, packed: Packed) -> torch.Tensor:
         """New w~ = w~ + deq(packed) (or the exact values): returned, and kept as a copy."""

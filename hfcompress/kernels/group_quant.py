@@ -21,7 +21,8 @@ import torch
 from .packing import pack_codes, unpack_codes
 
 #: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU
-COMPILE_ON_CPU = ("quantize", "dequantize", "dequantize_sum", "dequantize_sum_quantize")
+COMPILE_ON_CPU = ("quantize", "dequantize", "dequantize_sum", "dequantize_sum_quantize",
+                  "quantize_difference", "dequantize_add")
 
 
 def qmax_of(bits: int) -> int:
@@ -81,3 +82,28 @@ def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int
                             noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of P peers' payloads requantized to ``out_bits`` (the hop between two all-to-alls)."""
     return quantize(dequantize_sum(packed, scale, bits, group_size), out_bits, out_group_size, noise)
+
+
+def difference(x: torch.Tensor, ref: torch.Tensor, group_size: int) -> torch.Tensor:
+    """float32 ``x - ref`` (same numel, any float dtypes), flat, zero-padded to whole groups."""
+    d = x.reshape(-1).float() - ref.reshape(-1).float()
+    return torch.nn.functional.pad(d, (0, -d.numel() % group_size))
+
+
+def add_to(ref: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``ref + y[:ref.numel()]`` in float32, rounded to ref's dtype, in ref's shape."""
+    return (ref.reshape(-1).float() + y[:ref.numel()]).to(ref.dtype).reshape(ref.shape)
+
+
+def quantize_difference(x: torch.Tensor, ref: torch.Tensor, bits: int, group_size: int,
+                        noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize` of ``difference(x, ref)``: qWD's sender step (SDP4Bit 3.1) in one
+    kernel on CPU."""
+    return quantize(difference(x, ref, group_size), bits, group_size, noise)
+
+
+def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
+                   ref: torch.Tensor) -> torch.Tensor:
+    """``add_to(ref, dequantize(...))``: qWD's update ``w~ + deq(C(w - w~))`` (SDP4Bit Alg. 2)
+    in one kernel on CPU."""
+    return add_to(ref, dequantize(packed, scale, bits, group_size))

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import group_quant as _twin
 from .packing import _UNIT, packed_nbytes
 
 #: values per program (a power of two); a quantizing tile holds whole groups
@@ -216,3 +217,15 @@ def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int
             U_P2=k["U_P2"], OBITS=out_bits, OCPU=k["CPU"], OBPU=k["BPU"],
             STOCHASTIC=stochastic, enable_fp_fusion=False)
     return out_packed, out_scale
+
+
+def quantize_difference(x: torch.Tensor, ref: torch.Tensor, bits: int, group_size: int,
+                        noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The twin's difference (torch ops), then :func:`quantize`."""
+    return quantize(_twin.difference(x, ref, group_size), bits, group_size, noise)
+
+
+def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
+                   ref: torch.Tensor) -> torch.Tensor:
+    """:func:`dequantize`, then the twin's ``add_to`` (torch ops)."""
+    return _twin.add_to(ref, dequantize(packed, scale, bits, group_size))
