@@ -77,8 +77,9 @@ def scheme_bits(scheme, exact_bits: float) -> float:
         return p.get("bits", 8) + 32 / p.get("bucket_size", 1024)
     if scheme.name == "learned":                # codes + float32 lo, range per bucket; the
         return p.get("bits", 5) + 64 / p.get("bucket_size", 1024)  # level table is not counted
-    if scheme.name in ("global_qsgd", "global_qsgd_exp"):   # one code per value (+ 1 scale)
-        return p.get("bits", 8)
+    if scheme.name in ("global_qsgd", "global_qsgd_exp"):   # one code per value, a float32
+        block = p.get("block_size")                         # scale per block (or 1 per call)
+        return p.get("bits", 8) + (32 / block if block else 0)
     raise ValueError(f"no analytic wire size for scheme {scheme.name!r}")
 
 
