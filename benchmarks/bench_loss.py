@@ -473,8 +473,7 @@ def write_markdown(out: Path, meta: dict, runs: list[dict], tables: dict, main_l
               "loopback transfer; evaluation excluded), the smallest over the preset's seeds, "
               "as the machine is shared. *Modelled* s/step at 1 Gbit/s = s/step (loopback) + "
               "inter-node bytes sent per rank per step / 1 Gbit/s, for this model; it assumes "
-              "the collectives reach line rate (gloo's all-gather / all-to-all reach about "
-              "half of it, PLATFORM.md), so it is optimistic for every preset. *Measured* = "
+              "the collectives reach line rate and do not overlap with compute. *Measured* = "
               "the median step time `bench_slow_link.py` measured for the preset at 1 Gbit/s "
               "in the same nodes x ranks layout, on its own larger, comm-bound model (see its "
               "section)."]
