@@ -20,7 +20,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatt
 
 from .api import apply
 from .comm import Topology, WireMeter
-from .comm.all_reduce import _stock_all_reduce_bytes
+from .comm.all_reduce import stock_all_reduce_bytes
 from .config import CompressionConfig, Scheme
 from .integrations.ddp import AllReduceState
 from .integrations.fsdp import FSDPCompression
@@ -164,7 +164,7 @@ def timed_all_reduce_hook(hook_state: HookState,
     and restored streams kept across DDP's bucket reordering."""
     state, buf = hook_state.state, bucket.buffer()
     world, me = dist.get_world_size(state.group), dist.get_rank(state.group)
-    hook_state.stats.baseline(_stock_all_reduce_bytes(buf.numel(), buf.element_size(), world, me),
+    hook_state.stats.baseline(stock_all_reduce_bytes(buf.numel(), buf.element_size(), world, me),
                               state.group)
     names = state.param_names
     named = [(names.get(id(p), "?"), p.numel()) for p in bucket.parameters()]

@@ -76,7 +76,7 @@ class QuantizedAllReduce(StreamOwner):
         world, me = dist.get_world_size(group), dist.get_rank(group)
         flat = tensor.reshape(-1) if tensor.is_contiguous() else tensor.contiguous().reshape(-1)
         if self.compressor is None:
-            self._record(_stock_all_reduce_bytes(flat.numel(), flat.element_size(), world, me),
+            self._record(stock_all_reduce_bytes(flat.numel(), flat.element_size(), world, me),
                          group, me)
             dist.all_reduce(flat, op=op, group=group)
         else:
@@ -107,14 +107,14 @@ class QuantizedAllReduce(StreamOwner):
         that all-reduce sends to each peer."""
         scale = torch.cat([self.compressor.local_scale(p) for p in parts])
         dist.all_reduce(scale, op=dist.ReduceOp.MAX, group=group)
-        return scale, _stock_all_reduce_bytes(scale.numel(), scale.element_size(), world, me)
+        return scale, stock_all_reduce_bytes(scale.numel(), scale.element_size(), world, me)
 
     def _linear(self, flat, group, world, me) -> torch.Tensor:
         """Linear dithering: exact integer sum by a stock all_reduce(SUM) (4.2)."""
         c = self.compressor
         scale, sent = self._global_scale([flat], group, world, me)
         codes = c.compress(flat, scale=scale).payload["codes"]
-        self._record([a + b for a, b in zip(sent, _stock_all_reduce_bytes(
+        self._record([a + b for a, b in zip(sent, stock_all_reduce_bytes(
             codes.numel(), codes.element_size(), world, me))], group, me)
         dist.all_reduce(codes, op=dist.ReduceOp.SUM, group=group)
         return c.decompress(Packed({"scale": scale, "codes": codes}, flat.shape, torch.float32))
@@ -178,7 +178,7 @@ def _rows(flat: torch.Tensor, world: int) -> torch.Tensor:
         else flat.view(world, width)
 
 
-def _stock_all_reduce_bytes(numel: int, itemsize: int, world: int, me: int) -> list[int]:
+def stock_all_reduce_bytes(numel: int, itemsize: int, world: int, me: int) -> list[int]:
     """Bytes sent to each peer by an all-reduce as reduce-scatter + all-gather of near-equal
     chunks: chunk k to peer k, then this rank's reduced chunk to every peer."""
     edges = [numel * k // world for k in range(world + 1)]
