@@ -1,7 +1,8 @@
 """Quantized reduce-scatter as the 2-hop all-to-all (ZeRO++ B.3, E.3, F.1.2; SDP4Bit Alg. 3).
 
 X ranks per node, Y nodes, rank ``n*X + l``. Row j of the ``[P, S]`` input goes to rank j.
-The rows are reordered as ``[0, X, 2X, .., (Y-1)X, 1, X+1, ..]`` (ZeRO++ B.3.2, Eq. 2): local
+The rows are ordered as ``[0, X, 2X, .., (Y-1)X, 1, X+1, ..]`` (ZeRO++ B.3.2, Eq. 2; taken
+as strided views of the input, no reordered copy): local
 rank l then receives, from every rank of its node, the Y rows ``{n*X + l}``, sums them (hop 1,
 intra-node), and sends row ``n*X + l`` to rank ``n*X + l`` of node n (hop 2, inter-node),
 where the final sum lands on its owner. Each hop has its own compressor (TLq: int8 intra,
@@ -64,7 +65,7 @@ class TwoHopReduceScatter(StreamOwner):
                  group: dist.ProcessGroup | None = None) -> None:
         """``group`` (optional, e.g. FSDP's) must span the topology's world."""
         topo = self.topology
-        p, x, y = topo.world_size, topo.ranks_per_node, topo.num_nodes
+        p, x = topo.world_size, topo.ranks_per_node
         if group is not None and dist.get_world_size(group) != p:
             raise ValueError(f"reduce_scatter_2hop runs over the topology's {p} ranks; got a "
                              f"group of {dist.get_world_size(group)}")
@@ -73,9 +74,6 @@ class TwoHopReduceScatter(StreamOwner):
         rows = input.reshape(p, s)
         if self.rotated:  # SDP4Bit 3.3: H once per row, before the first quantization
             rows = self._rotate_rows(rows)
-        order = slice_order(x, y)
-        if order != sorted(order):  # the identity on one node or one rank per node
-            rows = rows[order]
         bounds = _chunk_bounds(s, self.chunks)
         for name in self.streams:
             self.streams[name].check_layout((p, x, s, len(bounds)))
@@ -105,10 +103,11 @@ class TwoHopReduceScatter(StreamOwner):
 
     def _hop1(self, rows: torch.Tensor, bounds: list[tuple[int, int]], c: int):
         """Start the intra-node all-to-all of chunk c; returns a function giving the node's
-        partial sums of this local rank's Y rows, flat ``(Y * width,)``."""
-        x, y = self.topology.ranks_per_node, self.topology.num_nodes
+        partial sums of this local rank's Y rows, flat ``(Y * width,)``. Local rank l gets
+        rows ``l, X + l, ..`` (positions ``l*Y ..`` of :func:`slice_order`): a strided view."""
+        x = self.topology.ranks_per_node
         a, b = bounds[c]
-        parts = [rows[l * y:(l + 1) * y, a:b].reshape(-1) for l in range(x)]
+        parts = [rows[l::x, a:b].reshape(-1) for l in range(x)]
         if x == 1:
             return lambda: parts[0]
         return self._exchange("intra", parts, c, self.topology.intra_group)
