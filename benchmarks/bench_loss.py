@@ -50,7 +50,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 FSDP_PRESETS = ["none", "qw", "qwd", "ulq", "tlq", "tlq_hs", "sdp4bit", "zeropp", "qsdp",
                 "loco"]
 DDP_PRESETS = ["ddp", "global_qsgd", "global_qsgd_exp",    # "ddp": exact DDP all-reduce
-               "global_qsgd_block"]
+               "global_qsgd_block", "ddp_powersgd"]
+POWERSGD_RANK = 4   # as bench_slow_link.py's peer
 #: variants that are not presets: linear Global-QSGD with one global scale per 1024 values
 #: (``block_size``) instead of the paper's one per bucket
 BLOCK_SCALED = ("global_qsgd_block", {"bits": 8, "block_size": 1024})
@@ -115,6 +116,46 @@ def ddp_config(preset: str):
     return "none" if preset == "ddp" else preset
 
 
+class PowerSGDMeter:
+    """torch's ``powerSGD_hook`` (rank ``POWERSGD_RANK``, the slow-link benchmark's peer) on a
+    DDP model, with the bytes of its all-reduces counted like hfcompress's meter counts a stock
+    all-reduce (reduce-scatter + all-gather, ``stock_all_reduce_bytes``); ``step()`` returns
+    them as a wire-meter step."""
+
+    def __init__(self, net, ranks_per_node: int) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+
+        state = ps.PowerSGDState(process_group=None, matrix_approximation_rank=POWERSGD_RANK,
+                                 start_powerSGD_iter=2)
+        self.sizes: list[int] = []
+        net.register_comm_hook(state, self._hook)
+        self.x = ranks_per_node
+
+    def _hook(self, state, bucket):
+        original = dist.all_reduce
+
+        def counted(tensor, *args, **kwargs):
+            self.sizes.append(tensor.numel() * tensor.element_size())
+            return original(tensor, *args, **kwargs)
+
+        dist.all_reduce = counted      # the hook's chain runs to its end inside this window
+        try:
+            return dc.serialized_powersgd_hook(state, bucket)
+        finally:
+            dist.all_reduce = original
+
+    def step(self) -> dict:
+        from hfcompress.comm.all_reduce import stock_all_reduce_bytes
+
+        world, me = dist.get_world_size(), dist.get_rank()
+        remote = [r // self.x != me // self.x for r in range(world)]
+        sent = [stock_all_reduce_bytes(n, 1, world, me) for n in self.sizes]
+        self.sizes = []
+        return {"inter_bytes": sum(b for per in sent for b, r in zip(per, remote) if r),
+                "intra_bytes": sum(b for per in sent for k, (b, r) in enumerate(zip(per, remote))
+                                   if not r and k != me)}
+
+
 class Trained:
     """A model sharded (FSDP2 + ``hfcompress.apply``) or replicated (DDP + comm hook)."""
 
@@ -126,7 +167,10 @@ class Trained:
 
         self.model = make_model(a, seed)
         self.ddp = preset in DDP_PRESETS
-        if self.ddp:
+        if preset == "ddp_powersgd":
+            self.net = DDP(self.model)
+            self.handle = PowerSGDMeter(self.net, a.ranks_per_node)
+        elif self.ddp:
             self.net = DDP(self.model)
             self.handle = register_ddp_hook(self.net, ddp_config(preset),
                                             ranks_per_node=a.ranks_per_node)
@@ -464,6 +508,13 @@ def write_markdown(out: Path, meta: dict, runs: list[dict], tables: dict, main_l
                       "preset: `Scheme(\"global_qsgd\", {\"block_size\": 1024})`): one "
                       "all-reduced scale per 1024 values instead of one per bucket, +0.03 "
                       "bits per value; its gap is in the table above."]
+        if named.get("ddp_powersgd", {}).get("gap_pct") not in (None, ""):
+            lines += ["", f"`ddp_powersgd` is torch's `powerSGD_hook` at rank {POWERSGD_RANK} "
+                      "(the peer of the slow-link benchmark; not an hfcompress scheme), its "
+                      "all-reduces metered like a stock all-reduce: gap "
+                      f"{named['ddp_powersgd']['gap_pct']:+.2f}% to `ddp` with "
+                      f"{named['ddp_powersgd']['inter_mb_per_step']:.3f} MB/step/rank "
+                      "across nodes."]
     for lr, (other_by, other) in tables.items():
         if lr != main_lr:
             lines += ["", f"The same at peak lr {lr:g} (learning-rate sensitivity):", "",
@@ -478,10 +529,10 @@ def write_markdown(out: Path, meta: dict, runs: list[dict], tables: dict, main_l
               "in the same nodes x ranks layout, on its own larger, comm-bound model (see its "
               "section)."]
     if any(r["time_source"] == "measured" for r in rows):
-        lines += ["", "The wall-clock plot uses the measured step time where the slow-link run "
-                  "has the preset, else the modelled one (the legend says which): these loss "
-                  "curves at the slow-link model's speed per step, comm-bound as in SDP4Bit "
-                  "Fig. 9."]
+        lines += ["", "The wall-clock plot uses the measured step times (presets the "
+                  "slow-link run does not have are left out: their modelled times belong to "
+                  "another model): these loss curves at the slow-link model's speed per step, "
+                  "comm-bound as in SDP4Bit Fig. 9."]
     else:
         lines += ["", "The wall-clock plot uses the modelled step times (no slow-link results "
                   "for this layout): this small model is compute-bound at 1 Gbit/s, so "
@@ -534,7 +585,9 @@ def plot(out: Path, curves: list[dict], rows: dict, order: list[str]) -> None:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    for p in order:
+    # measured and modelled step times come from different models: never mixed on one axis
+    timed = [p for p in order if rows[p]["time_source"] == "measured"] or order
+    for p in timed:
         steps = sorted(loss.get(p, {}))
         r = rows[p]
         ax.plot([s * r["step_s_at_1gbit"] / 60 for s in steps], [loss[p][s] for s in steps],
@@ -542,7 +595,7 @@ def plot(out: Path, curves: list[dict], rows: dict, order: list[str]) -> None:
     ax.set_xlabel(f"training time at {LINK_GBIT:g} Gbit/s (minutes; evaluation excluded)")
     ax.set_ylabel("validation loss (nats / byte)")
     ax.set_title(f"validation loss vs wall-clock time, seed {seed}")
-    low = min(v for p in order for v in loss.get(p, {}).values())
+    low = min(v for p in timed for v in loss.get(p, {}).values())
     ax.set_ylim(low - 0.05, low + 1.0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
