@@ -338,6 +338,20 @@ def write_csv(path: Path, rows: list[dict], fields: list[str]) -> None:
         w.writerows(rows)
 
 
+def plot_per_topology(rows: list[dict], height: float):
+    """A matplotlib (Agg) figure with one axis per ``topology`` of ``rows``:
+    ``(plt, fig, [(topology, axis), ..])``, or None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    topos = sorted({r["topology"] for r in rows})
+    fig, axes = plt.subplots(1, len(topos), figsize=(7 * len(topos), height), squeeze=False)
+    return plt, fig, list(zip(topos, axes[0]))
+
+
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]

@@ -219,15 +219,11 @@ def verdicts(rows: list[dict]) -> list[str]:
 
 
 def plot(rows: list[dict], path: Path) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    made = dc.plot_per_topology(rows, 4.8)
+    if made is None:
         return False
-    topos = sorted({r["topology"] for r in rows})
-    fig, axes = plt.subplots(1, len(topos), figsize=(7 * len(topos), 4.8), squeeze=False)
-    for ax, topo in zip(axes[0], topos):
+    plt, fig, panels = made
+    for topo, ax in panels:
         sub = [r for r in rows if r["topology"] == topo and r["link"] != "none"]
         links = sorted({r["link"] for r in sub}, key=rate_bits)
         names = list(dict.fromkeys(r["preset"] for r in sub))

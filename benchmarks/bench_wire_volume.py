@@ -248,17 +248,13 @@ def verdicts(rows: list[dict]) -> list[str]:
 
 
 def plot(rows: list[dict], path: Path) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    made = dc.plot_per_topology(rows, 4.5)
+    if made is None:
         return False
-    topos = sorted({r["topology"] for r in rows})
-    fig, axes = plt.subplots(1, len(topos), figsize=(7 * len(topos), 4.5), squeeze=False)
+    plt, fig, panels = made
     parts = [("all_gather", "fwd all-gather"), ("all_gather_bwd", "bwd all-gather"),
              ("reduce_scatter", "reduce-scatter"), ("all_reduce", "all-reduce (DDP)")]
-    for ax, topo in zip(axes[0], topos):
+    for topo, ax in panels:
         sub = [r for r in rows if r["topology"] == topo]
         names = [r["preset"] for r in sub]
         bottom = [0.0] * len(sub)
