@@ -2,13 +2,11 @@
 kernels, compressor, the rotated-domain 2-hop path, and Triton == torch twin bit for bit."""
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from gpu_compile import run_compile_script
 from hfcompress.compressors import get_compressor
 from hfcompress.compressors.hadamard import HadamardQuantizer
 from hfcompress.kernels import group_quant as gq
@@ -381,14 +379,12 @@ def test_triton_kernels_compile_for_gpu(th):
     """The interpreter misses GPU-only compile errors (e.g. a reassigned constexpr): compile
     every kernel to PTX for sm_80 (no GPU needed) in a process without TRITON_INTERPRET, and
     check the PTX has no FMA contraction and IEEE division (bit-exactness with the twin)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     try:
         from triton.backends.compiler import GPUTarget  # noqa: F401
         from triton.compiler import ASTSource  # noqa: F401
     except ImportError:
         pytest.skip("this Triton has no ASTSource / GPUTarget compile API")
-    r = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = run_compile_script(_COMPILE)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 
 

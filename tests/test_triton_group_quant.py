@@ -1,13 +1,11 @@
 """Triton group quantization kernels (kernels/triton_group_quant.py) == the torch twin, bit
 for bit, under the Triton interpreter (TRITON_INTERPRET=1, set in conftest.py)."""
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from gpu_compile import run_compile_script
 from hfcompress import get_compressor
 from hfcompress.kernels import dispatch
 from hfcompress.kernels import group_quant as twin
@@ -185,8 +183,6 @@ def test_kernels_compile_for_a_gpu_without_fma():
     """The kernels compile to PTX for sm_80 (no GPU needed), with IEEE division and no
     fused multiply-add, the conditions of bit-exactness with the twin on a real GPU."""
     pytest.importorskip("triton.backends.nvidia")
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    out = subprocess.run([sys.executable, "-c", GPU_COMPILE], env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = run_compile_script(GPU_COMPILE)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["True", "False", "False"]
