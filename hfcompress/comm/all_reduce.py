@@ -1,14 +1,15 @@
 """Quantized all-reduce: Global-QSGD (Alg. 1, 4.2, 4.3) and group-quantized / LoCo schemes.
 
 ``QuantizedAllReduce(compressor)(tensor, op)`` reduces ``tensor`` in place over a group;
-every rank ends with bit-identical values (all decode the same bytes). By compressor:
+every rank ends with bit-identical values (all decode the same bytes). By the compressor's
+declared capability (``compressors/base.py``):
 
 - ``None``: torch's ``all_reduce`` (exact).
-- ``global_qsgd`` (linear dithering, 4.2): one ``all_reduce(MAX)`` of the local scales (one
+- :class:`GloballyScaled` (``global_qsgd``, linear dithering, 4.2): one ``all_reduce(MAX)`` of the local scales (one
   float, or one per block with ``block_size``), then a stock ``all_reduce(SUM)`` of the
   integer codes: an exact sum that cannot overflow because the level count leaves room for
   ``num_peers`` = group size (checked).
-- ``global_qsgd_exp`` (exponential dithering, 4.3): the ``C_nat`` exponent reduce (Alg. 2),
+- :class:`TreeCombined` (``global_qsgd_exp``, exponential dithering, 4.3): the ``C_nat`` exponent reduce (Alg. 2),
   which no stock all-reduce runs. After the MAX of the scales: an all-to-all of code chunks
   (rank k gets chunk k from everyone), a pairwise ``combine`` tree of depth ceil(log2 n) on
   rank k, then an all-gather of the combined chunks. Only codes travel (the scale is known).
@@ -31,9 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..compressors.base import Compressor, Packed
-from ..compressors.global_qsgd import GlobalQSGD, GlobalQSGDExp
-from ..compressors.loco import LoCo
+from ..compressors.base import Compressor, ErrorFeedback, GloballyScaled, Packed, TreeCombined
 from .hop import Exchange, all_gather_single
 from .reduce_scatter import check_op
 from .streams import StreamOwner, Streams, stateless_only
@@ -46,7 +45,7 @@ _STOCK_SUM_BITS = (8, 32)   # gloo and NCCL have no int16 SUM
 def group_size_check(compressor: Compressor, world: int) -> None:
     """Global-QSGD payloads sum in the compressed domain: ``num_peers`` must be the group size
     (fewer overflows the wire integer, more wastes levels)."""
-    if isinstance(compressor, (GlobalQSGD, GlobalQSGDExp)) and compressor.num_peers != world:
+    if isinstance(compressor, GloballyScaled) and compressor.num_peers != world:
         raise ValueError(f"{compressor.name}: num_peers={compressor.num_peers} but the all-reduce "
                          f"group has {world} ranks; build it with num_peers={world} (the level "
                          f"count must leave room for the sum of {world} peers, Global-QSGD 4.2)")
@@ -57,11 +56,11 @@ class QuantizedAllReduce(StreamOwner):
 
     def __init__(self, compressor: Compressor | None = None, topology: Topology | None = None,
                  meter: WireMeter | None = None, tag: str = "all_reduce") -> None:
-        if isinstance(compressor, LoCo) and isinstance(compressor.inner,
-                                                       (GlobalQSGD, GlobalQSGDExp)):
+        if isinstance(compressor, ErrorFeedback) and isinstance(compressor.inner, GloballyScaled):
             raise ValueError("loco around global_qsgd is not supported: LoCo compresses with the "
                              "inner's own scales, Global-QSGD needs the all-reduced one")
-        if isinstance(compressor, GlobalQSGD) and compressor.bits not in _STOCK_SUM_BITS:
+        if isinstance(compressor, GloballyScaled) and not isinstance(compressor, TreeCombined) \
+                and compressor.bits not in _STOCK_SUM_BITS:
             raise ValueError(f"global_qsgd: bits={compressor.bits} has no stock all_reduce(SUM) "
                              f"in gloo or NCCL; use bits 8 or 32")
         self.compressor = compressor
@@ -86,10 +85,10 @@ class QuantizedAllReduce(StreamOwner):
             group_size_check(self.compressor, world)
             streams = self.streams["all_reduce"]
             streams.check_layout((world, flat.numel()))
-            if isinstance(self.compressor, GlobalQSGD):
-                total = self._linear(flat, group, world, me)
-            elif isinstance(self.compressor, GlobalQSGDExp):
+            if isinstance(self.compressor, TreeCombined):
                 total = self._exponential(flat, group, world, me)
+            elif isinstance(self.compressor, GloballyScaled):
+                total = self._linear(flat, group, world, me)
             else:
                 total = self._chunked(flat, streams, group, world, me)
             if op == dist.ReduceOp.AVG:

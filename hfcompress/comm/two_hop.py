@@ -9,7 +9,7 @@ where the final sum lands on its owner. Each hop has its own compressor (TLq: in
 int4 inter; None: the values in their own dtype). A hop over a group of one rank sends and
 compresses nothing.
 
-TLq-HS (SDP4Bit 3.3): when both hops are Hadamard compressors of the same size, each row is
+TLq-HS (SDP4Bit 3.3): when both hops are :class:`RotatedDomain` compressors of one size, each row is
 rotated once, both hops use ``compress_rotated`` / ``reduce_rotated``, and one inverse
 rotation follows the final sum.
 
@@ -24,15 +24,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..compressors.base import Compressor
+from ..compressors.base import Compressor, RotatedDomain
 from .hop import Exchange, RawCodec
 from .reduce_scatter import check_op, check_sizes, write_result
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
 from .wire_meter import WireMeter, peer_is_remote
-
-ROTATED_API = ("rotate", "compress_rotated", "reduce_rotated")
-
 
 def slice_order(ranks_per_node: int, num_nodes: int) -> list[int]:
     """ZeRO++ B.3.2 Eq. 2: position ``l*Y + n`` holds row ``n*X + l``."""
@@ -40,9 +37,10 @@ def slice_order(ranks_per_node: int, num_nodes: int) -> list[int]:
 
 
 def rotated_pair(intra: Compressor | None, inter: Compressor | None) -> bool:
-    """Both hops are Hadamard compressors of one size: the SDP4Bit 3.3 simplifications apply."""
-    return all(c is not None and all(hasattr(c, a) for a in ROTATED_API) for c in (intra, inter)) \
-        and getattr(intra, "hadamard_size", None) == getattr(inter, "hadamard_size", None)
+    """Both hops quantize in one rotated domain (:class:`RotatedDomain` of the same
+    ``hadamard_size``): the SDP4Bit 3.3 simplifications apply."""
+    return isinstance(intra, RotatedDomain) and isinstance(inter, RotatedDomain) \
+        and intra.hadamard_size == inter.hadamard_size
 
 
 class TwoHopReduceScatter(StreamOwner):

@@ -1,16 +1,22 @@
-"""The compressor contract shared by every scheme (see DESIGN.md, "The compressor contract").
+"""The compressor contract shared by every scheme (docs/architecture.md, "The compressor
+contract").
 
 A compressor turns a tensor into a :class:`Packed` payload (the exact tensors that go on
 the wire), turns it back, and sums several peers' payloads. Compressors know nothing about
 process groups: the collectives in ``hfcompress.comm`` move ``Packed.flat()`` buffers and
 rebuild them with :meth:`Compressor.unflatten`.
+
+What a collective may do beyond the contract is declared by the capability protocols below
+(:class:`RotatedDomain`, :class:`ReferenceCoded`, :class:`GloballyScaled`,
+:class:`TreeCombined`, :class:`ErrorFeedback`): ``comm/`` and ``integrations/`` test
+``isinstance(c, Capability)`` and never name a concrete scheme.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -57,7 +63,8 @@ class Compressor:
       for ``numel`` values, in the same order; ``wire_bits`` and ``unflatten`` derive from it;
     - ``reduce(packeds)``: the float32 sum of several peers' payloads. The default
       dequantizes and sums; schemes with a compressed-domain sum override it.
-    - ``state_dict``/``load_state_dict`` for stateful schemes (default: no state).
+    - ``state_dict``/``load_state_dict`` for stateful schemes (default: no state);
+    - ``state_bytes()``: bytes of persistent state by kind (default: none).
     """
 
     name: ClassVar[str] = ""
@@ -129,6 +136,12 @@ class Compressor:
         if state:
             raise ValueError(f"{self.name} is stateless but got state keys {sorted(state)}")
 
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of persistent state this instance holds, by kind: ``"references"`` (qWD's
+        w~), ``"errors"`` (LoCo's error buffer), ``"buffers"`` (anything else kept between
+        calls). Kinds with no state may be left out; the default holds nothing."""
+        return {}
+
     def config(self) -> dict[str, Any]:
         """Name and parameters: equal on every rank of a job (checked by the collectives)."""
         return {"name": self.name, **{k: _plain(v) for k, v in sorted(self.params.items())}}
@@ -166,3 +179,95 @@ def check_group_size(scheme: str, group_size: Any, multiple: int, param: str = "
             or group_size % multiple:
         raise ValueError(f"{scheme}: {param}={group_size!r} must be a positive multiple of "
                          f"{multiple} (e.g. {multiple}, {4 * multiple}, 2048)")
+
+
+def pad_to(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Flatten ``x`` and zero-pad it to a multiple of ``multiple`` values."""
+    flat = x.reshape(-1)
+    pad = (-flat.numel()) % multiple
+    return torch.nn.functional.pad(flat, (0, pad)) if pad else flat
+
+
+def pad_edge(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Flatten ``x`` and pad it to a multiple of ``multiple`` values by repeating its last
+    value, so the last min-max bucket keeps its range."""
+    flat = x.reshape(-1)
+    pad = (-flat.numel()) % multiple
+    return torch.cat([flat, flat[-1:].expand(pad)]) if pad else flat
+
+
+def resolve_inner(scheme: str, inner: Compressor | str | None, default: Compressor) -> Compressor:
+    """``inner`` of a wrapper scheme as a Compressor instance: a registered name gets its
+    default parameters, None gets ``default``."""
+    if inner is None:
+        return default
+    if isinstance(inner, str):
+        from .registry import get_compressor  # the registry imports this module
+        return get_compressor(inner)
+    if isinstance(inner, Compressor):
+        return inner
+    raise ValueError(f"{scheme}: inner={inner!r} must be a Compressor instance or a registered "
+                     f"compressor name such as 'int'")
+
+
+# -- capabilities: what a collective may rely on beyond the contract -----------------------
+@runtime_checkable
+class RotatedDomain(Protocol):
+    """Quantizes in an orthogonal rotated domain (SDP4Bit 3.3, TLq-HS): a 2-hop reduce-scatter
+    whose two hops share ``hadamard_size`` rotates each row once, compresses and sums in the
+    rotated domain, and applies one inverse ``rotate`` after the final sum."""
+
+    hadamard_size: int
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def compress_rotated(self, y: torch.Tensor) -> Packed: ...
+
+    def reduce_rotated(self, packeds: Sequence[Packed]) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class ReferenceCoded(Protocol):
+    """Codes against a replicated reference (qWD, SDP4Bit 3.1): ``decompress`` updates
+    ``reference``; when ``unchanged(x)`` holds on every rank an all-gather may skip the
+    exchange and use ``reference`` as is (same result)."""
+
+    reference: torch.Tensor | None
+
+    def unchanged(self, x: torch.Tensor) -> bool: ...
+
+
+@runtime_checkable
+class GloballyScaled(Protocol):
+    """All-reduce-compatible codes (Global-QSGD 3-4): every peer quantizes with the MAX of the
+    ``local_scale`` s, so ``num_peers`` payloads add up in the compressed domain. Without
+    :class:`TreeCombined` the integer codes sum exactly by a stock ``all_reduce(SUM)`` of
+    ``bits``-wide integers."""
+
+    num_peers: int
+    bits: int
+    block_size: int | None
+
+    def local_scale(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def compress(self, x: torch.Tensor, scale: Any = None) -> Packed: ...
+
+    def reduce_packed(self, packeds: Sequence[Packed]) -> Packed: ...
+
+
+@runtime_checkable
+class TreeCombined(GloballyScaled, Protocol):
+    """Globally scaled codes that no stock all-reduce sums (Global-QSGD 4.3, exponential
+    dithering): peers' payloads are merged pairwise by ``combine`` along a tree."""
+
+    def combine(self, a: Packed, b: Packed, noise: torch.Tensor | None = None) -> Packed: ...
+
+
+@runtime_checkable
+class ErrorFeedback(Protocol):
+    """Wraps ``inner`` with error feedback (LoCo Alg. 1): ``step()`` once per optimizer step
+    on every instance (the error reset schedule)."""
+
+    inner: Compressor
+
+    def step(self) -> None: ...

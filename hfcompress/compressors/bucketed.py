@@ -1,9 +1,10 @@
-"""What the bucketed quantizers share: packed codes plus float32 values per bucket of
+"""What the bucketed quantizers share: packed codes plus a few values per bucket of
 ``bucket_size`` values (QSDP 5.1 buckets; the groups of SDP4Bit 2.2 / ZeRO++ 3.2).
 
 A subclass names its kernels (``twin`` module and ``triton_module``, both with
 ``quantize`` / ``dequantize`` / ``dequantize_sum``) and its per-bucket payload tensors
-(``bucket_params``), and writes its own ``compress`` (noise, shift or rounding: the scheme).
+(``bucket_params``, float32 unless ``bucket_dtypes`` says otherwise, e.g. an MX-style
+uint8 shared exponent), and writes its own ``compress`` (noise, shift or rounding: the scheme).
 The parameter checks, the payload layout, ``decompress`` and ``reduce`` (the peers stacked,
 one ``dequantize_sum``, trimmed to numel) and the RNG state are here.
 """
@@ -11,7 +12,7 @@ one ``dequantize_sum``, trimmed to numel) and the RNG state are here.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
@@ -24,13 +25,15 @@ BUCKET_MULTIPLE = 32
 
 
 class BucketQuantizer(Compressor):
-    """Codes and per-bucket float32 payload; decode and peer sum by the scheme's kernels."""
+    """Codes and per-bucket payload; decode and peer sum by the scheme's kernels."""
 
     #: torch twin of the kernels and the name of the Triton module (same functions)
     twin: ClassVar[ModuleType]
     triton_module: ClassVar[str]
-    #: payload tensors after ``codes``, one float32 per bucket, in kernel argument order
+    #: payload tensors after ``codes``, one value per bucket, in kernel argument order
     bucket_params: ClassVar[tuple[str, ...]] = ("scales",)
+    #: wire dtype of a bucket param when not float32 (e.g. ``{"scales": torch.uint8}``)
+    bucket_dtypes: ClassVar[Mapping[str, torch.dtype]] = {}
     allowed_bits: ClassVar[Sequence[int]] = SUPPORTED_BITS
     #: the constructor's name for the bucket size
     size_param: ClassVar[str] = "bucket_size"
@@ -55,7 +58,7 @@ class BucketQuantizer(Compressor):
         n = -(-numel // self._size) * self._size
         nb = n // self._size
         return {"codes": (torch.uint8, self.codes_nbytes(n, self.bits)),
-                **{k: (torch.float32, nb) for k in self.bucket_params}}
+                **{k: (self.bucket_dtypes.get(k, torch.float32), nb) for k in self.bucket_params}}
 
     def _packed(self, x: torch.Tensor, tensors: Sequence[torch.Tensor]) -> Packed:
         """The kernel's outputs as x's payload (payload_spec's order)."""

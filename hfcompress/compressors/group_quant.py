@@ -12,19 +12,12 @@ from typing import Any
 import torch
 
 from ..kernels import group_quant as _twin
-from .base import Packed, check_choice, check_float_input
+from .base import Packed, check_choice, check_float_input, pad_to
 from .bucketed import BUCKET_MULTIPLE, BucketQuantizer
 from .registry import register_compressor
 
 GROUP_MULTIPLE = BUCKET_MULTIPLE
 ROUNDINGS = ("nearest", "stochastic")
-
-
-def pad_to(x: torch.Tensor, multiple: int) -> torch.Tensor:
-    """Flatten ``x`` and zero-pad it to a multiple of ``multiple`` values."""
-    flat = x.reshape(-1)
-    pad = (-flat.numel()) % multiple
-    return torch.nn.functional.pad(flat, (0, pad)) if pad else flat
 
 
 @register_compressor("int")

@@ -28,8 +28,9 @@ import torch
 from ..kernels import hadamard as _twin
 from ..kernels.dispatch import BACKENDS, pick
 from ..kernels.packing import SUPPORTED_BITS
-from .base import Compressor, Packed, check_choice, check_float_input, check_group_size
-from .group_quant import GROUP_MULTIPLE, ROUNDINGS, GroupQuantizer, pad_to
+from .base import (Compressor, Packed, check_choice, check_float_input, check_group_size,
+                   pad_to)
+from .group_quant import GROUP_MULTIPLE, ROUNDINGS, GroupQuantizer
 from .registry import register_compressor
 
 

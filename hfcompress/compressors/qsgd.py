@@ -14,9 +14,8 @@ from __future__ import annotations
 import torch
 
 from ..kernels import qsgd as _twin
-from .base import Packed, check_float_input
+from .base import Packed, check_float_input, pad_to
 from .bucketed import BucketQuantizer
-from .group_quant import pad_to
 from .registry import register_compressor
 
 

@@ -21,17 +21,9 @@ from __future__ import annotations
 import torch
 
 from ..kernels import random_shift as _twin
-from .base import Packed, check_float_input
+from .base import Packed, check_float_input, pad_edge
 from .bucketed import BucketQuantizer
 from .registry import register_compressor
-
-
-def pad_edge(x: torch.Tensor, multiple: int) -> torch.Tensor:
-    """Flatten ``x`` and pad it to a multiple of ``multiple`` values by repeating its last
-    value, so the last min-max bucket keeps its range."""
-    flat = x.reshape(-1)
-    pad = (-flat.numel()) % multiple
-    return torch.cat([flat, flat[-1:].expand(pad)]) if pad else flat
 
 
 @register_compressor("random_shift")
