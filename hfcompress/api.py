@@ -1,4 +1,5 @@
-"""``hfcompress.apply``: one call turns on compressed communication for a sharded model."""
+"""``hfcompress.apply``: one call turns on compressed communication for a data-parallel model
+(FSDP2, DDP or HSDP) and returns the one handle type, :class:`Compression`."""
 
 from __future__ import annotations
 
@@ -6,38 +7,94 @@ from typing import Any
 
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.nn.parallel import DistributedDataParallel
 
-from .comm import WireMeter
+from .comm import Topology, WireMeter
 from .comm.topology import resolve_ranks_per_node
 from .config import CompressionConfig, get_config
 from .integrations.consistency import check_same_settings
-from .integrations.fsdp import (FSDPCompression, ModuleComms, check_group, check_hpz,
-                                fsdp_modules, shard_model)
-from .integrations.timeouts import TimedTopology, group_timeout
+from .integrations.ddp import ddp_scheme, register_ddp_hook
+from .integrations.fsdp import (FSDPInstall, ModuleComms, check_group, check_hpz, fsdp_modules,
+                                shard_model)
+from .integrations.handle import Compression
+from .integrations.hsdp import fully_shard_hsdp, install_hsdp_hook
+from .integrations.timeouts import group_timeout
 
 
 def apply(model: nn.Module, compressor: str | CompressionConfig = "sdp4bit",
           ranks_per_node: int | None = None, shard: bool = False, *,
-          meter: WireMeter | None = None, layer_cls: tuple[type, ...] | None = None,
-          **fsdp_kwargs: Any) -> FSDPCompression:
-    """Install compressed all-gather / reduce-scatter on every FSDP2 module of ``model``.
+          mesh: DeviceMesh | None = None, meter: WireMeter | None = None,
+          layer_cls: tuple[type, ...] | None = None, **fsdp_kwargs: Any) -> Compression:
+    """Install compressed communication on ``model``; which kind it was given decides how:
+
+    - a ``DistributedDataParallel`` model: the compressed all-reduce comm hook (the preset's
+      ``all_reduce`` scheme, else its gradient scheme ``grad_inter``);
+    - ``mesh``, a 2-D device mesh named ``("replicate", "shard")``: HSDP, FSDP2 over
+      ``mesh["shard"]`` and the compressed all-reduce over the replicas;
+    - otherwise FSDP2: compressed all-gather / reduce-scatter on every FSDP2 module.
 
     - ``compressor``: a preset name (``hfcompress.config.list_presets()``) or a
       ``CompressionConfig``.
     - ``ranks_per_node``: ranks per node (default ``LOCAL_WORLD_SIZE``, else one node); an
       explicit value emulates nodes on one machine.
-    - ``shard=False``: ``model`` is already ``fully_shard``-ed. ``shard=True``: apply
-      ``fully_shard`` to every decoder layer (``layer_cls``, default Hugging Face's
-      ``_no_split_modules``) and the root, with ``fsdp_kwargs`` (e.g. ``mp_policy``) and,
-      when the config uses hpZ, ``reshard_after_forward=ranks_per_node``.
+    - ``shard=False``: ``model`` is already ``fully_shard``-ed (over ``mesh["shard"]`` for
+      HSDP). ``shard=True``: apply ``fully_shard`` to every decoder layer (``layer_cls``,
+      default Hugging Face's ``_no_split_modules``) and the root, with ``fsdp_kwargs`` (e.g.
+      ``mp_policy``) and, when the config uses hpZ, ``reshard_after_forward=ranks_per_node``.
 
     Every rank must call it with the same settings (checked: a mismatch raises ValueError
     naming the differing keys and ranks). Returns the handle: ``.meter``, ``.step()`` after
-    each optimizer step, ``.state_dict()`` / ``.load_state_dict()``, ``.remove()``.
+    each optimizer step, ``.state_dict()`` / ``.load_state_dict()``, ``.memory_report()``,
+    ``.remove()``.
     """
     if not dist.is_initialized():
         raise RuntimeError("hfcompress.apply needs torch.distributed to be initialized "
                            "(torchrun / accelerate launch, or dist.init_process_group)")
+    if isinstance(model, DistributedDataParallel):
+        return _apply_ddp(model, compressor, ranks_per_node, shard, mesh, meter)
+    if mesh is not None:
+        return _apply_hsdp(model, compressor, ranks_per_node, shard, mesh, meter, layer_cls,
+                           fsdp_kwargs)
+    return _apply_fsdp(model, compressor, ranks_per_node, shard, meter, layer_cls, fsdp_kwargs)
+
+
+def _apply_ddp(model: DistributedDataParallel, compressor: str | CompressionConfig,
+               ranks_per_node: int | None, shard: bool, mesh: DeviceMesh | None,
+               meter: WireMeter | None) -> Compression:
+    if shard or mesh is not None:
+        raise ValueError("apply() got a DistributedDataParallel model: it is replicated, not "
+                         "sharded; drop shard=True / mesh")
+    config = get_config(compressor)
+    ddp_scheme(config)
+    group = model.process_group
+    x = resolve_ranks_per_node(dist.get_world_size(), ranks_per_node)
+    topology = Topology(x, group_timeout(group))
+    state = register_ddp_hook(model, config, topology=topology, meter=meter)
+    return Compression("ddp", model.module, config, topology, state.meter, state).install()
+
+
+def _apply_hsdp(model: nn.Module, compressor: str | CompressionConfig,
+                ranks_per_node: int | None, shard: bool, mesh: DeviceMesh,
+                meter: WireMeter | None, layer_cls: tuple[type, ...] | None,
+                fsdp_kwargs: dict[str, Any]) -> Compression:
+    config = get_config(compressor)
+    ddp_scheme(config)
+    x = resolve_ranks_per_node(dist.get_world_size(), ranks_per_node)
+    topology = Topology(x, group_timeout(dist.group.WORLD))
+    if shard:
+        state = fully_shard_hsdp(model, mesh, config, layer_cls=layer_cls, topology=topology,
+                                 meter=meter, **fsdp_kwargs)
+    elif fsdp_kwargs or layer_cls is not None:
+        raise ValueError("layer_cls and fully_shard keyword arguments need shard=True")
+    else:
+        state = install_hsdp_hook(model, mesh, config, topology=topology, meter=meter)
+    return Compression("hsdp", model, config, topology, state.meter, state).install()
+
+
+def _apply_fsdp(model: nn.Module, compressor: str | CompressionConfig,
+                ranks_per_node: int | None, shard: bool, meter: WireMeter | None,
+                layer_cls: tuple[type, ...] | None, fsdp_kwargs: dict[str, Any]) -> Compression:
     try:
         config = get_config(compressor)
         if config.all_reduce is not None and not config.compresses_fsdp:
@@ -74,8 +131,9 @@ def apply(model: nn.Module, compressor: str | CompressionConfig = "sdp4bit",
     group = check_group(modules)
     if config.hpz:
         check_hpz(modules, x, world)
-    topology = TimedTopology(x, group_timeout(group))
+    topology = Topology(x, group_timeout(group))
     meter = meter if meter is not None else WireMeter()
     comms = {name: ModuleComms(name, m, model, config, topology, meter, i)
              for i, (name, m) in enumerate(modules)}
-    return FSDPCompression(model, config, topology, meter, comms).install()
+    return Compression("fsdp2", model, config, topology, meter,
+                       FSDPInstall(config, comms)).install()

@@ -25,6 +25,14 @@ class Scheme:
         return get_compressor(self.name, **self.params)
 
 
+def describe(scheme: Scheme | None) -> str:
+    """``"hadamard 4-bit"``, ``"exact (uncompressed)"``, ... for messages."""
+    if scheme is None:
+        return "exact (uncompressed)"
+    bits = scheme.params.get("bits")
+    return f"{scheme.name} {bits}-bit" if bits is not None else scheme.name
+
+
 @dataclass
 class CompressionConfig:
     """What each collective sends.

@@ -9,7 +9,8 @@ from hfcompress.compressors import get_compressor
 from hfcompress.config import Scheme, get_config
 from hfcompress.integrations.consistency import differences, flatten, plain
 from hfcompress.integrations.exact_params import Segment, SlotLayout, is_exact
-from hfcompress.integrations.fsdp import build, decoder_layers, hpz_reshard, stream_seed
+from hfcompress.compressors.registry import build_compressor as build, stream_seed
+from hfcompress.integrations.fsdp import decoder_layers, hpz_reshard
 
 
 def test_is_exact_by_name_and_size():

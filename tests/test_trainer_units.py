@@ -13,9 +13,10 @@ from transformers.optimization import Adafactor
 import hfcompress
 from hfcompress.config import get_config, list_presets
 from hfcompress.integrations.exact_params import Segment
-from hfcompress import trainer_state
+from hfcompress.trainer import checkpoint as trainer_state
 from hfcompress.optim import LoCoAdafactor, LoCoAdamW
-from hfcompress.trainer_install import check_integration, ddp_scheme, one_node_fallback
+from hfcompress.integrations.ddp import ddp_scheme
+from hfcompress.trainer.install import check_integration, one_node_fallback
 
 from trainer_workers import Arithmetic, tiny_llama
 
@@ -162,11 +163,12 @@ def test_state_file_round_trip_and_mismatch(tmp_path):
 def test_comm_stats_window_averages_and_totals():
     """A logging window of 2 steps: bytes per step averaged over the window, ratio against the
     uncompressed baseline; totals accumulate over windows (one process: no all-reduce)."""
-    from hfcompress.trainer_metrics import CommStats
+    from hfcompress.trainer.metrics import CommStats
     stats = CommStats()
     for intra, inter, base in ((100, 300, 1600), (300, 100, 1600)):
-        stats._base = [base // 2, base // 2]
-        stats.close_step({"intra_bytes": intra, "inter_bytes": inter})
+        stats.close_step({"intra_bytes": intra, "inter_bytes": inter,
+                          "uncompressed_intra_bytes": base // 2,
+                          "uncompressed_inter_bytes": base // 2})
     logs = stats.reduce()
     assert logs["comm/intra_node_bytes"] == 200 and logs["comm/inter_node_bytes"] == 200
     assert logs["comm/uncompressed_bytes"] == 1600 and logs["comm/compression_ratio"] == 4.0

@@ -8,6 +8,7 @@ X comes from an explicit ``ranks_per_node`` (one machine emulating nodes), else 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -42,10 +43,13 @@ class Topology:
 
     Every rank constructs it once, with the same ``ranks_per_node``: it calls ``new_group``
     for every intra-node group (ranks ``n*X .. n*X+X-1``) and every inter-node group
-    (ranks with the same local rank), in the same order on all ranks.
+    (ranks with the same local rank), in the same order on all ranks. ``timeout``: the
+    groups' timeout (give the training group's, so a dead peer surfaces as an error in the
+    same time; None: torch's default).
     """
 
-    def __init__(self, ranks_per_node: int | None = None) -> None:
+    def __init__(self, ranks_per_node: int | None = None,
+                 timeout: timedelta | None = None) -> None:
         if not dist.is_initialized():
             raise RuntimeError("Topology needs torch.distributed to be initialized")
         self.world_size = dist.get_world_size()
@@ -54,8 +58,11 @@ class Topology:
         y = self.num_nodes = self.world_size // x
         self.node, self.local_rank = divmod(self.rank, x)
         self.group = dist.group.WORLD
-        intra = [dist.new_group([n * x + l for l in range(x)]) for n in range(y)]
-        inter = [dist.new_group([n * x + l for n in range(y)]) for l in range(x)]
+        self.timeout = timeout
+        intra = [dist.new_group([n * x + l for l in range(x)], timeout=timeout)
+                 for n in range(y)]
+        inter = [dist.new_group([n * x + l for n in range(y)], timeout=timeout)
+                 for l in range(x)]
         self.intra_group = intra[self.node]
         self.inter_group = inter[self.local_rank]
 

@@ -1,16 +1,27 @@
-"""Bytes on the wire per collective, split into intra-node and inter-node, per step.
+"""The one communication meter: bytes on the wire per collective (intra- / inter-node), the
+uncompressed baseline, and the time spent in the collectives, per step.
 
-Each rank counts what it sends itself, as direct sends: for every peer of the group, the
-bytes of this rank's data destined to that peer (its own slot is not sent). A peer on
-another node (``Topology.node_of``) makes them inter-node bytes. Under a ring or tree
-algorithm the totals are the same; only which links carry them may differ.
+- Sent bytes (``record`` / ``record_sends``, by the collectives of ``hfcompress.comm``): each
+  rank counts what it sends itself, as direct sends: for every peer of the group, the bytes
+  of this rank's data destined to that peer (its own slot is not sent). A peer on another
+  node (``Topology.node_of``) makes them inter-node bytes. Under a ring or tree algorithm
+  the totals are the same; only which links carry them may differ.
+- Uncompressed baseline (``record_uncompressed``, by the framework integration, once per
+  FSDP / DDP collective call): what the exact collective would send for the buffer the
+  framework hands over, counted the same way, so with compression off the two agree to the
+  byte.
+- Time (``with meter.timed(device):``, around the same calls): host wall-clock on CPU, CUDA
+  events on the current stream on GPU (read, and so synchronized, only by ``take_seconds``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Sequence
+import time
+from typing import Iterator, Sequence
 
+import torch
 import torch.distributed as dist
 
 from .topology import Topology, resolve_ranks_per_node
@@ -25,14 +36,48 @@ def peer_is_remote(group: dist.ProcessGroup | None, topology: Topology | None) -
     return [r // x != me for r in ranks]
 
 
+class Timer:
+    """Seconds inside ``with timer(device):`` blocks (CUDA: events, resolved when read)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextlib.contextmanager
+    def __call__(self, device: torch.device) -> Iterator[None]:
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((start, end))
+            return
+        t0 = time.perf_counter()
+        yield
+        self.seconds += time.perf_counter() - t0
+
+    def take(self) -> float:
+        """Seconds since the last ``take``; restarts the count."""
+        for start, end in self._events:
+            end.synchronize()
+            self.seconds += start.elapsed_time(end) / 1000.0
+        seconds, self.seconds, self._events = self.seconds, 0.0, []
+        return seconds
+
+
 class WireMeter:
     """Per-step byte counts: ``record`` during a step, ``step()`` closes it, ``summary()``.
 
+    A step dict holds ``intra_bytes``, ``inter_bytes`` (sent), ``uncompressed_intra_bytes``,
+    ``uncompressed_inter_bytes`` (the exact collectives' baseline) and ``collectives``.
     ``history`` keeps the last ``keep`` closed steps (a long run does not grow memory);
-    ``steps`` and the totals count every closed step."""
+    ``steps`` and the totals count every closed step. ``timed`` / ``take_seconds``: time in
+    the collectives."""
 
     def __init__(self, keep: int = 1000) -> None:
         self.keep = keep
+        self.timer = Timer()
+        self._remote: dict[tuple[int, int], list[bool]] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -44,6 +89,29 @@ class WireMeter:
 
     def record(self, collective: str, intra_bytes: int, inter_bytes: int) -> None:
         _add(self._current, collective, int(intra_bytes), int(inter_bytes), 1)
+
+    def record_uncompressed(self, per_peer_bytes: int | Sequence[int],
+                            group: dist.ProcessGroup, topology: Topology | None) -> None:
+        """Count what an exact collective over ``group`` sends to each of its peers (an int:
+        the same to every peer); this rank's own slot is not sent."""
+        key = (id(group), id(topology))
+        if key not in self._remote:
+            self._remote[key] = peer_is_remote(group, topology)
+        remote, me = self._remote[key], dist.get_rank(group)
+        sizes = [per_peer_bytes] * len(remote) if isinstance(per_peer_bytes, int) \
+            else per_peer_bytes
+        for k, (b, r) in enumerate(zip(sizes, remote)):
+            if k != me:
+                self._current["uncompressed_inter_bytes" if r else
+                              "uncompressed_intra_bytes"] += int(b)
+
+    def timed(self, device: torch.device):
+        """``with meter.timed(device):`` adds the block's time to the collectives' time."""
+        return self.timer(device)
+
+    def take_seconds(self) -> float:
+        """Seconds in the collectives since the last call (synchronizes CUDA events)."""
+        return self.timer.take()
 
     def record_sends(self, collective: str, per_peer_bytes: Sequence[int],
                      remote: Sequence[bool], me: int) -> None:
@@ -65,12 +133,15 @@ class WireMeter:
         return copy.deepcopy(done)
 
     def discard(self) -> None:
-        """Drop the current step's counts (e.g. evaluation traffic between training steps)."""
+        """Drop the current step's counts and the time since the last ``take_seconds``
+        (e.g. evaluation traffic between training steps)."""
         self._current = _empty_step()
+        self.timer.take()
 
     def summary(self) -> dict:
         """``{"steps", "current", "last_step", "total"}``; every step dict holds
-        ``intra_bytes``, ``inter_bytes`` and ``collectives: {name: {intra_bytes, inter_bytes,
+        ``intra_bytes``, ``inter_bytes``, ``uncompressed_intra_bytes``,
+        ``uncompressed_inter_bytes`` and ``collectives: {name: {intra_bytes, inter_bytes,
         calls}}``. ``total`` covers the closed steps and the current one."""
         total = copy.deepcopy(self._closed)
         _merge(total, self._current)
@@ -91,11 +162,17 @@ def _add(step: dict, collective: str, intra: int, inter: int, calls: int) -> Non
 def _merge(into: dict, step: dict) -> None:
     for name, e in step["collectives"].items():
         _add(into, name, e["intra_bytes"], e["inter_bytes"], e["calls"])
+    for key in _BASELINE:
+        into[key] += step[key]
 
 
 def _empty_entry() -> dict:
     return {"intra_bytes": 0, "inter_bytes": 0, "calls": 0}
 
 
+_BASELINE = ("uncompressed_intra_bytes", "uncompressed_inter_bytes")
+
+
 def _empty_step() -> dict:
-    return {"intra_bytes": 0, "inter_bytes": 0, "collectives": {}}
+    return {"intra_bytes": 0, "inter_bytes": 0, **dict.fromkeys(_BASELINE, 0),
+            "collectives": {}}

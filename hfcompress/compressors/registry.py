@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any
+import hashlib
+import inspect
+from typing import Any, Protocol
 
 from .base import Compressor
 
@@ -37,3 +39,34 @@ def get_compressor(name: str, **params: Any) -> Compressor:
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         raise ValueError(f"unknown compressor {name!r}.{hint} Valid names: {', '.join(list_compressors())}")
     return _REGISTRY[name](**params)
+
+
+class SchemeLike(Protocol):
+    """A registered name and its parameters (``hfcompress.config.Scheme``)."""
+
+    name: str
+    params: dict[str, Any]
+
+
+def stream_seed(base: int, *key: Any) -> int:
+    """A seed for one stream (e.g. rank, module, direction), derived from the base seed."""
+    digest = hashlib.blake2b(repr((int(base), *key)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def build_compressor(scheme: SchemeLike | None, base_seed: int = 0, *key: Any,
+                     **defaults: Any) -> Compressor | None:
+    """A fresh compressor of ``scheme`` for the stream ``key`` (None: exact).
+
+    A scheme whose class takes a ``seed`` gets ``stream_seed(scheme's seed or base_seed,
+    *key)``: include the rank in ``key``, peers must not share rounding noise. ``defaults``
+    fill the parameters the class takes and the scheme leaves unset (e.g. ``num_peers``)."""
+    if scheme is None:
+        return None
+    if scheme.name not in _REGISTRY:
+        get_compressor(scheme.name)     # the unknown-name error
+    accepts = inspect.signature(_REGISTRY[scheme.name].__init__).parameters
+    params = {**{k: v for k, v in defaults.items() if k in accepts}, **scheme.params}
+    if "seed" in accepts:
+        params["seed"] = stream_seed(scheme.params.get("seed", base_seed), *key)
+    return get_compressor(scheme.name, **params)

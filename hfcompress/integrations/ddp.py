@@ -2,44 +2,63 @@
 a short hook): Global-QSGD linear / exponential dithering (Global-QSGD 8: "register our DDP
 hook with one line"), int8 / int4 group quantization, LoCo error feedback (LoCo Alg. 1)::
 
-    state = register_ddp_hook(ddp_model, "global_qsgd")
+    handle = hfcompress.apply(ddp_model, "global_qsgd")   # or register_ddp_hook (the state)
     for batch in data:
         loss_fn(ddp_model(batch)).backward()
         optimizer.step(); optimizer.zero_grad()
-        state.step()                        # LoCo's per-step reset schedule; closes the meter step
+        handle.step()                      # LoCo's per-step reset schedule; closes the meter step
+
+DDP has no weight all-gather: a preset's all-reduce is its ``all_reduce`` scheme, else its
+gradient scheme ``grad_inter`` (e.g. ``sdp4bit`` all-reduces with the 4-bit Hadamard
+scheme); weight schemes, hpZ and the 2-hop layout need FSDP2.
 
 Each bucket gets its own ``QuantizedAllReduce`` (LoCo keeps its error per bucket index; DDP
 rebuilds its buckets once after the first iteration, which starts fresh streams for the
-rebuilt buckets). Parameters matched by the config's ``exact_patterns`` / ``min_numel``
-(QSDP 5.1: norms, biases, small tensors) are all-reduced exactly. The hook runs its
-collectives synchronously and returns a completed Future of the averaged bucket.
+rebuilt buckets; a stream restored from a checkpoint holds the rebuilt order, which the
+first iteration's buckets are permuted into). Parameters matched by the config's
+``exact_patterns`` / ``min_numel`` (QSDP 5.1: norms, biases, small tensors) are all-reduced
+exactly. The hook runs its collectives synchronously and returns a completed Future of the
+averaged bucket.
 """
 
-import inspect
-from typing import Any, Hashable
+import warnings
+from typing import Any, Hashable, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..comm import QuantizedAllReduce, Topology, WireMeter
-from ..comm.all_reduce import group_size_check
+from ..comm.all_reduce import group_size_check, stock_all_reduce_bytes
 from ..compressors import Compressor, get_compressor
-from ..compressors.loco import LoCo
-from ..config import CompressionConfig, get_config
+from ..compressors.registry import build_compressor
+from ..config import CompressionConfig, Scheme, describe, get_config
 from .consistency import check_same_settings
 from .exact_params import Segment, SlotLayout, is_exact
-from .fsdp import stream_seed
+from .handle import step_error_feedback
 
 AVG = dist.ReduceOp.AVG
-GLOBAL_SCHEMES = ("global_qsgd", "global_qsgd_exp")
+
+
+def ddp_scheme(config: CompressionConfig) -> Optional[Scheme]:
+    """The scheme DDP's all-reduce uses for ``config``; ValueError if the preset compresses
+    nothing DDP sends."""
+    scheme = config.all_reduce or config.grad_inter
+    if scheme is None and (config.weights is not None or config.grad_intra is not None
+                           or config.loco is not None):
+        raise ValueError(f"comm_compressor {config.name!r} compresses only FSDP's collectives "
+                         f"(weights: {describe(config.weights)}); DDP sends only gradients "
+                         f"through its all-reduce. Run with FSDP2 (fsdp=True, fsdp_config="
+                         f"{{'version': 2}}, or an accelerate FSDP config), or pick a gradient "
+                         f"preset such as 'loco' or 'global_qsgd'")
+    return scheme
 
 
 def all_reduce_compressor(config: CompressionConfig, group_size: int,
-                          *key: Any) -> Compressor | None:
+                          *key: Any) -> Optional[Compressor]:
     """The all-reduce scheme of ``config`` (``all_reduce``, else the gradient scheme
-    ``grad_inter``), LoCo-wrapped if ``config.loco``; None = exact. Global-QSGD gets
-    ``num_peers = group_size`` unless given (then it must match); a seeded scheme gets a
+    ``grad_inter``), LoCo-wrapped if ``config.loco``; None = exact. A globally scaled scheme
+    gets ``num_peers = group_size`` unless given (then it must match); a seeded scheme gets a
     seed per ``key`` (include the rank: peers must not share rounding noise) from its own
     ``seed`` or ``config.seed``."""
     scheme = config.all_reduce or config.grad_inter
@@ -48,15 +67,10 @@ def all_reduce_compressor(config: CompressionConfig, group_size: int,
             raise ValueError(f"config {config.name!r}: loco error feedback needs a gradient "
                              f"scheme (all_reduce or grad_inter)")
         return None
-    params = dict(scheme.params)
-    if scheme.name in GLOBAL_SCHEMES:
-        params.setdefault("num_peers", group_size)
-    comp = get_compressor(scheme.name, **params)
-    if "seed" in inspect.signature(type(comp).__init__).parameters:
-        params["seed"] = stream_seed(params.get("seed", config.seed), *key)
-        comp = get_compressor(scheme.name, **params)
+    comp = build_compressor(scheme, config.seed, *key, num_peers=group_size)
     group_size_check(comp, group_size)
-    return LoCo(inner=comp, **config.loco) if config.loco is not None else comp
+    return get_compressor("loco", inner=comp, **config.loco) if config.loco is not None \
+        else comp
 
 
 class BucketAllReduce:
@@ -84,7 +98,9 @@ class BucketAllReduce:
 
 class AllReduceState:
     """Hook state: the config, the group, one :class:`BucketAllReduce` per stream key (DDP
-    bucket index, FSDP module name), the wire meter."""
+    bucket index, FSDP module name), the wire meter (sent bytes, the stock all-reduce's
+    bytes as the uncompressed baseline, time). ``enabled=False`` (``uninstall``): exact
+    all-reduces, unmetered."""
 
     def __init__(self, config: str | CompressionConfig | Compressor,
                  group: dist.ProcessGroup | None = None, topology: Topology | None = None,
@@ -103,7 +119,21 @@ class AllReduceState:
                             what="hfcompress all-reduce hook")
         self.streams: dict[Hashable, BucketAllReduce] = {}
         self.param_names: dict[int, str] = {}    # id(parameter) -> name, for DDP buckets
+        self.enabled = True
+        self._used: set = set()      # stream keys reduced by this process
         self._compressor("check")    # a bad scheme fails here, not in the backward pass
+
+    def install(self) -> None:
+        self.enabled = True
+
+    def uninstall(self) -> None:
+        self.enabled = False
+
+    def describe(self) -> str:
+        return f"{len(self.streams)} all-reduce streams"
+
+    def collectives(self) -> list[QuantizedAllReduce]:
+        return [s.compressed for s in self.streams.values()]
 
     def layout(self, named: list[tuple[str, int]]) -> SlotLayout:
         """The exact / compressed columns of a flat buffer of these (name, numel) params."""
@@ -114,11 +144,52 @@ class AllReduceState:
     def reduce(self, key: Hashable, flat: torch.Tensor, layout: SlotLayout) -> None:
         """Average ``flat`` over the group in place, as stream ``key`` (new if its layout
         changed, e.g. DDP's bucket rebuild)."""
+        if not self.enabled:
+            dist.all_reduce(flat, op=AVG, group=self.group)
+            return
+        self.meter.record_uncompressed(stock_all_reduce_bytes(
+            flat.numel(), flat.element_size(), self.size, dist.get_rank(self.group)),
+            self.group, self.topology)
+        with self.meter.timed(flat.device):
+            order = self._restored_order(key, layout)
+            if order is not None:     # a restored stream: its values in the saved order
+                order = order.to(flat.device)
+                part = flat[order]
+                self._reduce(key, part, self.streams[key].layout)
+                flat[order] = part
+            else:
+                self._reduce(key, flat, layout)
+
+    def _reduce(self, key: Hashable, flat: torch.Tensor, layout: SlotLayout) -> None:
         stream = self.streams.get(key)
         if stream is None or stream.layout.segments != layout.segments:
             stream = self.streams[key] = BucketAllReduce(self._compressor(key), layout,
                                                          self.topology, self.meter, self.tag)
         stream(flat, self.group)
+
+    def _restored_order(self, key: Hashable, layout: SlotLayout) -> Optional[torch.Tensor]:
+        """Indices putting this bucket's values in the order of a stream restored from a
+        checkpoint, when DDP's first iteration orders the same parameters differently (DDP
+        rebuilds its buckets after the first iteration: the checkpoint holds the rebuilt
+        order). None: use the bucket as it is (a stream whose parameters differ restarts)."""
+        stream = self.streams.get(key)
+        first_use = key not in self._used
+        self._used.add(key)
+        if stream is None or not first_use:
+            return None
+        saved = [(seg.name, seg.numel) for seg in stream.layout.segments]
+        named = [(seg.name, seg.numel) for seg in layout.segments]
+        if saved == named:
+            return None
+        if sorted(saved) != sorted(named) or len(set(saved)) != len(saved):
+            warnings.warn(f"hfcompress: bucket {key} holds other parameters than the bucket "
+                          f"restored from the checkpoint; its compressor state (LoCo errors, "
+                          f"RNG) restarts", UserWarning, stacklevel=2)
+            return None
+        start, offset = {}, 0
+        for entry in named:
+            start[entry], offset = offset, offset + entry[1]
+        return torch.cat([torch.arange(start[e], start[e] + e[1]) for e in saved])
 
     def _compressor(self, key: Hashable) -> Compressor | None:
         if self.prototype is not None:
@@ -131,9 +202,7 @@ class AllReduceState:
     def step(self) -> dict:
         """Once per optimizer step: LoCo's reset schedule (Alg. 1 lines 9-10) on every error
         stream; closes and returns the wire meter's step."""
-        for c in self.compressors():
-            if isinstance(c, LoCo):
-                c.step()
+        step_error_feedback(self.compressors())
         return self.meter.step()
 
     def state_dict(self) -> dict[str, Any]:
@@ -170,11 +239,13 @@ def all_reduce_hook(state: AllReduceState,
 
 
 def register_ddp_hook(ddp_model: nn.parallel.DistributedDataParallel,
-                      config: str | CompressionConfig | Compressor, *,
-                      ranks_per_node: int | None = None, topology: Topology | None = None,
-                      meter: WireMeter | None = None) -> AllReduceState:
+                      config: "str | CompressionConfig | Compressor", *,
+                      ranks_per_node: Optional[int] = None, topology: Optional[Topology] = None,
+                      meter: Optional[WireMeter] = None) -> AllReduceState:
     """Register the compressed all-reduce on ``ddp_model``; returns the hook state
-    (``.meter``, ``.step()``, ``.state_dict()``). ``config``: a preset name
+    (``.meter``, ``.step()``, ``.state_dict()``), which ``hfcompress.apply(ddp_model, ...)``
+    wraps in its handle (prefer that: it also checks the preset fits DDP and reports
+    memory). ``config``: a preset name
     (``"global_qsgd"``, ``"global_qsgd_exp"``, ``"loco"``, ``"none"``), a ``CompressionConfig``
     (e.g. ``CompressionConfig(all_reduce=Scheme("int", {"bits": 8, "rounding":
     "stochastic"}))`` for the int8 group all-reduce), or a compressor instance (used as is for

@@ -17,6 +17,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from . import _fsdp2
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -100,10 +102,10 @@ def param_names(model: nn.Module, param_group) -> list[str]:
     """Fully qualified names (from ``model``) of an FSDP param group's parameters, in order."""
     module_names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
     names = []
-    for fp in param_group.fsdp_params:
-        info = fp._module_info
-        prefix = module_names.get(id(info.module), "?")
-        names.append(f"{prefix}.{info.param_name}" if prefix else info.param_name)
+    for fp in _fsdp2.fsdp_params(param_group):
+        module, name = _fsdp2.param_owner(fp)
+        prefix = module_names.get(id(module), "?")
+        names.append(f"{prefix}.{name}" if prefix else name)
     return names
 
 
@@ -120,12 +122,12 @@ class GroupLayouts:
                  min_numel: int) -> None:
         self.param_group = param_group
         self.names = param_names(model, param_group)
-        self.segments = [Segment(n, fp.padded_sharded_param_size.numel(),
-                                 is_exact(n, fp._orig_size.numel(), patterns, min_numel))
-                         for n, fp in zip(self.names, param_group.fsdp_params)]
+        params = _fsdp2.fsdp_params(param_group)
+        self.segments = [Segment(n, _fsdp2.padded_shard_numel(fp),
+                                 is_exact(n, _fsdp2.orig_numel(fp), patterns, min_numel))
+                         for n, fp in zip(self.names, params)]
         self.full = SlotLayout(self.segments)
-        trainable = [s for s, fp in zip(self.segments, param_group.fsdp_params)
-                     if fp.sharded_param.requires_grad]
+        trainable = [s for s, fp in zip(self.segments, params) if _fsdp2.requires_grad(fp)]
         self.trainable = SlotLayout(trainable)
 
     def for_numel(self, numel: int) -> SlotLayout | None:

@@ -1,6 +1,6 @@
 """Compressed FSDP2 communication: a custom all-gather and reduce-scatter on every FSDPModule
-(``set_custom_all_gather`` / ``set_custom_reduce_scatter``, PLATFORM.md "FSDP2 extension
-points").
+(``set_custom_all_gather`` / ``set_custom_reduce_scatter``; the private FSDP2 internals they
+need are in ``_fsdp2``).
 
 - Forward all-gather: the config's weight scheme (ZeRO++ qwZ, SDP4Bit qWD Alg. 2, QSDP W8).
   Backward all-gather: the same collective object (qWD: a flag all-reduce, then every rank
@@ -13,29 +13,26 @@ points").
   columns of the flat buffer go through an exact collective of their own (``exact_params``).
 - One collective object, hence one stream of compressor state, per FSDP module and
   direction; each has its own seed per rank.
+- Every call is metered: the sent bytes by the collectives, the uncompressed baseline (the
+  buffer FSDP hands over) and the time here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import inspect
 import warnings
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
-from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
 
 from ..comm import (QuantizedAllGather, QuantizedReduceScatter, Topology, TwoHopReduceScatter,
                     WireMeter)
-from ..compressors import Compressor, get_compressor
 from ..compressors.base import FLOAT_DTYPES
-from ..compressors.loco import LoCo
-from ..config import CompressionConfig, Scheme
+from ..compressors.registry import build_compressor, get_compressor
+from ..config import CompressionConfig
+from . import _fsdp2
 from .consistency import differences
 from .exact_params import GroupLayouts, SlotLayout
 from .timeouts import comm_guard
@@ -44,35 +41,18 @@ ALL_GATHER, ALL_GATHER_BWD, REDUCE_SCATTER = "all_gather", "all_gather_bwd", "re
 
 
 # -- building the compressors ---------------------------------------------------------------
-def stream_seed(base: int, *key: Any) -> int:
-    """A seed for one (rank, module, direction) stream, derived from the base seed."""
-    digest = hashlib.blake2b(repr((int(base), *key)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def build(scheme: Scheme | None, base_seed: int, *key: Any) -> Compressor | None:
-    """A fresh compressor of ``scheme``; seeded per stream if the scheme takes a seed."""
-    if scheme is None:
-        return None
-    c = scheme.build()
-    if "seed" in inspect.signature(type(c).__init__).parameters:
-        seed = stream_seed(scheme.params.get("seed", base_seed), *key)
-        c = get_compressor(scheme.name, **{**scheme.params, "seed": seed})
-    return c
-
-
 def gradient_collective(config: CompressionConfig, topology: Topology, meter: WireMeter,
                         seed: int, rank: int, index: int):
     """The reduce-scatter of one module: 1-hop or 2-hop, LoCo on the first hop that runs."""
-    intra = build(config.grad_intra, seed, rank, index, "grad_intra")
-    inter = build(config.grad_inter, seed, rank, index, "grad_inter")
+    intra = build_compressor(config.grad_intra, seed, rank, index, "grad_intra")
+    inter = build_compressor(config.grad_inter, seed, rank, index, "grad_inter")
     if config.loco is not None:
         first_is_intra = config.two_hop and topology.ranks_per_node > 1
         inner = intra if first_is_intra else inter
         if inner is None:
             raise ValueError(f"config {config.name!r}: loco error feedback needs a gradient "
                              f"scheme on the {'intra' if first_is_intra else 'inter'}-node hop")
-        wrapped = LoCo(inner=inner, **config.loco)
+        wrapped = get_compressor("loco", inner=inner, **config.loco)
         intra, inter = (wrapped, inter) if first_is_intra else (intra, wrapped)
     if config.two_hop:
         return TwoHopReduceScatter(topology, intra, inter, meter=meter, tag=REDUCE_SCATTER)
@@ -87,7 +67,7 @@ class _Alloc:
         return torch.empty(*size, dtype=dtype, device=device)
 
 
-class FSDPAllGather(_Alloc, AllGather):
+class FSDPAllGather(_Alloc, _fsdp2.AllGather):
     """All-gather of one FSDP module: compressed on the primary group, exact on hpZ's."""
 
     def __init__(self, name: str, param_group, layouts: GroupLayouts,
@@ -98,14 +78,22 @@ class FSDPAllGather(_Alloc, AllGather):
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False) -> None:
+        meter = self.exact.meter
+        meter.record_uncompressed(input_tensor.numel() * input_tensor.element_size(), group,
+                                  self.exact.topology)
+        with meter.timed(input_tensor.device):
+            self._gather(output_tensor, input_tensor, group)
+
+    def _gather(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                group: dist.ProcessGroup) -> None:
         pg = self.param_group
-        backward = pg._training_state == TrainingState.PRE_BACKWARD
+        backward = _fsdp2.in_backward(pg)
         tag = ALL_GATHER_BWD if backward else ALL_GATHER
         self.exact.tag = tag
         with comm_guard(f"{'backward' if backward else 'forward'} all-gather", self.name,
                         group):
             layout = self.layouts.full
-            if (self.compressed is None or pg.is_sharded_post_forward or layout.all_exact
+            if (self.compressed is None or _fsdp2.is_sharded_post_forward(pg) or layout.all_exact
                     or not self._compressible(input_tensor)):
                 # hpZ's secondary partition already holds the compressed weights: exact
                 self.exact(output_tensor, input_tensor, group)
@@ -138,7 +126,7 @@ class FSDPAllGather(_Alloc, AllGather):
         return ok
 
 
-class FSDPReduceScatter(_Alloc, ReduceScatter):
+class FSDPReduceScatter(_Alloc, _fsdp2.ReduceScatter):
     """Reduce-scatter of one FSDP module's gradients; exact columns reduced exactly."""
 
     def __init__(self, name: str, layouts: GroupLayouts, compressed, exact: QuantizedReduceScatter
@@ -149,6 +137,14 @@ class FSDPReduceScatter(_Alloc, ReduceScatter):
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, op: Any, async_op: bool = False) -> None:
+        meter = self.exact.meter
+        meter.record_uncompressed(output_tensor.numel() * input_tensor.element_size(), group,
+                                  self.exact.topology)
+        with meter.timed(input_tensor.device):
+            self._reduce(output_tensor, input_tensor, group, op)
+
+    def _reduce(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                group: dist.ProcessGroup, op: Any) -> None:
         with comm_guard("gradient reduce-scatter", self.name, group):
             layout = self._layout(output_tensor.numel())
             if self.compressed is None or layout is None or layout.all_exact:
@@ -184,7 +180,7 @@ class ModuleComms:
     def __init__(self, name: str, module: FSDPModule, model: nn.Module,
                  config: CompressionConfig, topology: Topology, meter: WireMeter,
                  index: int) -> None:
-        groups = module._get_fsdp_state()._fsdp_param_groups
+        groups = _fsdp2.param_groups(module)
         if len(groups) != 1:
             raise ValueError(f"FSDP module {name!r} has {len(groups)} parameter groups; "
                              f"hfcompress supports one per module (no shard_placement_fn meshes)")
@@ -192,7 +188,7 @@ class ModuleComms:
         self.layouts = GroupLayouts(model, self.param_group, config.exact_patterns,
                                     config.min_numel)
         rank, seed = dist.get_rank(), config.seed
-        weights = build(config.weights, seed, rank, index, "weights")
+        weights = build_compressor(config.weights, seed, rank, index, "weights")
         self.all_gather = QuantizedAllGather(weights, topology, meter, ALL_GATHER) \
             if weights is not None else None
         self.reduce_scatter = gradient_collective(config, topology, meter, seed, rank, index)
@@ -200,7 +196,7 @@ class ModuleComms:
                                 QuantizedAllGather(None, topology, meter, ALL_GATHER))
         self.rs = FSDPReduceScatter(name, self.layouts, self.reduce_scatter,
                                     QuantizedReduceScatter(None, topology, meter, REDUCE_SCATTER))
-        self._saved = (self.param_group._all_gather_comm, self.param_group._reduce_scatter_comm)
+        self._saved = _fsdp2.current_comms(self.param_group)
 
     def collectives(self) -> dict[str, Any]:
         return {k: v for k, v in (("all_gather", self.all_gather),
@@ -215,56 +211,24 @@ class ModuleComms:
         self.module.set_custom_reduce_scatter(self._saved[1])
 
 
-# -- the handle -----------------------------------------------------------------------------
-class FSDPCompression:
-    """What ``hfcompress.apply`` returns for an FSDP2 model.
+# -- what the handle installs -----------------------------------------------------------------
+class FSDPInstall:
+    """The collectives of every FSDP module of a model (what ``Compression`` installs for
+    FSDP2): state as ``{"config", "modules": {name: {direction: state}}}``."""
 
-    ``meter`` (a ``WireMeter``) counts the bytes of every collective (``all_gather``,
-    ``all_gather_bwd``, ``reduce_scatter``); call ``step()`` after each optimizer step;
-    ``state_dict()`` / ``load_state_dict()`` hold every compressor's state (qWD references,
-    LoCo errors, RNG streams); ``remove()`` restores FSDP's own collectives.
-    """
+    def __init__(self, config: CompressionConfig, comms: dict[str, ModuleComms]) -> None:
+        self.config, self.comms = config, comms
 
-    def __init__(self, model: nn.Module, config: CompressionConfig, topology: Topology,
-                 meter: WireMeter, comms: dict[str, ModuleComms]) -> None:
-        self.model, self.config, self.topology, self.meter = model, config, topology, meter
-        self.comms = comms
-        self.installed = False
-
-    def install(self) -> "FSDPCompression":
+    def install(self) -> None:
         for c in self.comms.values():
             c.install()
-        self.installed = True
-        return self
 
-    def remove(self) -> None:
-        """Restore the collectives FSDP had before ``apply`` (compressor state is kept)."""
+    def uninstall(self) -> None:
         for c in self.comms.values():
             c.uninstall()
-        self.installed = False
 
-    @contextlib.contextmanager
-    def disabled(self) -> Iterator[None]:
-        """FSDP's own exact collectives inside the block (e.g. to measure exact gradients)."""
-        was = self.installed
-        self.remove()
-        try:
-            yield
-        finally:
-            if was:
-                self.install()
-
-    def compressors(self) -> list[Compressor]:
-        return [c for m in self.comms.values() for coll in m.collectives().values()
-                for c in coll.compressors()]
-
-    def step(self) -> dict:
-        """End of an optimizer step: LoCo's reset counter (Alg. 1 lines 9-10) and the wire
-        meter's step boundary. Returns the closed step's byte counts."""
-        for c in self.compressors():
-            if isinstance(c, LoCo):
-                c.step()
-        return self.meter.step()
+    def collectives(self) -> list[Any]:
+        return [coll for m in self.comms.values() for coll in m.collectives().values()]
 
     def state_dict(self) -> dict[str, Any]:
         return {"config": self.config.to_dict(),
@@ -288,9 +252,8 @@ class FSDPCompression:
             for k, coll in colls.items():
                 coll.load_state_dict(modules[name][k])
 
-    def __repr__(self) -> str:
-        return (f"FSDPCompression({self.config.name!r}, {len(self.comms)} FSDP modules, "
-                f"{self.topology!r}, installed={self.installed})")
+    def describe(self) -> str:
+        return f"{len(self.comms)} FSDP modules"
 
 
 # -- sharding -------------------------------------------------------------------------------
@@ -330,7 +293,7 @@ def shard_model(model: nn.Module, ranks_per_node: int, hpz: bool,
 def fsdp_modules(model: nn.Module) -> list[tuple[str, FSDPModule]]:
     """Every FSDPModule with parameters, by name (the root is ``""``)."""
     return [(n, m) for n, m in model.named_modules()
-            if isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_groups]
+            if isinstance(m, FSDPModule) and _fsdp2.param_groups(m)]
 
 
 def check_hpz(modules: list[tuple[str, FSDPModule]], ranks_per_node: int, world: int) -> None:
@@ -339,10 +302,7 @@ def check_hpz(modules: list[tuple[str, FSDPModule]], ranks_per_node: int, world:
     for name, m in modules:
         if not name:
             continue  # the root's backward all-gather is FSDP's choice
-        pg = m._get_fsdp_state()._fsdp_param_groups[0]
-        info = pg.post_forward_mesh_info
-        got = False if info is None else (True if info == pg.mesh_info
-                                          else info.shard_mesh_size)
+        got = _fsdp2.post_forward_shard_size(_fsdp2.param_groups(m)[0])
         if got != want and got is not False:  # False: no backward all-gather at all (e.g.
             raise ValueError(                 # Accelerate's final-norm + lm_head group)
                 f"this configuration uses hpZ (backward all-gather inside the node), but FSDP "
@@ -356,8 +316,7 @@ def check_group(modules: list[tuple[str, FSDPModule]]) -> dist.ProcessGroup:
     world = list(range(dist.get_world_size()))
     group = None
     for name, m in modules:
-        pg = m._get_fsdp_state()._fsdp_param_groups[0]
-        g = pg.mesh_info.shard_process_group
+        g = _fsdp2.shard_group(_fsdp2.param_groups(m)[0])
         if dist.get_process_group_ranks(g) != world:
             raise ValueError(f"FSDP module {name!r} shards over ranks "
                              f"{dist.get_process_group_ranks(g)}; hfcompress supports FSDP over "

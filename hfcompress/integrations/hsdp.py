@@ -1,12 +1,14 @@
-"""HSDP with a compressed replica all-reduce (Global-QSGD across nodes, DESIGN.md "Integration
-points"): FSDP2 shards over the ``"shard"`` dimension of a 2-D device mesh
+"""HSDP with a compressed replica all-reduce (Global-QSGD across nodes): FSDP2 shards over the ``"shard"`` dimension of a 2-D device mesh
 ``(replicate, shard)`` and each FSDP module's all-reduce hook (``set_all_reduce_hook``, run on
 the reduce-scatter output) averages the gradient shard over the ``"replicate"`` group through
 the configured scheme (``global_qsgd``, ``global_qsgd_exp``, int8 / int4 groups, LoCo)::
 
     mesh = init_device_mesh("cuda", (nodes, gpus_per_node), mesh_dim_names=("replicate", "shard"))
-    state = fully_shard_hsdp(model, mesh, "global_qsgd")   # or install_hsdp_hook on a model
-    ...; optimizer.step(); state.step()                    # fully_shard-ed over mesh["shard"]
+    handle = hfcompress.apply(model, "global_qsgd", shard=True, mesh=mesh)
+    ...; optimizer.step(); handle.step()
+
+(``fully_shard_hsdp`` / ``install_hsdp_hook`` are the building blocks ``apply`` uses; they
+return the hook state.)
 
 Native HSDP (``fully_shard(mesh=<2-D mesh>)``) all-reduces exactly *before* the hook, so the
 model must be sharded over the 1-D ``mesh["shard"]`` instead (refused otherwise). Parameters
@@ -26,6 +28,7 @@ from torch.distributed.fsdp import fully_shard
 from ..comm import Topology, WireMeter
 from ..compressors import Compressor
 from ..config import CompressionConfig
+from . import _fsdp2
 from .ddp import AllReduceState
 from .exact_params import GroupLayouts, Segment, SlotLayout
 from .fsdp import decoder_layers, fsdp_modules
@@ -44,6 +47,10 @@ class ReplicaHook:
         n = reduce_output.numel()
         layout = self.layouts.for_numel(n) or SlotLayout([Segment(self.name, n, False)])
         self.state.reduce(self.name, reduce_output.view(-1), layout)
+
+
+def is_hsdp_mesh(mesh: DeviceMesh | None) -> bool:
+    return mesh is not None and tuple(mesh.mesh_dim_names or ()) == MESH_DIMS
 
 
 def _check_mesh(mesh: DeviceMesh) -> None:
@@ -69,16 +76,16 @@ def install_hsdp_hook(model: nn.Module, mesh: DeviceMesh,
                          "first, or use fully_shard_hsdp")
     groups = {}
     for name, module in modules:
-        pgs = module._get_fsdp_state()._fsdp_param_groups
+        pgs = _fsdp2.param_groups(module)
         if len(pgs) != 1:
             raise ValueError(f"FSDP module {name!r} has {len(pgs)} parameter groups; the "
                              f"all-reduce hook supports one (no shard_placement_fn meshes)")
         pg = groups[name] = pgs[0]
-        if pg._is_hsdp:
+        if _fsdp2.is_hsdp(pg):
             raise ValueError(f"FSDP module {name!r} is sharded over the 2-D mesh (native HSDP), "
                              f"which all-reduces exactly before any hook; shard it with "
                              f"fully_shard(..., mesh=mesh['shard'])")
-        ranks = dist.get_process_group_ranks(pg.mesh_info.shard_process_group)
+        ranks = dist.get_process_group_ranks(_fsdp2.shard_group(pg))
         if ranks != shard_ranks:
             raise ValueError(f"FSDP module {name!r} shards over ranks {ranks}, but this rank's "
                              f"mesh['shard'] group is {shard_ranks}")

@@ -1,8 +1,7 @@
 """A dead or stalled peer must surface as a clear error within the process group's timeout.
 
-- :func:`group_timeout`: the timeout a process group was created with.
-- :class:`TimedTopology`: ``hfcompress.comm.Topology`` whose intra-/inter-node groups get
-  that timeout (``new_group`` without one would wait torch's default 30 minutes).
+- :func:`group_timeout`: the timeout a process group was created with, for
+  ``Topology(timeout=...)`` (``new_group`` without one would wait torch's default 30 minutes).
 - :func:`comm_guard`: turns a failed collective into a :class:`CommunicationError` naming
   the collective, the FSDP module, the rank and the timeout.
 """
@@ -15,9 +14,6 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
-
-from ..comm import Topology
-from ..comm.topology import resolve_ranks_per_node
 
 
 class CommunicationError(RuntimeError):
@@ -33,27 +29,6 @@ def group_timeout(group: dist.ProcessGroup | None = None) -> timedelta | None:
         except (AttributeError, RuntimeError, ValueError):
             continue
     return None
-
-
-class TimedTopology(Topology):
-    """The node layout of the world (see ``Topology``); its groups time out like ``group``."""
-
-    def __init__(self, ranks_per_node: int | None = None,
-                 timeout: timedelta | None = None) -> None:
-        if not dist.is_initialized():
-            raise RuntimeError("Topology needs torch.distributed to be initialized")
-        self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
-        x = self.ranks_per_node = resolve_ranks_per_node(self.world_size, ranks_per_node)
-        y = self.num_nodes = self.world_size // x
-        self.node, self.local_rank = divmod(self.rank, x)
-        self.group = dist.group.WORLD
-        self.timeout = timeout
-        intra = [dist.new_group([n * x + l for l in range(x)], timeout=timeout)
-                 for n in range(y)]
-        inter = [dist.new_group([n * x + l for n in range(y)], timeout=timeout)
-                 for l in range(x)]
-        self.intra_group = intra[self.node]
-        self.inter_group = inter[self.local_rank]
 
 
 @contextlib.contextmanager

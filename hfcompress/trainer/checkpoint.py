@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .integrations.exact_params import Segment
+from ..integrations.exact_params import Segment
 
 FORMAT = 1
 MISMATCH_CHOICES = ("error", "reset")

@@ -1,5 +1,4 @@
-"""Distributed Trainer runs on a CPU-only machine (PLATFORM.md "Hugging Face Trainer /
-Accelerate on CPU").
+"""Distributed Trainer runs on a CPU-only machine (docs/architecture.md, "Accelerate on CPU").
 
 - Accelerate treats a process without a GPU as a single-process run unless told ``cpu``:
   under ``torchrun`` / ``accelerate launch --multi_gpu`` every rank would train alone.
@@ -17,13 +16,12 @@ import os
 
 import torch
 
-logger = logging.getLogger("hfcompress")
+logger = logging.getLogger(__name__)
 
 
-def say(message: str) -> None:
-    """One line on the console of global rank 0 (what hfcompress did for the user)."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        logger.warning(message)
+def is_rank0() -> bool:
+    """Global rank 0 of the launch (what hfcompress did for the user is logged there once)."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def launched_world_size() -> int:
@@ -35,8 +33,10 @@ def default_use_cpu(args) -> None:
     if args.use_cpu or torch.accelerator.is_available() or launched_world_size() < 2:
         return
     args.use_cpu = True
-    say(f"hfcompress: no GPU found; set use_cpu=True so the {launched_world_size()} launched "
-        f"processes train together over gloo (Accelerate would otherwise train each alone)")
+    if is_rank0():
+        logger.warning(f"hfcompress: no GPU found; set use_cpu=True so the "
+                       f"{launched_world_size()} launched processes train together over gloo "
+                       f"(Accelerate would otherwise train each alone)")
 
 
 def fsdp_version(args) -> int | None:
@@ -62,6 +62,8 @@ def enable_fsdp_on_cpu(args) -> bool:
     if state is None or state.distributed_type != DistributedType.MULTI_CPU:
         return False
     state.distributed_type = DistributedType.MULTI_GPU
-    say("hfcompress: FSDP requested on CPU, where Accelerate would silently fall back to DDP; "
-        "set Accelerate's distributed type to MULTI_GPU so FSDP2 shards the model over gloo")
+    if is_rank0():
+        logger.warning("hfcompress: FSDP requested on CPU, where Accelerate would silently "
+                       "fall back to DDP; set Accelerate's distributed type to MULTI_GPU so "
+                       "FSDP2 shards the model over gloo")
     return True

@@ -1,0 +1,134 @@
+"""Every private FSDP2 internal hfcompress relies on, in one place.
+
+FSDP2's public API (``fully_shard``, ``FSDPModule.set_custom_all_gather`` /
+``set_custom_reduce_scatter`` / ``set_all_reduce_hook``) takes the collective objects but not
+what they need to know: the base classes ``AllGather`` / ``ReduceScatter``, whether an
+all-gather runs in forward or backward, the param groups and their parameters, hpZ's
+post-forward mesh, native HSDP. Those live in ``torch.distributed.fsdp._fully_shard``; no
+other hfcompress module imports them or touches a private attribute of FSDP2 (a test greps
+the package).
+
+Checked against torch ``CHECKED_TORCH``. Importing this module on a torch whose internals
+moved raises :class:`FSDP2InternalsError` naming what is missing; an accessor that finds a
+renamed attribute at run time raises it too, instead of an ``AttributeError`` deep inside a
+collective.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.fsdp import FSDPModule
+
+#: torch releases whose FSDP2 internals this module was checked against (major.minor)
+CHECKED_TORCH = ("2.13",)
+
+
+class FSDP2InternalsError(ImportError):
+    """The installed torch moved an FSDP2 internal hfcompress relies on."""
+
+
+def _moved(what: str, version: str = torch.__version__) -> FSDP2InternalsError:
+    return FSDP2InternalsError(
+        f"hfcompress's FSDP2 integration needs the torch internal {what}, which torch "
+        f"{version} does not have (checked against torch {', '.join(CHECKED_TORCH)}). "
+        f"Install one of those torch versions, or an hfcompress release that supports "
+        f"torch {version}")
+
+
+def check_internals(version: str = torch.__version__) -> dict[str, Any]:
+    """Import the private names and check the class-level API; FSDP2InternalsError if one
+    moved. Returns the names (``AllGather``, ``ReduceScatter``, ``TrainingState``)."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+        from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    except ImportError as err:
+        raise _moved(f"module/name ({err})", version) from err
+    needed = [(TrainingState, "PRE_BACKWARD"), (FSDPParamGroup, "is_sharded_post_forward"),
+              (FSDPParamGroup, "_is_hsdp"), (FSDPModule, "_get_fsdp_state"),
+              (FSDPModule, "set_custom_all_gather"), (FSDPModule, "set_custom_reduce_scatter"),
+              (FSDPModule, "set_all_reduce_hook")]
+    for owner, attr in needed:
+        if not hasattr(owner, attr):
+            raise _moved(f"{owner.__name__}.{attr}", version)
+    return {"AllGather": AllGather, "ReduceScatter": ReduceScatter,
+            "TrainingState": TrainingState}
+
+
+_names = check_internals()
+AllGather = _names["AllGather"]
+ReduceScatter = _names["ReduceScatter"]
+_PRE_BACKWARD = _names["TrainingState"].PRE_BACKWARD
+
+
+def _get(obj: Any, attr: str) -> Any:
+    try:
+        return getattr(obj, attr)
+    except AttributeError:
+        raise _moved(f"{type(obj).__name__}.{attr}") from None
+
+
+# -- modules and param groups ---------------------------------------------------------------
+def param_groups(module: FSDPModule) -> list:
+    """The FSDP param groups of one ``fully_shard``-ed module (empty: no parameters)."""
+    return list(_get(module._get_fsdp_state(), "_fsdp_param_groups"))
+
+
+def in_backward(param_group) -> bool:
+    """The param group's all-gather is the backward one (FSDP's pre-backward state)."""
+    return _get(param_group, "_training_state") == _PRE_BACKWARD
+
+
+def is_sharded_post_forward(param_group) -> bool:
+    """hpZ: the group holds the node's secondary partition (its gather stays in the node)."""
+    return _get(param_group, "is_sharded_post_forward")
+
+
+def is_hsdp(param_group) -> bool:
+    """Sharded over a 2-D mesh (native HSDP: FSDP all-reduces over replicas itself)."""
+    return _get(param_group, "_is_hsdp")
+
+
+def shard_group(param_group):
+    """The process group the param group shards over."""
+    return _get(param_group, "mesh_info").shard_process_group
+
+
+def post_forward_shard_size(param_group) -> bool | int:
+    """``reshard_after_forward`` as FSDP resolved it: False (no reshard), True (the full
+    shard group), or the size of the post-forward (hpZ) group."""
+    info = _get(param_group, "post_forward_mesh_info")
+    if info is None:
+        return False
+    return True if info == _get(param_group, "mesh_info") else info.shard_mesh_size
+
+
+def current_comms(param_group) -> tuple[Any, Any]:
+    """The param group's all-gather and reduce-scatter objects (to restore them later)."""
+    return _get(param_group, "_all_gather_comm"), _get(param_group, "_reduce_scatter_comm")
+
+
+# -- parameters -----------------------------------------------------------------------------
+def fsdp_params(param_group) -> list:
+    return list(_get(param_group, "fsdp_params"))
+
+
+def param_owner(fsdp_param) -> tuple[Any, str]:
+    """(module holding the parameter, its attribute name there)."""
+    info = _get(fsdp_param, "_module_info")
+    return info.module, info.param_name
+
+
+def padded_shard_numel(fsdp_param) -> int:
+    """Values of this parameter in one rank's slot of the flat all-gather buffer."""
+    return _get(fsdp_param, "padded_sharded_param_size").numel()
+
+
+def orig_numel(fsdp_param) -> int:
+    return _get(fsdp_param, "_orig_size").numel()
+
+
+def requires_grad(fsdp_param) -> bool:
+    return _get(fsdp_param, "sharded_param").requires_grad

@@ -1,0 +1,150 @@
+"""The one handle ``hfcompress.apply`` returns, for FSDP2, DDP and HSDP alike.
+
+It owns what was installed (``FSDPInstall``: every FSDP module's collectives; or the
+``AllReduceState`` of the DDP / HSDP all-reduce hook) and the ``WireMeter``:
+
+- ``meter``: bytes sent, the uncompressed baseline and the time in the collectives;
+- ``step()`` after every optimizer step: the error-feedback reset clock (LoCo Alg. 1 lines
+  9-10) on every compressor that has one, then the meter's step boundary;
+- ``state_dict()`` / ``load_state_dict()``: every compressor's state (qWD references, LoCo
+  errors, RNG streams, learned levels);
+- ``memory_report()``: the bytes of that state on this rank, and the parameter bytes;
+- ``remove()``: the framework's own exact collectives again (``disabled()`` for a block).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterable, Iterator, Protocol
+
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from ..comm import Topology, WireMeter
+from ..compressors.base import Compressor, ErrorFeedback
+from ..config import CompressionConfig
+
+#: kinds of persistent compressor state (``Compressor.state_bytes``)
+STATE_KINDS = ("references", "errors", "buffers")
+KINDS = ("fsdp2", "ddp", "hsdp")
+
+
+class Installed(Protocol):
+    """What a framework integration installs (``FSDPInstall``, ``AllReduceState``)."""
+
+    def install(self) -> None: ...
+
+    def uninstall(self) -> None: ...
+
+    def collectives(self) -> list[Any]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+def step_error_feedback(compressors: Iterable[Compressor]) -> None:
+    """One optimizer step of every error-feedback compressor's reset clock (LoCo Alg. 1)."""
+    for c in compressors:
+        if isinstance(c, ErrorFeedback):
+            c.step()
+
+
+def state_bytes(collective: Any) -> dict[str, int]:
+    """Persistent compressor state of one collective by kind: its own ``state_bytes()``
+    (it may share state between its compressors), else the sum over its compressors."""
+    own = getattr(collective, "state_bytes", None)
+    if own is not None:
+        return own()
+    out: dict[str, int] = {}
+    for c in collective.compressors():
+        for kind, n in c.state_bytes().items():
+            out[kind] = out.get(kind, 0) + n
+    return out
+
+
+def param_bytes(model: nn.Module) -> tuple[int, int]:
+    """(this rank's local shard bytes, full parameter bytes) of ``model``."""
+    local = full = 0
+    for p in model.parameters():
+        full += p.numel() * p.element_size()
+        shard = p.to_local() if isinstance(p, DTensor) else p
+        local += shard.numel() * shard.element_size()
+    return local, full
+
+
+class Compression:
+    """Compressed communication installed on a model (see the module docstring).
+
+    ``kind``: ``"fsdp2"``, ``"ddp"`` or ``"hsdp"``. ``comms`` (FSDP2): the collectives per
+    FSDP module name; ``all_reduce`` (DDP, HSDP): the hook state.
+    """
+
+    def __init__(self, kind: str, model: nn.Module, config: CompressionConfig,
+                 topology: Topology | None, meter: WireMeter, installed: Installed) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"kind={kind!r}; allowed: {KINDS}")
+        self.kind, self.model, self.config = kind, model, config
+        self.topology, self.meter, self.installed_parts = topology, meter, installed
+        self.comms = installed.comms if kind == "fsdp2" else {}
+        self.all_reduce = installed if kind != "fsdp2" else None
+        self.installed = False
+
+    def install(self) -> "Compression":
+        self.installed_parts.install()
+        self.installed = True
+        return self
+
+    def remove(self) -> None:
+        """The framework's own exact collectives again (compressor state is kept; DDP, which
+        cannot unregister a comm hook, runs its default all-reduce)."""
+        self.installed_parts.uninstall()
+        self.installed = False
+
+    @contextlib.contextmanager
+    def disabled(self) -> Iterator[None]:
+        """Exact collectives inside the block (e.g. to measure exact gradients)."""
+        was = self.installed
+        self.remove()
+        try:
+            yield
+        finally:
+            if was:
+                self.install()
+
+    def compressors(self) -> list[Compressor]:
+        """Every compressor instance the installed collectives hold."""
+        return [c for coll in self.installed_parts.collectives() for c in coll.compressors()]
+
+    def step(self) -> dict:
+        """End of an optimizer step: error-feedback reset clocks and the wire meter's step
+        boundary. Returns the closed step's byte counts."""
+        step_error_feedback(self.compressors())
+        return self.meter.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.installed_parts.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.installed_parts.load_state_dict(state)
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes on this rank: compressor state per kind (``references``, ``errors``,
+        ``buffers``) and their ``total``, this rank's parameter shard
+        (``sharded_param_bytes``) and the full parameters (``full_param_bytes``)."""
+        report = dict.fromkeys(STATE_KINDS, 0)
+        for coll in self.installed_parts.collectives():
+            for kind, n in state_bytes(coll).items():
+                if kind not in report:
+                    raise ValueError(f"state_bytes() kind {kind!r} is not one of {STATE_KINDS}")
+                report[kind] += int(n)
+        report["total"] = sum(report[k] for k in STATE_KINDS)
+        report["sharded_param_bytes"], report["full_param_bytes"] = param_bytes(self.model)
+        return report
+
+    def __repr__(self) -> str:
+        return (f"Compression({self.kind}, {self.config.name!r}, "
+                f"{self.installed_parts.describe()}, {self.topology!r}, "
+                f"installed={self.installed})")

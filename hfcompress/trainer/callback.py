@@ -1,0 +1,141 @@
+"""The ``TrainerCallback`` of ``hfcompress.Trainer``: installs the compressed collectives once
+the model is prepared, closes the wire meter's step after every optimizer step, and gathers
+the communication metrics at logging steps. What it installed lives in one
+:class:`CommInstall`, which only this callback writes.
+
+Every hook used here runs on every rank at the same points (the metric gathering is a
+collective): ``on_train_begin``, ``on_optimizer_step``, ``on_step_end``, ``on_epoch_end``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import TrainerCallback
+
+from ..comm.topology import resolve_ranks_per_node
+from ..config import CompressionConfig
+from ..integrations.handle import Compression
+from ..optim import LoCoOptimizer, loco_optimizer_class
+from . import checkpoint
+from .accelerate_cpu import is_rank0
+from .install import install, memory_line, summary
+from .metrics import CommStats
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CommInstall:
+    """What is installed: the handle and the model it is on, the settings its checkpoint
+    files must match, the logging window, the logs waiting for ``Trainer.log``, the LoCo
+    optimizer stepping the handle (if any)."""
+
+    handle: Compression | None = None
+    model: Any = None
+    settings: dict | None = None
+    stats: CommStats = field(default_factory=CommStats)
+    pending_logs: dict | None = None
+    loco_optimizer: LoCoOptimizer | None = None
+    seen: int = 0              # meter steps already added to the stats
+    logs: int = 0              # training logs so far (for comm_log_every)
+    logged_step: int = -1
+    memory_logged: bool = False
+
+    def take_pending_logs(self) -> dict | None:
+        logs, self.pending_logs = self.pending_logs, None
+        return logs
+
+
+class CommCallback(TrainerCallback):
+    def __init__(self, trainer: Any, config: CompressionConfig, ranks_per_node: int | None,
+                 log_every: int, on_mismatch: str) -> None:
+        self.trainer, self.config = trainer, config
+        self.ranks_per_node, self.log_every, self.on_mismatch = ranks_per_node, log_every, \
+            on_mismatch
+        self.state = CommInstall()
+
+    # -- installing -------------------------------------------------------------------------
+    def install(self, resume_dir: str | None) -> None:
+        """Install the compressed collectives on the prepared model (once per model), bind a
+        LoCo optimizer, restore the compressor state when resuming. Runs on every rank."""
+        t, st = self.trainer, self.state
+        model = t.model_wrapped
+        if st.handle is None or st.model is not model:
+            world = t.args.world_size
+            if world < 2:
+                if is_rank0():
+                    logger.warning("hfcompress: a single process has no communication to "
+                                   "compress; training without hfcompress")
+                return
+            x = resolve_ranks_per_node(world, self.ranks_per_node)
+            st.handle, st.model = install(model, self.config, x), model
+            st.stats = CommStats(st.handle.meter)
+            st.settings = checkpoint.settings(self.config.to_dict(), st.handle.kind, world, x)
+            if is_rank0():
+                logger.warning(summary(self.config, st.handle.kind, world, x))
+        self._bind_loco_optimizer()
+        if resume_dir is not None:
+            checkpoint.load(st.handle, st.settings, resume_dir, t.args.process_index,
+                            self.on_mismatch, t.args.device)
+        st.seen = st.handle.meter.steps
+
+    def _bind_loco_optimizer(self) -> None:
+        opt = unwrap_optimizer(self.trainer.optimizer)
+        st = self.state
+        if isinstance(opt, LoCoOptimizer):
+            if opt.compression is None:
+                opt.compression = st.handle
+            st.loco_optimizer = opt if opt.compression is st.handle else None
+        elif self.config.loco is not None:
+            loco_optimizer_class(type(opt))       # raises, naming the supported ones
+
+    # -- trainer events -----------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.install(self.trainer.resume_dir)
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        st = self.state
+        handle = st.handle
+        if handle is None:
+            return
+        if handle.meter.steps == st.seen:
+            # a LoCo optimizer steps the handle itself; if it did not, this step was skipped
+            # (e.g. a GradScaler overflow): close only the meter's step
+            handle.meter.step() if st.loco_optimizer is not None else handle.step()
+        st.stats.close_step(handle.meter.history[-1])
+        st.seen = handle.meter.steps
+        if not st.memory_logged:     # compressor state is allocated by the first step
+            st.memory_logged = True
+            if is_rank0():
+                logger.warning(memory_line(handle.memory_report()))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._gather_for_log(args, state, control)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._gather_for_log(args, state, control)
+        if self.state.handle is not None and state.global_step >= state.max_steps:
+            # the last steps' bytes, for the totals of the final summary log
+            self.state.stats.reduce(args.device)
+
+    def _gather_for_log(self, args, state, control) -> None:
+        """At a training log (every ``comm_log_every``-th): the window's metrics, for
+        ``Trainer.log`` to add. (The Trainer logs a step once, as this does.)"""
+        st = self.state
+        st.pending_logs = None
+        if st.handle is None or not control.should_log or st.logged_step == state.global_step:
+            return
+        st.logged_step = state.global_step
+        st.logs += 1
+        if self.log_every and st.logs % self.log_every == 0:
+            st.pending_logs = st.stats.reduce(args.device)
+
+
+def unwrap_optimizer(opt: Any) -> Any:
+    """The user's optimizer inside Accelerate's ``AcceleratedOptimizer``."""
+    while opt is not None and not isinstance(opt, LoCoOptimizer) and hasattr(opt, "optimizer"):
+        opt = opt.optimizer
+    return opt

@@ -1,0 +1,93 @@
+"""Install compressed communication on the model the Trainer prepared: ``hfcompress.apply``
+on the ``fully_shard``-ed FSDP2 model or on the DDP model (see ``integrations.ddp`` for what
+a preset all-reduces under DDP), plus the Trainer's checks and messages around it."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from ..api import apply
+from ..config import CompressionConfig, describe
+from ..integrations.ddp import ddp_scheme
+from ..integrations.fsdp import fsdp_modules
+from ..integrations.handle import Compression
+
+logger = logging.getLogger(__name__)
+
+
+def one_node_fallback(config: CompressionConfig, ranks_per_node: int, world: int) -> str | None:
+    """What a multi-node preset does on a single node (FSDP2), or None if nothing changes."""
+    if ranks_per_node != world or world < 2 or not (config.two_hop or config.hpz):
+        return None
+    parts = []
+    if config.two_hop:
+        parts.append(f"its 2-hop gradient reduce-scatter ({describe(config.grad_intra)} inside "
+                     f"a node, {describe(config.grad_inter)} across nodes) runs only the "
+                     f"intra-node hop, so gradients are sent {describe(config.grad_intra)}")
+    if config.hpz:
+        parts.append(f"hpZ changes nothing (the backward all-gather already stays inside the "
+                     f"node; it sends {describe(config.weights)} weights like the forward one)")
+    hint = "Set ranks_per_node to emulate nodes"
+    if config.two_hop and describe(config.grad_intra) != describe(config.grad_inter):
+        hint += ", or use 'ulq' / 'loco' for 4-bit gradients on one node"
+    return (f"comm_compressor {config.name!r} is built for several nodes, but all {world} ranks "
+            f"are on one node (ranks_per_node={ranks_per_node}): " + "; ".join(parts) +
+            f". {hint}")
+
+
+def check_integration(config: CompressionConfig, fsdp: bool) -> None:
+    """ValueError if ``config`` compresses nothing that FSDP2 (or DDP) sends."""
+    if not fsdp:
+        ddp_scheme(config)
+    elif config.all_reduce is not None and not config.compresses_fsdp:
+        raise ValueError(f"comm_compressor {config.name!r} compresses only DDP's all-reduce "
+                         f"({describe(config.all_reduce)}); FSDP2's all-gather and "
+                         f"reduce-scatter have nothing to compress. Train with DDP (no fsdp), "
+                         f"or pick an FSDP preset such as 'sdp4bit'")
+
+
+def install(model: Any, config: CompressionConfig, ranks_per_node: int) -> Compression:
+    """``hfcompress.apply`` on the prepared DDP or FSDP2 model (a one-node warning first for
+    a multi-node FSDP2 preset)."""
+    if isinstance(model, DistributedDataParallel):
+        return apply(model, config, ranks_per_node)
+    if not fsdp_modules(model):
+        raise ValueError(f"hfcompress.Trainer: the prepared model is a {type(model).__name__}, "
+                         f"neither FSDP2 nor DDP; nothing to install comm_compressor "
+                         f"{config.name!r} on")
+    fallback = one_node_fallback(config, ranks_per_node, dist.get_world_size())
+    if fallback and dist.get_rank() == 0:
+        warnings.warn(f"hfcompress: {fallback}", UserWarning, stacklevel=2)
+    return apply(model, config, ranks_per_node)
+
+
+def summary(config: CompressionConfig, kind: str, world: int, x: int) -> str:
+    """The one line logged when the collectives are installed."""
+    c = config
+    if kind == "ddp":
+        what = f"all-reduce {describe(c.all_reduce or c.grad_inter)}"
+        unused = [name for name, on in (("weight scheme", c.weights is not None),
+                                        ("2-hop layout", c.two_hop), ("hpZ", c.hpz)) if on]
+        if unused:
+            what += f" (its {', '.join(unused)} need FSDP2)"
+    else:
+        grads = (f"2-hop {describe(c.grad_intra)} / {describe(c.grad_inter)}"
+                 if c.two_hop else describe(c.grad_inter))
+        what = f"weights {describe(c.weights)}, gradients {grads}" + (", hpZ" if c.hpz else "")
+    loco = " with LoCo error feedback" if c.loco is not None else ""
+    return (f"hfcompress: {'DDP' if kind == 'ddp' else 'FSDP2'} comm_compressor {c.name!r} "
+            f"on {world} ranks ({world // x} node(s) x {x}): {what}{loco}")
+
+
+def memory_line(report: dict[str, int]) -> str:
+    """``memory_report()`` as one log line (MiB)."""
+    mib = {k: v / 2 ** 20 for k, v in report.items()}
+    return (f"hfcompress: compressor state on rank 0: {mib['total']:.2f} MiB (references "
+            f"{mib['references']:.2f}, errors {mib['errors']:.2f}, buffers "
+            f"{mib['buffers']:.2f}); parameters: local shard {mib['sharded_param_bytes']:.2f} "
+            f"MiB of {mib['full_param_bytes']:.2f} MiB")
