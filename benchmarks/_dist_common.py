@@ -1,41 +1,43 @@
 """Shared code of the multi-process benchmarks (``bench_wire_volume.py``, ``bench_slow_link.py``).
 
-- ``launch``: runs ``module.function(payload)`` on ``nodes x ranks_per_node`` gloo processes,
-  each a subprocess (inside its node's network namespace when given a ``Netns``), rank
-  ``node * ranks_per_node + local``; returns every rank's return value. A failing or hung
-  rank stops them all, with every rank's log in the error.
+- ``launch``: runs ``module.function(payload)`` on ``nodes x ranks_per_node`` gloo processes
+  through ``hfcompress.testing.launch`` (the tests' launcher too): subprocesses, inside
+  their node's network namespace when given a ``Netns``, rank ``node * ranks_per_node +
+  local``; returns every rank's return value. A failing or hung rank stops them all, with
+  every rank's log in the error.
 - ``Variant``: one way to train the model: plain FSDP2 (``fsdp2``: bf16 parameters, fp32
   reduction; ``fsdp2_bf16_reduce``), an hfcompress FSDP preset (``hfcompress.apply``), or DDP
   (``ddp``, ``ddp_fp16``: torch's ``fp16_compress_hook``, ``ddp_powersgd``: torch's
   ``powerSGD_hook``, and the hfcompress all-reduce presets ``global_qsgd`` /
   ``global_qsgd_exp``). DDP computes under bf16 autocast, like FSDP's bf16 parameters.
 - ``run_info`` / ``write_meta`` / ``write_csv`` / ``markdown_table``: results files.
-
-Run as a script, this file is the worker entry point (``launch`` starts it).
 """
 
 from __future__ import annotations
 
 import csv
 import datetime
-import importlib
 import os
-import pickle
 import platform
-import socket
 import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
-FSDP_PRESETS = ["none", "qw", "qwd", "ulq", "tlq", "tlq_hs", "sdp4bit", "zeropp", "qsdp",
-                "qsdp_learned", "loco", "loco_zeropp"]
-DDP_PRESETS = ["global_qsgd", "global_qsgd_exp"]
+
+
+def _presets() -> tuple[list[str], list[str]]:
+    """hfcompress's presets: those FSDP2 runs ("none" included), those only DDP runs."""
+    from hfcompress.config import get_config, list_presets
+
+    ddp = [p for p in list_presets() if get_config(p).all_reduce is not None
+           and not get_config(p).compresses_fsdp]
+    return [p for p in list_presets() if p not in ddp], ddp
+
+
+FSDP_PRESETS, DDP_PRESETS = _presets()
 FSDP_PEERS = ["fsdp2", "fsdp2_bf16_reduce"]
 DDP_PEERS = ["ddp", "ddp_fp16", "ddp_powersgd"]
 
@@ -91,7 +93,6 @@ class Variant:
 
         import hfcompress
         from hfcompress.integrations import shard_model
-        from hfcompress.integrations.ddp import register_ddp_hook
 
         if name not in known_variants():
             raise ValueError(f"unknown variant {name!r}; known: {', '.join(known_variants())}")
@@ -114,8 +115,8 @@ class Variant:
         else:
             self.net = DDP(self.model)
             if name in DDP_PRESETS or (name == "ddp" and metered_ddp):
-                self.handle = register_ddp_hook(self.net, "none" if name == "ddp" else name,
-                                                ranks_per_node=ranks_per_node)
+                self.handle = hfcompress.apply(self.net, "none" if name == "ddp" else name,
+                                               ranks_per_node=ranks_per_node)
             elif name == "ddp_fp16":
                 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
                 self.net.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -139,7 +140,7 @@ class Variant:
         return self.handle.step() if self.handle is not None else None
 
     def close(self) -> None:
-        if self.handle is not None and hasattr(self.handle, "remove"):
+        if self.handle is not None:
             self.handle.remove()
 
 
@@ -163,113 +164,21 @@ def layer_params(model) -> int:
 
 
 # -- launching ------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(module: str, function: str, payload: Any, nodes: int, ranks_per_node: int,
            netns=None, timeout: float = 1800.0, env: dict | None = None,
-           log_dir: Path | None = None) -> list[Any]:
-    """``module.function(payload)`` on every rank (module imported from ``benchmarks/``);
-    returns the ranks' return values. ``netns``: a set-up ``netns.Netns`` (node n's ranks run
-    in its namespace n, gloo on ``nic0``); else all ranks on the loopback."""
-    world = nodes * ranks_per_node
-    if netns is not None and netns.nodes < nodes:
-        raise ValueError(f"netns has {netns.nodes} nodes, need {nodes}")
-    with tempfile.TemporaryDirectory(prefix="hfc_bench_") as tmp:
-        tmp_path = Path(log_dir or tmp)
-        tmp_path.mkdir(parents=True, exist_ok=True)
-        spec = Path(tmp) / "spec.pkl"
-        with open(spec, "wb") as f:
-            pickle.dump({"module": module, "function": function, "payload": payload}, f)
-        base = {**os.environ, **(env or {}), "WORLD_SIZE": str(world),
-                "MASTER_ADDR": netns.addr(0) if netns is not None else "127.0.0.1",
-                "MASTER_PORT": str(29500 if netns is not None else free_port()),
-                "GLOO_SOCKET_IFNAME": "nic0" if netns is not None else "lo",
-                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                "HFC_BENCH_RANKS_PER_NODE": str(ranks_per_node)}
-        base.pop("LOCAL_WORLD_SIZE", None)
-        procs, logs = [], []
-        try:
-            for rank in range(world):
-                node = rank // ranks_per_node
-                prefix = netns.exec_prefix(node) if netns is not None else []
-                log = open(tmp_path / f"rank{rank}.log", "w")
-                logs.append(log)
-                procs.append(subprocess.Popen(
-                    [*prefix, sys.executable, str(Path(__file__).resolve()), str(spec),
-                     str(Path(tmp) / f"rank{rank}.pkl")],
-                    env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank % ranks_per_node)},
-                    stdout=log, stderr=subprocess.STDOUT, cwd=str(HERE)))
-            deadline = time.monotonic() + timeout
-            failed = None
-            while failed is None and any(p.poll() is None for p in procs):
-                bad = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
-                if bad:
-                    failed = f"rank {bad[0]} exited with code {procs[bad[0]].returncode}"
-                elif time.monotonic() > deadline:
-                    failed = f"timed out after {timeout:.0f} s"
-                time.sleep(0.2)
-            if failed is None and any(p.returncode for p in procs):
-                failed = "a rank failed"
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            for log in logs:
-                log.close()
-        results, errors = [], []
-        for rank in range(world):
-            path = Path(tmp) / f"rank{rank}.pkl"
-            if path.exists():
-                with open(path, "rb") as f:
-                    kind, value = pickle.load(f)
-                if kind == "ok":
-                    results.append(value)
-                    continue
-                errors.append(f"rank {rank} raised:\n{value}")
-            else:
-                text = (tmp_path / f"rank{rank}.log").read_text()[-3000:]
-                errors.append(f"rank {rank}: no result; log tail:\n{text}")
-        if failed or errors:
-            raise RuntimeError(f"{module}.{function} on {nodes} x {ranks_per_node} ranks failed "
-                               f"({failed or 'a rank raised'}):\n" + "\n".join(errors))
-        return results
+           log_dir: Path | None = None, echo_rank0: bool = False) -> list[Any]:
+    """``module.function(payload)`` on every rank (module imported from ``benchmarks/``),
+    through ``hfcompress.testing.launch``; returns the ranks' return values. ``netns``: a
+    set-up ``netns.Netns`` (node n's ranks run in its namespace n); else the loopback.
+    Kernels are compiled (``HFCOMPRESS_COMPILE=1``) unless the environment says otherwise."""
+    from hfcompress.testing import launch as launch_ranks
 
-
-def _worker_main(spec_path: str, out_path: str) -> None:
-    """Entry point of one rank: init gloo from the environment, run, pickle the result."""
-    import datetime as dt
-    import traceback
-
-    import torch
-    import torch.distributed as dist
-
-    status, result = 1, ("error", "not run")
-    try:
-        torch.set_num_threads(1)
-        os.environ.setdefault("HFCOMPRESS_COMPILE", "1")
-        with open(spec_path, "rb") as f:
-            spec = pickle.load(f)
-        dist.init_process_group("gloo", timeout=dt.timedelta(seconds=900))
-        fn = getattr(importlib.import_module(spec["module"]), spec["function"])
-        result = ("ok", fn(spec["payload"]))
-        status = 0
-    except BaseException:  # noqa: BLE001 (everything goes to the parent)
-        result = ("error", traceback.format_exc())
-    finally:
-        try:
-            with open(out_path, "wb") as f:
-                pickle.dump(result, f)
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(status)   # PLATFORM.md: the gloo exit crash
+    env = {"HFCOMPRESS_COMPILE": os.environ.get("HFCOMPRESS_COMPILE", "1"),
+           "HFC_BENCH_RANKS_PER_NODE": str(ranks_per_node), **(env or {})}
+    return launch_ranks(module, function, (payload,), nodes=nodes,
+                        ranks_per_node=ranks_per_node, netns=netns, timeout=timeout,
+                        init_timeout=900.0, env=env, path=[str(HERE)], cwd=str(HERE),
+                        log_dir=log_dir, echo_rank0=echo_rank0)
 
 
 def ranks_per_node() -> int:
@@ -361,7 +270,3 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
 def info_block(info: dict[str, str]) -> str:
     return "\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in info.items())
 
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(HERE))
-    _worker_main(sys.argv[1], sys.argv[2])

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime
 import math
 import os
 import statistics
@@ -163,7 +162,6 @@ class Trained:
         import hfcompress
         from torch.distributed.fsdp import MixedPrecisionPolicy
         from torch.nn.parallel import DistributedDataParallel as DDP
-        from hfcompress.integrations.ddp import register_ddp_hook
 
         self.model = make_model(a, seed)
         self.ddp = preset in DDP_PRESETS
@@ -172,8 +170,8 @@ class Trained:
             self.handle = PowerSGDMeter(self.net, a.ranks_per_node)
         elif self.ddp:
             self.net = DDP(self.model)
-            self.handle = register_ddp_hook(self.net, ddp_config(preset),
-                                            ranks_per_node=a.ranks_per_node)
+            self.handle = hfcompress.apply(self.net, ddp_config(preset),
+                                           ranks_per_node=a.ranks_per_node)
         else:
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
             self.handle = hfcompress.apply(self.model, preset, ranks_per_node=a.ranks_per_node,
@@ -274,13 +272,11 @@ def append_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
 
 
-def worker(rank: int, world: int, a, jobs: list[tuple[str, int, float]],
-           init_file: str) -> None:
-    os.environ.pop("LOCAL_WORLD_SIZE", None)     # nodes are emulated: ranks_per_node
-    os.environ.setdefault("HFCOMPRESS_COMPILE", "0")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(minutes=10))
+def worker(payload: tuple) -> None:
+    """One rank (``dc.launch``): every job of ``payload = (args, jobs)``; rank 0 appends the
+    results to the CSVs. Nodes are emulated by ``ranks_per_node``."""
+    a, jobs = payload
+    rank, world = dist.get_rank(), dist.get_world_size()
     train, val_tokens = corpus()
     n_val = a.val_seqs // world
     val = batch(val_tokens, a.val_seqs, a.seq_len, seed=12345)[rank * n_val:(rank + 1) * n_val]
@@ -302,10 +298,6 @@ def worker(rank: int, world: int, a, jobs: list[tuple[str, int, float]],
                      f"{summary['inter_bytes_per_step'] / 1e6:.3f} MB/step inter"
                      if not summary["error"] else summary["error"])
                   + f", {time.perf_counter() - t0:.0f} s", flush=True)
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)    # PLATFORM.md: gloo threads may abort an ordinary interpreter exit
 
 
 # -- report ---------------------------------------------------------------------------------
@@ -663,9 +655,9 @@ def main(argv=None) -> None:
     print(f"{len(jobs)} runs on {world} processes ({a.nodes} nodes x {a.ranks_per_node}), "
           f"{a.steps} steps each; results in {a.out}", flush=True)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        torch.multiprocessing.spawn(worker, args=(world, a, jobs, os.path.join(tmp, "init")),
-                                    nprocs=world, join=True)
+    dc.launch("bench_loss", "worker", (a, jobs), 1, world, timeout=float("inf"),
+              env={"HFCOMPRESS_COMPILE": os.environ.get("HFCOMPRESS_COMPILE", "0")},
+              echo_rank0=True)
     print(f"training done in {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
     info.update(wall_time=f"{(time.perf_counter() - t0) / 60:.1f} min"
                 + (" (this invocation)" if a.resume else ""),

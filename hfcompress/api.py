@@ -18,21 +18,22 @@ from .integrations.ddp import ddp_scheme, register_ddp_hook
 from .integrations.fsdp import (FSDPInstall, ModuleComms, check_group, check_hpz, fsdp_modules,
                                 shard_model)
 from .integrations.handle import Compression
-from .integrations.hsdp import fully_shard_hsdp, install_hsdp_hook
+from .integrations.hsdp import fully_shard_hsdp, install_hsdp_hook, is_hsdp_mesh
 from .integrations.timeouts import group_timeout
 
 
 def apply(model: nn.Module, compressor: str | CompressionConfig = "sdp4bit",
           ranks_per_node: int | None = None, shard: bool = False, *,
-          mesh: DeviceMesh | None = None, meter: WireMeter | None = None,
-          layer_cls: tuple[type, ...] | None = None, **fsdp_kwargs: Any) -> Compression:
+          meter: WireMeter | None = None, layer_cls: tuple[type, ...] | None = None,
+          **fsdp_kwargs: Any) -> Compression:
     """Install compressed communication on ``model``; which kind it was given decides how:
 
     - a ``DistributedDataParallel`` model: the compressed all-reduce comm hook (the preset's
       ``all_reduce`` scheme, else its gradient scheme ``grad_inter``);
-    - ``mesh``, a 2-D device mesh named ``("replicate", "shard")``: HSDP, FSDP2 over
+    - ``mesh=`` a 2-D device mesh named ``("replicate", "shard")``: HSDP, FSDP2 over
       ``mesh["shard"]`` and the compressed all-reduce over the replicas;
-    - otherwise FSDP2: compressed all-gather / reduce-scatter on every FSDP2 module.
+    - otherwise FSDP2: compressed all-gather / reduce-scatter on every FSDP2 module (a 1-D
+      ``mesh`` goes to ``fully_shard`` with the other ``fsdp_kwargs``).
 
     - ``compressor``: a preset name (``hfcompress.config.list_presets()``) or a
       ``CompressionConfig``.
@@ -52,19 +53,21 @@ def apply(model: nn.Module, compressor: str | CompressionConfig = "sdp4bit",
         raise RuntimeError("hfcompress.apply needs torch.distributed to be initialized "
                            "(torchrun / accelerate launch, or dist.init_process_group)")
     if isinstance(model, DistributedDataParallel):
-        return _apply_ddp(model, compressor, ranks_per_node, shard, mesh, meter)
-    if mesh is not None:
+        return _apply_ddp(model, compressor, ranks_per_node, shard, fsdp_kwargs, meter)
+    if is_hsdp_mesh(fsdp_kwargs.get("mesh")):
+        mesh = fsdp_kwargs.pop("mesh")
         return _apply_hsdp(model, compressor, ranks_per_node, shard, mesh, meter, layer_cls,
                            fsdp_kwargs)
     return _apply_fsdp(model, compressor, ranks_per_node, shard, meter, layer_cls, fsdp_kwargs)
 
 
 def _apply_ddp(model: DistributedDataParallel, compressor: str | CompressionConfig,
-               ranks_per_node: int | None, shard: bool, mesh: DeviceMesh | None,
+               ranks_per_node: int | None, shard: bool, fsdp_kwargs: dict[str, Any],
                meter: WireMeter | None) -> Compression:
-    if shard or mesh is not None:
-        raise ValueError("apply() got a DistributedDataParallel model: it is replicated, not "
-                         "sharded; drop shard=True / mesh")
+    if shard or fsdp_kwargs:
+        raise ValueError(f"apply() got a DistributedDataParallel model: it is replicated, not "
+                         f"sharded; drop shard=True and fully_shard arguments "
+                         f"{sorted(fsdp_kwargs)}")
     config = get_config(compressor)
     ddp_scheme(config)
     group = model.process_group

@@ -22,6 +22,7 @@ import hfcompress
 from hfcompress.comm.hop import all_gather_single
 from hfcompress.config import Scheme, get_config
 from hfcompress.integrations import CommunicationError, shard_model
+from hfcompress.testing import tiny_llama as _tiny_llama
 
 MP = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 LR = 3e-3
@@ -34,11 +35,7 @@ def setup() -> None:
 
 
 def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)   # the same initial weights on every rank
-    return LlamaForCausalLM(cfg)
+    return _tiny_llama(num_key_value_heads=2)
 
 
 def batch(step: int, rank: int, n: int = 8, length: int = 32) -> torch.Tensor:

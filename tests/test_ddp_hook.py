@@ -18,6 +18,7 @@ import torch.distributed as dist
 from dist_utils import run_distributed
 from hfcompress.comm.hop import all_gather_single
 from hfcompress.config import CompressionConfig, Scheme
+from hfcompress.testing import tiny_llama
 
 INT8 = CompressionConfig(name="int8", all_reduce=Scheme("int", {"bits": 8, "group_size": 128,
                                                                 "rounding": "stochastic"}))
@@ -52,14 +53,6 @@ def same(a, b):
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and torch.equal(a, b)
     return a == b
-
-
-def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg)
 
 
 def batch(rank):

@@ -45,11 +45,8 @@ class Arithmetic(torch.utils.data.Dataset):
 
 
 def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+    from hfcompress.testing import tiny_llama as shared
+    return shared(num_key_value_heads=2)
 
 
 def tiny_mixtral():

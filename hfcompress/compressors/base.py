@@ -196,18 +196,24 @@ def pad_edge(x: torch.Tensor, multiple: int) -> torch.Tensor:
     return torch.cat([flat, flat[-1:].expand(pad)]) if pad else flat
 
 
+#: registered name -> class; filled by ``registry.register_compressor``
+COMPRESSORS: dict[str, type[Compressor]] = {}
+
+
 def resolve_inner(scheme: str, inner: Compressor | str | None, default: Compressor) -> Compressor:
     """``inner`` of a wrapper scheme as a Compressor instance: a registered name gets its
     default parameters, None gets ``default``."""
     if inner is None:
         return default
     if isinstance(inner, str):
-        from .registry import get_compressor  # the registry imports this module
-        return get_compressor(inner)
+        if inner not in COMPRESSORS:
+            raise ValueError(f"{scheme}: unknown compressor {inner!r} for inner; valid names: "
+                             f"{', '.join(sorted(COMPRESSORS))}")
+        return COMPRESSORS[inner]()
     if isinstance(inner, Compressor):
         return inner
     raise ValueError(f"{scheme}: inner={inner!r} must be a Compressor instance or a registered "
-                     f"compressor name such as 'int'")
+                     f"compressor name: {', '.join(sorted(COMPRESSORS))}")
 
 
 # -- capabilities: what a collective may rely on beyond the contract -----------------------

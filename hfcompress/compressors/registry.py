@@ -7,9 +7,8 @@ import hashlib
 import inspect
 from typing import Any, Protocol
 
+from .base import COMPRESSORS as _REGISTRY
 from .base import Compressor
-
-_REGISTRY: dict[str, type[Compressor]] = {}
 
 
 def register_compressor(name: str, cls: type[Compressor] | None = None):
