@@ -5,7 +5,7 @@ Each node is a namespace ``<prefix>-n<i>`` with one interface ``nic0`` (address
 bridge in the "switch" namespace ``<prefix>-sw``. ``set_rate("1gbit")`` puts a ``tc tbf``
 qdisc on both ends of every veth, so each node gets a full-duplex link at that rate;
 ranks of one node share its namespace and talk to each other over its loopback (never
-throttled). Recipe and measured goodputs: PLATFORM.md "Emulating slow inter-node links".
+throttled). Measured goodputs: docs/architecture.md, "Running on a CPU-only machine".
 
 Needs root (``have_root()`` says why not). Only private addresses; the namespaces have no
 route off the machine. ``setup()`` and ``teardown()`` are idempotent: ``setup`` removes

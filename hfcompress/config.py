@@ -1,4 +1,4 @@
-"""``CompressionConfig`` and the named presets users type (DESIGN.md "Presets").
+"""``CompressionConfig`` and the named presets users type (docs/architecture.md, "Presets").
 
 A preset is only a named configuration: any weight scheme composes with any gradient scheme
 and with LoCo error feedback. ``get_config("sdp4bit")`` returns a fresh, editable copy.
