@@ -6,10 +6,11 @@ Implements SDP4Bit, ZeRO++, QSDP, Global-QSGD and LoCo as composable compressors
 from .compressors import (Compressor, Packed, get_compressor, list_compressors,
                           register_compressor)
 from .api import apply
+from .integrations.handle import Compression
 
 __version__ = "0.1.0"
-__all__ = ["Compressor", "Packed", "Trainer", "TrainingArguments", "apply", "get_compressor",
-           "list_compressors", "optim", "register_compressor"]
+__all__ = ["Compression", "Compressor", "Packed", "Trainer", "TrainingArguments", "apply",
+           "get_compressor", "list_compressors", "optim", "register_compressor"]
 
 _LAZY = {"Trainer": ".trainer", "TrainingArguments": ".trainer", "optim": ".optim"}
 

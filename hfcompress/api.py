@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .comm import Topology, WireMeter
 from .comm.topology import resolve_ranks_per_node
 from .config import CompressionConfig, get_config
+from .integrations import _fsdp2
 from .integrations.consistency import check_same_settings
 from .integrations.ddp import ddp_scheme, register_ddp_hook
 from .integrations.fsdp import (FSDPInstall, ModuleComms, check_group, check_hpz, fsdp_modules,
@@ -54,6 +55,7 @@ def apply(model: nn.Module, compressor: str | CompressionConfig = "sdp4bit",
                            "(torchrun / accelerate launch, or dist.init_process_group)")
     if isinstance(model, DistributedDataParallel):
         return _apply_ddp(model, compressor, ranks_per_node, shard, fsdp_kwargs, meter)
+    _fsdp2.require()       # FSDP2 from here on: its internals must be where we expect them
     if is_hsdp_mesh(fsdp_kwargs.get("mesh")):
         mesh = fsdp_kwargs.pop("mesh")
         return _apply_hsdp(model, compressor, ranks_per_node, shard, mesh, meter, layer_cls,

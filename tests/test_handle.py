@@ -125,6 +125,30 @@ def fsdp_worker(rank, world):
             "loco": sum(isinstance(c, ErrorFeedback) for c in h.compressors())}
 
 
+def hsdp_worker(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import hfcompress
+    os.environ["HFCOMPRESS_COMPILE"] = "0"
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    model = tiny_llama()
+    h = hfcompress.apply(model, "global_qsgd", ranks_per_node=2, shard=True, mesh=mesh)
+    steps(model, torch.optim.AdamW(model.parameters(), lr=3e-3), h, rank, 2)
+    return {"type": type(h).__name__, "kind": h.kind, "meter": h.meter.history,
+            "report": h.memory_report(), "streams": len(h.all_reduce.streams)}
+
+
+def test_apply_on_hsdp_returns_the_handle():
+    for r in run_distributed(hsdp_worker, 4):
+        assert r["type"] == "Compression" and r["kind"] == "hsdp" and r["streams"] == 3
+        for s in r["meter"]:       # replicas on different emulated nodes: int8 codes vs fp32
+            assert s["intra_bytes"] == 0 and s["uncompressed_intra_bytes"] == 0
+            assert 3 * s["inter_bytes"] < s["uncompressed_inter_bytes"] < 4 * s["inter_bytes"]
+        rep = r["report"]
+        assert abs(rep["sharded_param_bytes"] - rep["full_param_bytes"] / 2) \
+            <= 0.01 * rep["full_param_bytes"]
+
+
 def test_apply_on_ddp_returns_the_handle_with_meter_state_and_remove():
     for r in run_distributed(ddp_worker, 2):
         assert r["type"] == "Compression" and r["kind"] == "ddp" and r["is_handle"]
@@ -214,3 +238,7 @@ def test_fsdp2_internals_that_moved_raise_a_clear_error(monkeypatch):
         _fsdp2.check_internals("9.1.0")
     with pytest.raises(_fsdp2.FSDP2InternalsError, match="_training_state"):
         _fsdp2.in_backward(object())       # an attribute renamed at run time
+    _fsdp2.require()                       # this torch: nothing moved
+    monkeypatch.setattr(_fsdp2, "_problem", _fsdp2._moved("FSDPParamGroup.x", "9.1.0"))
+    with pytest.raises(_fsdp2.FSDP2InternalsError, match="FSDPParamGroup.x"):
+        _fsdp2.require()                   # what apply() calls before touching FSDP2

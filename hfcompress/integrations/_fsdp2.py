@@ -8,10 +8,11 @@ post-forward mesh, native HSDP. Those live in ``torch.distributed.fsdp._fully_sh
 other hfcompress module imports them or touches a private attribute of FSDP2 (a test greps
 the package).
 
-Checked against torch ``CHECKED_TORCH``. Importing this module on a torch whose internals
-moved raises :class:`FSDP2InternalsError` naming what is missing; an accessor that finds a
-renamed attribute at run time raises it too, instead of an ``AttributeError`` deep inside a
-collective.
+Checked against torch ``CHECKED_TORCH``. On a torch whose internals moved, ``require()``
+(called by ``apply`` before it touches FSDP2) raises :class:`FSDP2InternalsError` naming
+what is missing, so DDP keeps working and FSDP2 fails with a clear message; an accessor
+that finds a renamed attribute at run time raises it too, instead of an ``AttributeError``
+deep inside a collective.
 """
 
 from __future__ import annotations
@@ -57,10 +58,25 @@ def check_internals(version: str = torch.__version__) -> dict[str, Any]:
             "TrainingState": TrainingState}
 
 
-_names = check_internals()
-AllGather = _names["AllGather"]
-ReduceScatter = _names["ReduceScatter"]
-_PRE_BACKWARD = _names["TrainingState"].PRE_BACKWARD
+try:
+    _names, _problem = check_internals(), None
+except FSDP2InternalsError as _err:
+    _names, _problem = {}, _err
+
+
+def require() -> None:
+    """FSDP2InternalsError if this torch moved an internal the FSDP2 integration needs."""
+    if _problem is not None:
+        raise _problem
+
+
+class _Missing:
+    """Stands in for a moved FSDP2 base class; ``require()`` refuses before it is used."""
+
+
+AllGather = _names.get("AllGather", _Missing)
+ReduceScatter = _names.get("ReduceScatter", _Missing)
+_PRE_BACKWARD = _names["TrainingState"].PRE_BACKWARD if _names else None
 
 
 def _get(obj: Any, attr: str) -> Any:
