@@ -32,6 +32,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
 
 from ..comm import (QuantizedAllGather, QuantizedReduceScatter, Topology, TwoHopReduceScatter,
                     WireMeter)
+from ..comm.all_gather import VersionWatch
 from ..compressors import Compressor, get_compressor
 from ..compressors.base import FLOAT_DTYPES
 from ..compressors.loco import LoCo
@@ -95,11 +96,15 @@ class FSDPAllGather(_Alloc, AllGather):
         self.name, self.param_group, self.layouts = name, param_group, layouts
         self.compressed, self.exact = compressed, exact
         self._warned = False
+        # qWD: "no optimizer step since the forward all-gather", known on the host
+        self.versions = VersionWatch(
+            lambda: [p._sharded_param_data for p in param_group.fsdp_params])
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False) -> None:
         pg = self.param_group
         backward = pg._training_state == TrainingState.PRE_BACKWARD
+        unchanged = self.versions.unchanged() and backward   # ranks step together
         tag = ALL_GATHER_BWD if backward else ALL_GATHER
         self.exact.tag = tag
         with comm_guard(f"{'backward' if backward else 'forward'} all-gather", self.name,
@@ -112,7 +117,7 @@ class FSDPAllGather(_Alloc, AllGather):
                 return None
             self.compressed.tag = tag
             if not layout.mixed:
-                self.compressed(output_tensor, input_tensor, group, maybe_unchanged=backward)
+                self.compressed(output_tensor, input_tensor, group, unchanged=unchanged)
                 return None
             world = group.size()
             comp_in, exact_in = layout.split(input_tensor.reshape(1, -1))
@@ -120,7 +125,7 @@ class FSDPAllGather(_Alloc, AllGather):
                                    device=input_tensor.device)
             exact_out = torch.empty(world * exact_in.numel(), dtype=input_tensor.dtype,
                                     device=input_tensor.device)
-            self.compressed(comp_out, comp_in.reshape(-1), group, maybe_unchanged=backward)
+            self.compressed(comp_out, comp_in.reshape(-1), group, unchanged=unchanged)
             self.exact(exact_out, exact_in.reshape(-1), group)
             layout.merge(output_tensor.view(world, -1), comp_out.view(world, -1),
                          exact_out.view(world, -1))
