@@ -82,7 +82,9 @@ class QuantizedAllGather(StreamOwner):
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes of compressor state this rank keeps between calls, by kind."""
-        return self.references.state_bytes() if self.references is not None else {}
+        if self.references is not None:
+            return self.references.state_bytes()
+        return super().state_bytes()
 
     def state_dict(self) -> dict[str, Any]:
         if self.references is not None:

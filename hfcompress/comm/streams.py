@@ -9,7 +9,7 @@ shared. The layout a stateful stream was built for may not change between calls.
 from __future__ import annotations
 
 import ast
-from typing import Any, Hashable
+from typing import Any, Hashable, Iterable
 
 from ..compressors.base import Compressor
 
@@ -73,12 +73,26 @@ class StreamOwner:
         """Every compressor instance in use (call LoCo's ``step()`` on each per optimizer step)."""
         return [c for s in self.streams.values() for c in s.instances()]
 
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of compressor state this rank keeps between calls, by kind ("references",
+        "errors", "buffers"), summed over every instance in use."""
+        return add_state_bytes(getattr(c, "state_bytes", dict)() for c in self.compressors())
+
     def state_dict(self) -> dict[str, Any]:
         return {name: s.state_dict() for name, s in self.streams.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, st in state.items():
             self.streams[name].load_state_dict(st)
+
+
+def add_state_bytes(parts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Per-kind sum of several ``state_bytes()`` dicts."""
+    total: dict[str, int] = {}
+    for part in parts:
+        for kind, n in part.items():
+            total[kind] = total.get(kind, 0) + int(n)
+    return total
 
 
 def stateless_only(compressors: list[Compressor | None], cls: str) -> None:

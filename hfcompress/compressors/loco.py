@@ -130,6 +130,14 @@ class LoCo(Compressor):
                 -ERROR_QMAX, ERROR_QMAX).to(torch.int8)
 
     # -- state ----------------------------------------------------------------------------
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of the stored error e (kind "errors"): with ``error_scale="group"`` one uint8
+        code per value (padded to groups of 128) plus a float32 scale per group, i.e.
+        ~1.03 bytes per gradient value this instance sends (LoCo 3.2's 8-bit floor); int8
+        codes only with a fixed scale. Zero before the first compress and after a reset."""
+        return {"errors": sum(t.numel() * t.element_size()
+                              for t in (self.error_codes, self.error_scales) if t is not None)}
+
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"steps": self.steps, "inner": self.inner.state_dict()}
         if self.numel is not None:

@@ -197,10 +197,10 @@ class WeightDifferenceQuantizer(Compressor):
         return {"references": 0 if ref is None else ref.numel() * ref.element_size()}
 
     def state_dict(self) -> dict[str, Any]:
-        """The reference itself, not a copy (like ``nn.Module.state_dict``)."""
+        """A snapshot (copy) of the reference: later all-gathers update it in place."""
         state: dict[str, Any] = {"inner": self.inner.state_dict()}
         if self.reference is not None:
-            state["reference"] = self.reference
+            state["reference"] = self.reference.clone()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

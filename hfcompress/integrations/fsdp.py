@@ -33,6 +33,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
 from ..comm import (QuantizedAllGather, QuantizedReduceScatter, Topology, TwoHopReduceScatter,
                     WireMeter)
 from ..comm.all_gather import VersionWatch
+from ..comm.memory import check_fsdp_state_fits
 from ..compressors import Compressor, get_compressor
 from ..compressors.base import FLOAT_DTYPES
 from ..compressors.loco import LoCo
@@ -234,6 +235,10 @@ class FSDPCompression:
                  meter: WireMeter, comms: dict[str, ModuleComms]) -> None:
         self.model, self.config, self.topology, self.meter = model, config, topology, meter
         self.comms = comms
+        # compressor state per rank, estimated before any is allocated (raises on CUDA if
+        # it cannot fit)
+        self.state_estimate = check_fsdp_state_fits(config, comms.values(), topology.world_size,
+                                                    topology.ranks_per_node)
         self.installed = False
 
     def install(self) -> "FSDPCompression":
