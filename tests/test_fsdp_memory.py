@@ -133,7 +133,8 @@ def worker(rank, world):
         out["refused"] = None
     except ValueError as err:
         out["refused"] = str(err)
-    _, _, _, out["loco_state"] = run("loco")
+    _, loco, _, out["loco_state"] = run("loco")
+    out["loco_estimate"] = loco.state_estimate
     return out
 
 
@@ -170,3 +171,4 @@ def test_fsdp_state_memory_2_nodes_x_2():
         # LoCo (1-hop: errors of every row this rank sends, 8-bit + a scale per 128)
         loco = r["loco_state"]
         assert set(loco) == {"errors"} and 0.5 * full <= loco["errors"] <= 0.55 * full, loco
+        assert loco == nonzero(r["loco_estimate"]), (loco, r["loco_estimate"])

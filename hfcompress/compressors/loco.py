@@ -26,6 +26,13 @@ Choices the paper leaves open:
   (s_e = 4s..6s, i.e. about 2^19..2^21 for the paper's s); values beyond 127 / s_e saturate.
 - Non-finite gradient entries make the payload non-finite (as the inner does) but store a zero
   error there, so one overflow step cannot poison e until the next reset.
+
+Memory (``state_bytes()``): e covers every value this instance sends. In the reduce-scatter
+one instance serves one destination row (1-hop) or one intra-node part (2-hop); together
+they hold the error of the rank's whole local gradient, i.e. 1 uint8 code per value plus a
+float32 scale per 128 (~1.03 bytes per parameter per rank, ~0.52 x the bf16 model, at any
+world size): the 8-bit floor of LoCo 3.2. Per instance only the padding of its last group
+(< 128 values) comes on top. Measured: ``benchmarks/bench_memory.py``.
 """
 
 from __future__ import annotations

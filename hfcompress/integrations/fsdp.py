@@ -3,8 +3,9 @@
 points").
 
 - Forward all-gather: the config's weight scheme (ZeRO++ qwZ, SDP4Bit qWD Alg. 2, QSDP W8).
-  Backward all-gather: the same collective object (qWD: a flag all-reduce, then every rank
-  rebuilds the forward's weights from its references, no payload), or, with
+  Backward all-gather: the same collective object (qWD: no optimizer step since the forward,
+  known from the parameters' version counters, so every rank rebuilds the forward's weights
+  from its node-sharded references: an intra-node gather, no differences), or, with
   hpZ (``reshard_after_forward=ranks_per_node``, ZeRO++ 3.3 / B.2), an exact gather of the
   node's secondary partition, which never leaves the node.
 - Reduce-scatter: 1-hop all-to-all or the 2-hop intra-/inter-node all-to-all (ZeRO++ qgZ,
