@@ -312,6 +312,8 @@ def check_stateful_reduce_scatter(rank, world, topo):
         for c in one.compressors() + replay:
             c.step()
     assert len(one.compressors()) == (world + 1 if world > 1 else 0)
+    # each sender stream keeps the 8-bit error of its row: 100 codes padded to 128, 1 scale
+    assert one.state_bytes() == ({"errors": world * (128 + 4)} if world > 1 else {})
     with pytest.raises(ValueError, match="keeps state"):
         reduce_scatter(torch.empty(s), xs[rank], compressor=loco, topology=topo)
     # first 2-hop call: every error buffer is still zero, so LoCo sends exactly its inner's
@@ -340,6 +342,13 @@ def worker(rank, world):
         check_weight_difference_all_gather(rank, world, topo, meter)
         check_compressed_reduce_scatter(rank, world, topo, meter)
         check_stateful_reduce_scatter(rank, world, topo)
+    # a 2-hop LoCo state from another node layout is refused when loaded, naming both
+    loco = get_compressor("loco", inner=get_compressor("int", bits=4, group_size=128))
+    saved_on = TwoHopReduceScatter(topos[0], loco, loco)
+    saved_on(torch.empty(10), torch.ones(world * 10))
+    with pytest.raises(ValueError, match=f"saved with world_size={world}, ranks_per_node="
+                       f"{world}; this run has world_size={world}, ranks_per_node=1"):
+        TwoHopReduceScatter(topos[-1], loco, loco).load_state_dict(saved_on.state_dict())
     # a layout that does not divide the world is refused before any group is created
     with pytest.raises(ValueError, match=f"world size {world} .*ranks_per_node=3"):
         Topology(ranks_per_node=3)

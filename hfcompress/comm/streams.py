@@ -83,7 +83,22 @@ class StreamOwner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, st in state.items():
+            layout = st.get("layout")
+            if layout is not None:
+                self.check_saved_layout(layout)
             self.streams[name].load_state_dict(st)
+
+    def check_saved_layout(self, layout: Any) -> None:
+        """Refuse a state saved for another world size / node layout (a collective that
+        knows its layout before the first call overrides this)."""
+
+    @staticmethod
+    def refuse_layout(saved: dict[str, int], here: dict[str, int]) -> None:
+        if saved != here:
+            fmt = lambda d: ", ".join(f"{k}={v}" for k, v in d.items())  # noqa: E731
+            raise ValueError(f"hfcompress compressor state was saved with {fmt(saved)}; this "
+                             f"run has {fmt(here)}. Resume with the same number of ranks and "
+                             f"nodes, or drop the hfcompress state from the checkpoint")
 
 
 def add_state_bytes(parts: Iterable[dict[str, int]]) -> dict[str, int]:
