@@ -26,9 +26,11 @@ parameters (norms; QSDP: < 1024 values) and the collective's fan-out: all-gather
 reduce-scatter send every value to the X (Y - 1) ranks of other nodes and the X - 1 ranks of
 its own node; the 2-hop reduce-scatter sends (X - 1) Y N values inside nodes and (Y - 1) N
 across (ZeRO++ E.3); hpZ's backward all-gather sends Y (X - 1) N_layers bf16 values inside
-nodes and none across; qWD's backward all-gather sends only the exact columns and one 32-bit
-"weights changed" flag per layer (every rank rebuilds the forward's weights itself); DDP's all-reduce counts as reduce-scatter + all-gather (2 x the
-fan-out). FSDP does not re-gather the root module (embeddings, head) in backward, so the
+nodes and none across; qWD (node-sharded references) sends each value's differences to the
+Y - 1 other nodes and the rebuilt bf16 values of each rank's Y slots to the X - 1 ranks of
+its node; its backward all-gather sends no differences (every rank rebuilds the forward's
+weights from its references), only that intra-node hop and the exact columns; DDP's
+all-reduce counts as reduce-scatter + all-gather (2 x the fan-out). FSDP does not re-gather the root module (embeddings, head) in backward, so the
 ZeRO-3 baseline of this model is 16 (N + N_layers) + 32 N per fan-out unit; ZeRO-2's is
 16 N + 32 N. The target: sdp4bit's inter-node volume <= 1/5 of the baseline.
 
@@ -101,10 +103,15 @@ def analytic(preset: str, n: int, n_l: int, e: int, e_l: int, x: int, y: int,
         return {"all_reduce": spread((n - e) * b + e * 32, (2 * fan[0], 2 * fan[1]))}
     wb = scheme_bits(cfg.weights, 16)
     out = {"all_gather": spread((n - e) * wb + e * 16)}
+    qwd = cfg.weights is not None and cfg.weights.name == "qwd"
+    if qwd:  # differences to one rank per other node, rebuilt bf16 slots inside the node
+        ex = spread(e * 16)
+        out["all_gather"] = (ex[0] + (n - e) * 16 * y * (x - 1), ex[1] + (n - e) * wb * (y - 1))
     if cfg.hpz:
         out["all_gather_bwd"] = (y * (x - 1) * n_l * 16.0, 0.0) if x > 1 else (0.0, 0.0)
-    elif cfg.weights is not None and cfg.weights.name == "qwd":  # a 32-bit "changed" flag
-        out["all_gather_bwd"] = spread(e_l * 16 + 32 * layers)   # per layer, no differences
+    elif qwd:  # no differences: the intra-node hop of the references, exact columns
+        ex = spread(e_l * 16)
+        out["all_gather_bwd"] = (ex[0] + (n_l - e_l) * 16 * y * (x - 1), ex[1])
     else:
         out["all_gather_bwd"] = spread((n_l - e_l) * wb + e_l * 16)
     if cfg.two_hop:

@@ -141,4 +141,4 @@ def _apply_fsdp(model: nn.Module, compressor: str | CompressionConfig,
     comms = {name: ModuleComms(name, m, model, config, topology, meter, i)
              for i, (name, m) in enumerate(modules)}
     return Compression("fsdp2", model, config, topology, meter,
-                       FSDPInstall(config, comms)).install()
+                       FSDPInstall(config, comms, topology)).install()

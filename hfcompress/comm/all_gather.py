@@ -6,42 +6,45 @@ the flat uint8 payloads are all-gathered, and every slot, this rank's included, 
 decompressed from the gathered bytes, so all ranks hold bit-identical outputs.
 With ``compressor=None`` this is torch's ``all_gather_single`` (``all_gather_into_tensor``).
 
-Stateful schemes (qWD) keep one instance per slot (``Streams``): on every rank, slot r's
-instance sees the same ``decompress`` calls on the same bytes, and rank r also calls
-``compress`` on it before. The scheme must therefore update its state in ``decompress``
-(e.g. ``reference += dequantized difference``), never only in ``compress``.
-
-``maybe_unchanged=True`` (FSDP's backward all-gather, no optimizer step since the forward)
-lets a scheme with ``unchanged`` / ``reference`` (qWD) skip the exchange: one
-``all_reduce(MAX)`` of a "my slot changed" flag, and if no rank's slot changed every rank
-writes the slots' references, which is what the zero differences would have rebuilt
-(SDP4Bit Alg. 2: "all-gather with no optimizer step in between sends zero differences").
-Every rank must pass the same ``maybe_unchanged``.
+qWD (SDP4Bit Alg. 2), the stateful scheme, goes through ``ShardedReferences``
+(``reference_gather.py``): each rank keeps the references of 1/ranks_per_node of the slots,
+the 4-bit differences cross nodes once, the rebuilt slots are gathered inside the node.
+``unchanged=True`` (a host-side fact: no optimizer step since the last all-gather, e.g.
+FSDP's backward all-gather; every rank must pass the same value) rebuilds from the
+references without sending differences. Stateless schemes ignore it.
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable, Sequence
+
 import torch
 import torch.distributed as dist
 
-from ..compressors.base import Compressor
+from ..compressors.base import Compressor, ReferenceCoded
 from .hop import all_gather_single
+from .reference_gather import ShardedReferences
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
 from .wire_meter import WireMeter, peer_is_remote
 
 
 class QuantizedAllGather(StreamOwner):
-    """All-gather through ``compressor`` (None: exact); holds per-slot state if needed."""
+    """All-gather through ``compressor`` (None: exact); qWD keeps node-sharded references
+    (``shard_references=False``: every rank keeps all of them, SDP4Bit's layout)."""
 
     def __init__(self, compressor: Compressor | None = None, topology: Topology | None = None,
-                 meter: WireMeter | None = None, tag: str = "all_gather") -> None:
+                 meter: WireMeter | None = None, tag: str = "all_gather",
+                 shard_references: bool = True) -> None:
         self.compressor = compressor
-        self.streams = {"slots": Streams(compressor)} if compressor is not None else {}
+        self.references = ShardedReferences(compressor, topology, shard_references) \
+            if isinstance(compressor, ReferenceCoded) else None
+        self.streams = {"slots": Streams(compressor)} \
+            if compressor is not None and self.references is None else {}
         self.topology, self.meter, self.tag = topology, meter, tag
 
     def __call__(self, output: torch.Tensor, input: torch.Tensor,
-                 group: dist.ProcessGroup | None = None, maybe_unchanged: bool = False) -> None:
+                 group: dist.ProcessGroup | None = None, unchanged: bool = False) -> None:
         if group is None:
             group = self.topology.group if self.topology else dist.group.WORLD
         world, me, s = dist.get_world_size(group), dist.get_rank(group), input.numel()
@@ -54,14 +57,12 @@ class QuantizedAllGather(StreamOwner):
             return
         if s == 0:
             return
-        slots = self.streams["slots"]
-        slots.check_layout((world, s))
         flat = input.reshape(-1)
         out = output.view(-1)
-        if maybe_unchanged and self._nobody_changed(slots[me], flat, group, me):
-            for r in range(world):
-                out[r * s:(r + 1) * s].copy_(slots[r].reference.reshape(-1))
+        if self.references is not None:
+            self.references(out, flat, group, unchanged, self.meter, self.tag)
             return
+        slots = self.streams["slots"]
         buf = slots[me].compress(flat).flat()
         n = buf.numel()
         gathered = torch.empty(world * n, dtype=torch.uint8, device=buf.device)
@@ -72,17 +73,31 @@ class QuantizedAllGather(StreamOwner):
             packed = c.unflatten(gathered[r * n:(r + 1) * n], flat.shape, flat.dtype)
             out[r * s:(r + 1) * s].copy_(c.decompress(packed))
 
-    def _nobody_changed(self, mine: Compressor, flat: torch.Tensor,
-                        group: dist.ProcessGroup, me: int) -> bool:
-        """No rank's slot changed since its last compress (one int32 MAX all-reduce)."""
-        if not hasattr(mine, "unchanged"):
-            return False
-        changed = torch.tensor([0 if mine.unchanged(flat) else 1], dtype=torch.int32,
-                               device=flat.device)
-        self._record([changed.numel() * changed.element_size()] * dist.get_world_size(group),
-                     group, me)
-        dist.all_reduce(changed, op=dist.ReduceOp.MAX, group=group)
-        return int(changed.item()) == 0
+    # -- state ----------------------------------------------------------------------------
+    def compressors(self) -> list[Compressor]:
+        if self.references is not None:
+            return [self.references.qwd]
+        return super().compressors()
+
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of compressor state this rank keeps between calls, by kind."""
+        if self.references is not None:
+            return self.references.state_bytes()
+        return super().state_bytes()
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.references is not None:
+            return {"references": self.references.state_dict()}
+        return super().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.references is not None:
+            if "references" not in state:
+                raise ValueError("qwd all-gather state without node-sharded references (saved "
+                                 "by an older hfcompress?); start the references afresh")
+            self.references.load_state_dict(state["references"])
+            return
+        super().load_state_dict(state)
 
     def _record(self, per_peer: list[int], group: dist.ProcessGroup, me: int) -> None:
         if self.meter is not None:
@@ -95,3 +110,20 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, compressor: Compressor
     """One quantized all-gather with a stateless compressor (see ``QuantizedAllGather``)."""
     stateless_only([compressor], "QuantizedAllGather")
     QuantizedAllGather(compressor, topology, meter, tag)(output, input, group)
+
+
+class VersionWatch:
+    """"Unchanged since the last call", known on the host: the tensors' storage pointers and
+    autograd version counters, which every in-place update through the tensor or a view of
+    it bumps (``optimizer.step()``, ``copy_``, ``load_state_dict``). No device sync, no
+    copy. Updates through ``.data`` are not seen: use it where nothing changes the tensors
+    that way between two calls (FSDP's forward and backward all-gather of one step)."""
+
+    def __init__(self, tensors: Callable[[], Sequence[torch.Tensor]]) -> None:
+        self.tensors = tensors
+        self._last: tuple | None = None
+
+    def unchanged(self) -> bool:
+        now = tuple((t.data_ptr(), t._version) for t in self.tensors())
+        same, self._last = now == self._last, now
+        return same

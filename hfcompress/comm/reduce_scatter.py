@@ -76,6 +76,12 @@ class QuantizedReduceScatter(StreamOwner):
         got = Exchange(packeds, recv.unflatten, group, self.meter, self.tag, remote).wait()
         write_result(output, recv.reduce(got), op, world)
 
+    def check_saved_layout(self, layout: Any) -> None:
+        """The saved layout is ``(world, S)``: the world size must match the topology's."""
+        if self.topology is not None:
+            self.refuse_layout({"world_size": layout[0]},
+                               {"world_size": self.topology.world_size})
+
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, compressor: Compressor | None = None,
                    op: Any = dist.ReduceOp.SUM, group: dist.ProcessGroup | None = None,

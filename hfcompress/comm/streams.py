@@ -9,7 +9,7 @@ shared. The layout a stateful stream was built for may not change between calls.
 from __future__ import annotations
 
 import ast
-from typing import Any, Hashable
+from typing import Any, Hashable, Iterable
 
 from ..compressors.base import Compressor
 
@@ -73,12 +73,41 @@ class StreamOwner:
         """Every compressor instance in use (call LoCo's ``step()`` on each per optimizer step)."""
         return [c for s in self.streams.values() for c in s.instances()]
 
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of compressor state this rank keeps between calls, by kind ("references",
+        "errors", "buffers"), summed over every instance in use."""
+        return add_state_bytes(getattr(c, "state_bytes", dict)() for c in self.compressors())
+
     def state_dict(self) -> dict[str, Any]:
         return {name: s.state_dict() for name, s in self.streams.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, st in state.items():
+            layout = st.get("layout")
+            if layout is not None:
+                self.check_saved_layout(layout)
             self.streams[name].load_state_dict(st)
+
+    def check_saved_layout(self, layout: Any) -> None:
+        """Refuse a state saved for another world size / node layout (a collective that
+        knows its layout before the first call overrides this)."""
+
+    @staticmethod
+    def refuse_layout(saved: dict[str, int], here: dict[str, int]) -> None:
+        if saved != here:
+            fmt = lambda d: ", ".join(f"{k}={v}" for k, v in d.items())  # noqa: E731
+            raise ValueError(f"hfcompress compressor state was saved with {fmt(saved)}; this "
+                             f"run has {fmt(here)}. Resume with the same number of ranks and "
+                             f"nodes, or drop the hfcompress state from the checkpoint")
+
+
+def add_state_bytes(parts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Per-kind sum of several ``state_bytes()`` dicts."""
+    total: dict[str, int] = {}
+    for part in parts:
+        for kind, n in part.items():
+            total[kind] = total.get(kind, 0) + int(n)
+    return total
 
 
 def stateless_only(compressors: list[Compressor | None], cls: str) -> None:

@@ -92,6 +92,12 @@ class TwoHopReduceScatter(StreamOwner):
             total = self.streams["inter"].compressor.rotate(total)
         write_result(output, total, op, p)
 
+    def check_saved_layout(self, layout: Any) -> None:
+        """The saved layout is ``(P, X, S, chunks)``: P and X must match the topology's."""
+        self.refuse_layout({"world_size": layout[0], "ranks_per_node": layout[1]},
+                           {"world_size": self.topology.world_size,
+                            "ranks_per_node": self.topology.ranks_per_node})
+
     def _rotate_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """H on every row: one call over all rows when no Hadamard block crosses a row end."""
         h = self.streams["intra"].compressor

@@ -234,13 +234,19 @@ class RotatedDomain(Protocol):
 
 @runtime_checkable
 class ReferenceCoded(Protocol):
-    """Codes against a replicated reference (qWD, SDP4Bit 3.1): ``decompress`` updates
-    ``reference``; when ``unchanged(x)`` holds on every rank an all-gather may skip the
-    exchange and use ``reference`` as is (same result)."""
+    """Codes against a reference every holder of a slot keeps identical (qWD, SDP4Bit 3.1,
+    Alg. 2): ``compress_slot`` codes row ``row`` of ``rows`` held slots against its
+    reference (zero difference when the host knows the input ``unchanged``);
+    ``decompress_rows`` decodes every held row's payload at once and updates the
+    references, so an all-gather keeps only the rows it owns (node-sharded references)."""
 
     reference: torch.Tensor | None
 
-    def unchanged(self, x: torch.Tensor) -> bool: ...
+    def compress_slot(self, x: torch.Tensor, row: int, rows: int,
+                      unchanged: bool = False) -> Packed: ...
+
+    def decompress_rows(self, wire: torch.Tensor, numel: int,
+                        dtype: torch.dtype) -> torch.Tensor: ...
 
 
 @runtime_checkable

@@ -26,6 +26,13 @@ Choices the paper leaves open:
   (s_e = 4s..6s, i.e. about 2^19..2^21 for the paper's s); values beyond 127 / s_e saturate.
 - Non-finite gradient entries make the payload non-finite (as the inner does) but store a zero
   error there, so one overflow step cannot poison e until the next reset.
+
+Memory (``state_bytes()``): e covers every value this instance sends. In the reduce-scatter
+one instance serves one destination row (1-hop) or one intra-node part (2-hop); together
+they hold the error of the rank's whole local gradient, i.e. 1 uint8 code per value plus a
+float32 scale per 128 (~1.03 bytes per parameter per rank, ~0.52 x the bf16 model, at any
+world size): the 8-bit floor of LoCo 3.2. Per instance only the padding of its last group
+(< 128 values) comes on top. Measured: ``benchmarks/bench_memory.py``.
 """
 
 from __future__ import annotations
@@ -36,10 +43,9 @@ from typing import Any, Sequence
 import torch
 
 from .. import kernels
-from .base import Compressor, Packed, check_float_input
-from .group_quant import GroupQuantizer, pad_to
+from .base import Compressor, Packed, check_float_input, pad_to, resolve_inner
+from .group_quant import GroupQuantizer
 from .registry import register_compressor
-from .weight_diff import resolve_inner
 
 ERROR_GROUP = 128
 ERROR_BITS = 8
@@ -130,6 +136,14 @@ class LoCo(Compressor):
                 -ERROR_QMAX, ERROR_QMAX).to(torch.int8)
 
     # -- state ----------------------------------------------------------------------------
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of the stored error e (kind "errors"): with ``error_scale="group"`` one uint8
+        code per value (padded to groups of 128) plus a float32 scale per group, i.e.
+        ~1.03 bytes per gradient value this instance sends (LoCo 3.2's 8-bit floor); int8
+        codes only with a fixed scale. Zero before the first compress and after a reset."""
+        return {"errors": sum(t.numel() * t.element_size()
+                              for t in (self.error_codes, self.error_scales) if t is not None)}
+
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"steps": self.steps, "inner": self.inner.state_dict()}
         if self.numel is not None:

@@ -10,35 +10,16 @@ accurate on them (SDP4Bit Fig. 4) and converges where quantizing w itself stalls
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import torch
 
-from .base import Compressor, Packed, check_float_input
+from .base import Compressor, Packed, check_float_input, resolve_inner
 from .group_quant import GroupQuantizer
-from .registry import get_compressor, register_compressor
+from .registry import register_compressor
 
 _EXACT = "exact"
-
-
-def resolve_inner(scheme: str, inner: Compressor | str | None, default: Compressor) -> Compressor:
-    """``inner`` as a Compressor instance: a registered name gets its default parameters."""
-    if inner is None:
-        return default
-    if isinstance(inner, str):
-        return get_compressor(inner)
-    if isinstance(inner, Compressor):
-        return inner
-    raise ValueError(f"{scheme}: inner={inner!r} must be a Compressor instance or a registered "
-                     f"compressor name such as 'int'")
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality (NaN equals the same NaN), shapes and dtypes included."""
-    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-        return False
-    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
 
 
 @register_compressor("qwd")
@@ -46,30 +27,31 @@ class WeightDifferenceQuantizer(Compressor):
     """qWD: send ``inner(w - w~)``; decompress adds it to the reference w~ (SDP4Bit Alg. 2).
 
     ``inner`` (a Compressor or registered name; default ``int`` 4 bit, group 2048, nearest)
-    compresses the difference. One instance per weight stream (``fresh()``); its state is the
-    reference w~ and a copy of the last compressed input.
+    compresses the difference. One instance per weight stream (``fresh()``); its only state
+    is the reference w~ (in the weights' dtype).
 
     Protocol (all replicas hold equal state and see the same payloads):
 
-    - The first ``compress`` (no reference yet) sends the values exactly, as float32 (exact
-      for fp32/bf16/fp16, so the spec needs no dtype), and decompress sets w~ = w_0 exactly
-      (Alg. 4 line 2). Later ones send ``inner(w - w~)`` (Alg. 4 line 7).
-    - ``payload_spec(numel)`` describes the payload of the NEXT compress, which is also the one
-      the pending decompress expects: ``{"exact": (float32, numel)}`` while uninitialised,
-      ``inner.payload_spec(numel)`` after. It only changes in ``decompress``.
+    - The first ``compress`` (no reference yet) sends the values exactly, in their own dtype,
+      and decompress sets w~ = w_0 exactly (Alg. 4 line 2). Later ones send ``inner(w - w~)``
+      (Alg. 4 line 7).
+    - ``payload_spec(numel)`` is the inner's: the format of every payload after the first.
+      The first is ``numel`` values of the weights' dtype; ``unflatten`` rebuilds either,
+      from the reference's state (it only changes in ``decompress``).
     - ``decompress`` is stateful: it returns w~ + deq(payload) and stores it as the new w~
       (Alg. 4 line 8). Call it exactly once per payload on every replica, the sender included.
-    - A compress whose input is bitwise equal to the previous compress input sends zero
-      differences, so FSDP's backward all-gather (no optimizer step in between) rebuilds
-      exactly the forward's weights. A collective that learns that every rank's input is
-      ``unchanged`` can skip the exchange and use ``reference`` as is (same result).
+    - ``compress(x, unchanged=True)``: the caller knows (a host-side fact, e.g. no optimizer
+      step since the last all-gather: FSDP's backward all-gather) that x is the input of the
+      previous compress; zero differences are sent, so decompress returns w~ unchanged. No
+      tensor comparison and no copy of the input are made. A collective that knows it on
+      every rank can skip the exchange and use ``reference`` as is (same result).
 
-    All-gather recipe (one reference for the full gathered tensor, each rank sends its slot;
-    slots are equal, rank-major, as in FSDP's flat all-gather buffer)::
+    All-gather recipe (one reference of ``rows`` equal slots, rank-major; each rank sends
+    the row it owns, every holder decodes all rows at once)::
 
-        packed = qwd.compress_slot(shard, rank, world)     # vs w~[rank-th slot]
-        peers = [qwd.unflatten(b, shard.shape, shard.dtype) for b in gathered_buffers]
-        full = qwd.decompress_slots(peers)                 # flat (world * shard.numel(),)
+        packed = qwd.compress_slot(shard, row, rows)            # vs w~[row]
+        qwd.decompress_rows(gathered.view(rows, -1), shard.numel(), shard.dtype)
+        qwd.reference                                           # flat (rows * shard.numel(),)
 
     ``apply(ref, packed)`` is the pure update ``ref + deq(packed)`` for callers that keep the
     reference themselves.
@@ -83,37 +65,40 @@ class WeightDifferenceQuantizer(Compressor):
         super().__init__(inner=inner)
         self.inner = inner
         self.reference: torch.Tensor | None = None
-        self._last_input: torch.Tensor | None = None
 
     # -- wire format ----------------------------------------------------------------------
     def payload_spec(self, numel: int) -> dict[str, tuple[torch.dtype, int]]:
-        if self.reference is None:
-            return {_EXACT: (torch.float32, numel)}
+        """The inner's format (every payload after the first, exact one)."""
         return self.inner.payload_spec(numel)
 
+    def unflatten(self, buf: torch.Tensor, shape, dtype: torch.dtype) -> Packed:
+        """The exact first payload (``dtype`` values) while uninitialised, else the inner's."""
+        if self.reference is not None:
+            return super().unflatten(buf, shape, dtype)
+        shape = torch.Size(shape)
+        need = math.prod(shape) * dtype.itemsize
+        if buf.dtype != torch.uint8 or buf.numel() != need:
+            raise ValueError(f"qwd: expected the exact first payload, a uint8 buffer of {need} "
+                             f"bytes for shape {tuple(shape)} of {dtype}, got {buf.dtype} with "
+                             f"{buf.numel()} elements")
+        return Packed({_EXACT: buf.view(dtype)}, shape, dtype)
+
     # -- sender ---------------------------------------------------------------------------
-    def compress(self, x: torch.Tensor) -> Packed:
-        """``inner(x - w~)``; exact x on the first call; zero differences if x is unchanged."""
-        return self._encode(x, self.reference)
+    def compress(self, x: torch.Tensor, unchanged: bool = False) -> Packed:
+        """``inner(x - w~)``; exact x on the first call; zero differences if ``unchanged``."""
+        return self._encode(x, self.reference, unchanged)
 
-    def unchanged(self, x: torch.Tensor) -> bool:
-        """``x`` is bitwise the last compressed input and w~ exists: a compress would send
-        zero differences and decompress would return w~ unchanged."""
-        return (self.reference is not None and self._last_input is not None
-                and _same_bits(x.detach(), self._last_input))
+    def compress_slot(self, x: torch.Tensor, row: int, rows: int,
+                      unchanged: bool = False) -> Packed:
+        """Like ``compress`` with row ``row`` of ``rows`` equal rows of w~ as reference."""
+        ref = None if self.reference is None else self._rows(rows, x.numel())[row].view(x.shape)
+        return self._encode(x, ref, unchanged)
 
-    def compress_slot(self, x: torch.Tensor, rank: int, world: int) -> Packed:
-        """Like ``compress`` with slot ``rank`` of ``world`` equal slots of w~ as reference."""
-        return self._encode(x, self._slot_views(world, x.numel())[rank].view(x.shape)
-                            if self.reference is not None else None)
-
-    def _encode(self, x: torch.Tensor, ref: torch.Tensor | None) -> Packed:
+    def _encode(self, x: torch.Tensor, ref: torch.Tensor | None, unchanged: bool) -> Packed:
         check_float_input(self.name, x)
         x = x.detach()
-        unchanged = self.unchanged(x)
-        self._last_input = x.clone()
         if ref is None:
-            return Packed({_EXACT: x.reshape(-1).float()}, x.shape, x.dtype)
+            return Packed({_EXACT: x.reshape(-1)}, x.shape, x.dtype)
         if ref.shape != x.shape:
             raise ValueError(f"qwd: input shape {tuple(x.shape)} does not match the reference "
                              f"{tuple(ref.shape)}; use one instance per tensor (fresh())")
@@ -142,22 +127,45 @@ class WeightDifferenceQuantizer(Compressor):
         self._store(out)
         return out
 
-    def decompress_slots(self, packeds: Sequence[Packed]) -> torch.Tensor:
-        """All ranks' slot payloads -> the full flat w~: returned, and kept as a copy."""
-        if not packeds:
-            raise ValueError("qwd: decompress_slots needs one payload per rank")
-        numel = packeds[0].numel
-        refs = (self._slot_views(len(packeds), numel) if self.reference is not None
-                else [None] * len(packeds))
-        out = torch.cat([self.apply(r, p).reshape(-1) for r, p in zip(refs, packeds)])
-        self._store(out)
-        return out
+    def decompress_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Every row's payload at once -> the new flat w~ (``rows * numel`` values, updated
+        in place after the first call): ``wire`` is ``(rows, nbytes)`` uint8, row r the flat
+        payload of slot r. The exact first payloads become w~; later, one batched decode
+        (``GroupQuantizer`` inner: one dequantize over all rows) adds every row's difference,
+        bit-identical to ``decompress`` row by row."""
+        rows = wire.shape[0]
+        if self.reference is None:
+            self.reference = wire.contiguous().view(dtype).reshape(-1).clone()
+            if self.reference.numel() != rows * numel:
+                raise ValueError(f"qwd: exact payloads of {self.reference.numel()} values, "
+                                 f"expected {rows} x {numel}")
+            return self.reference
+        ref = self._rows(rows, numel)
+        if isinstance(self.inner, GroupQuantizer) and ref.dtype == dtype:
+            spec = self.inner.payload_spec(numel)
+            (_, ncodes), (_, ngroups) = spec["codes"], spec["scales"]
+            if wire.shape[1] != ncodes + 4 * ngroups:
+                raise ValueError(f"qwd: payload rows of {wire.shape[1]} bytes, expected "
+                                 f"{ncodes + 4 * ngroups} for {numel} values")
+            codes = wire[:, :ncodes].reshape(-1)
+            scales = wire[:, ncodes:].contiguous().view(torch.float32).reshape(-1)
+            inner = self.inner
+            diff = inner._impl(codes).dequantize(codes, scales, inner.bits, inner.group_size,
+                                                 torch.float32)
+            diff = diff.view(rows, -1)[:, :numel]
+            ref.copy_((ref.float() + diff).to(dtype))   # kernels' add_to, all rows at once
+            return self.reference
+        for r in range(rows):  # another inner: its own decode per row
+            packed = self.inner.unflatten(wire[r], (numel,), torch.float32)
+            ref[r].copy_(self.apply(ref[r], Packed(packed.payload, torch.Size((numel,)), dtype,
+                                                   packed.meta)))
+        return self.reference
 
-    def _slot_views(self, world: int, numel: int) -> torch.Tensor:
-        if self.reference.numel() != world * numel:
-            raise ValueError(f"qwd: {world} slots of {numel} values do not match the reference "
+    def _rows(self, rows: int, numel: int) -> torch.Tensor:
+        if self.reference.numel() != rows * numel:
+            raise ValueError(f"qwd: {rows} rows of {numel} values do not match the reference "
                              f"of {self.reference.numel()} values")
-        return self.reference.view(world, numel)
+        return self.reference.view(rows, numel)
 
     def _store(self, out: torch.Tensor) -> None:
         if self.reference is None or self.reference.dtype != out.dtype \
@@ -171,19 +179,22 @@ class WeightDifferenceQuantizer(Compressor):
                                   "(payloads are differences against a stateful reference)")
 
     # -- state ----------------------------------------------------------------------------
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of state held: the reference w~ (kind "references")."""
+        ref = self.reference
+        return {"references": 0 if ref is None else ref.numel() * ref.element_size()}
+
     def state_dict(self) -> dict[str, Any]:
+        """A snapshot (copy) of the reference: later all-gathers update it in place."""
         state: dict[str, Any] = {"inner": self.inner.state_dict()}
         if self.reference is not None:
             state["reference"] = self.reference.clone()
-        if self._last_input is not None:
-            state["last_input"] = self._last_input.clone()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        unknown = set(state) - {"inner", "reference", "last_input"}
+        unknown = set(state) - {"inner", "reference"}
         if unknown:
             raise ValueError(f"qwd: unexpected state keys {sorted(unknown)}")
         self.inner.load_state_dict(state.get("inner", {}))
-        ref, last = state.get("reference"), state.get("last_input")
+        ref = state.get("reference")
         self.reference = None if ref is None else ref.clone()
-        self._last_input = None if last is None else last.clone()

@@ -131,6 +131,19 @@ def fsdp_params(param_group) -> list:
     return list(_get(param_group, "fsdp_params"))
 
 
+def all_gather_dtype_device(param_group) -> tuple[torch.dtype, torch.device]:
+    """The dtype (mixed-precision param dtype, else the parameters') and device of the
+    group's all-gather buffer."""
+    fp = fsdp_params(param_group)[0]
+    sharded = _get(fp, "sharded_param")
+    return _get(param_group, "mp_policy").param_dtype or sharded.dtype, sharded.device
+
+
+def sharded_param_data(param_group) -> list:
+    """This rank's shard of each parameter (what optimizer steps update in place)."""
+    return [_get(p, "_sharded_param_data") for p in fsdp_params(param_group)]
+
+
 def param_owner(fsdp_param) -> tuple[Any, str]:
     """(module holding the parameter, its attribute name there)."""
     info = _get(fsdp_param, "_module_info")

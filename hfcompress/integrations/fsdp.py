@@ -3,8 +3,9 @@
 need are in ``_fsdp2``).
 
 - Forward all-gather: the config's weight scheme (ZeRO++ qwZ, SDP4Bit qWD Alg. 2, QSDP W8).
-  Backward all-gather: the same collective object (qWD: a flag all-reduce, then every rank
-  rebuilds the forward's weights from its references, no payload), or, with
+  Backward all-gather: the same collective object (qWD: no optimizer step since the forward,
+  known from the parameters' version counters, so every rank rebuilds the forward's weights
+  from its node-sharded references: an intra-node gather, no differences), or, with
   hpZ (``reshard_after_forward=ranks_per_node``, ZeRO++ 3.3 / B.2), an exact gather of the
   node's secondary partition, which never leaves the node.
 - Reduce-scatter: 1-hop all-to-all or the 2-hop intra-/inter-node all-to-all (ZeRO++ qgZ,
@@ -20,7 +21,7 @@ need are in ``_fsdp2``).
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,8 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from ..comm import (QuantizedAllGather, QuantizedReduceScatter, Topology, TwoHopReduceScatter,
                     WireMeter)
+from ..comm.all_gather import VersionWatch
+from ..comm.memory import check_fits
 from ..compressors.base import FLOAT_DTYPES
 from ..compressors.registry import build_compressor, get_compressor
 from ..config import CompressionConfig
@@ -75,6 +78,8 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
         self.name, self.param_group, self.layouts = name, param_group, layouts
         self.compressed, self.exact = compressed, exact
         self._warned = False
+        # qWD: "no optimizer step since the forward all-gather", known on the host
+        self.versions = VersionWatch(lambda: _fsdp2.sharded_param_data(param_group))
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False) -> None:
@@ -88,6 +93,7 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
                 group: dist.ProcessGroup) -> None:
         pg = self.param_group
         backward = _fsdp2.in_backward(pg)
+        unchanged = self.versions.unchanged() and backward   # ranks step together
         tag = ALL_GATHER_BWD if backward else ALL_GATHER
         self.exact.tag = tag
         with comm_guard(f"{'backward' if backward else 'forward'} all-gather", self.name,
@@ -100,7 +106,7 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
                 return None
             self.compressed.tag = tag
             if not layout.mixed:
-                self.compressed(output_tensor, input_tensor, group, maybe_unchanged=backward)
+                self.compressed(output_tensor, input_tensor, group, unchanged=unchanged)
                 return None
             world = group.size()
             comp_in, exact_in = layout.split(input_tensor.reshape(1, -1))
@@ -108,7 +114,7 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
                                    device=input_tensor.device)
             exact_out = torch.empty(world * exact_in.numel(), dtype=input_tensor.dtype,
                                     device=input_tensor.device)
-            self.compressed(comp_out, comp_in.reshape(-1), group, maybe_unchanged=backward)
+            self.compressed(comp_out, comp_in.reshape(-1), group, unchanged=unchanged)
             self.exact(exact_out, exact_in.reshape(-1), group)
             layout.merge(output_tensor.view(world, -1), comp_out.view(world, -1),
                          exact_out.view(world, -1))
@@ -211,13 +217,29 @@ class ModuleComms:
         self.module.set_custom_reduce_scatter(self._saved[1])
 
 
+def fsdp_shards(comms: Iterable[ModuleComms]) -> tuple[list[int], torch.dtype, torch.device]:
+    """Compressed values per rank of each FSDP unit, their all-gather dtype and device."""
+    numels, dtype, device = [], torch.float32, torch.device("cpu")
+    for m in comms:
+        layout = m.layouts.full
+        numels.append(layout.numel - layout.exact_numel)
+        dtype, device = _fsdp2.all_gather_dtype_device(m.param_group)
+    return numels, dtype, device
+
+
 # -- what the handle installs -----------------------------------------------------------------
 class FSDPInstall:
     """The collectives of every FSDP module of a model (what ``Compression`` installs for
     FSDP2): state as ``{"config", "modules": {name: {direction: state}}}``."""
 
-    def __init__(self, config: CompressionConfig, comms: dict[str, ModuleComms]) -> None:
+    def __init__(self, config: CompressionConfig, comms: dict[str, ModuleComms],
+                 topology: Topology) -> None:
         self.config, self.comms = config, comms
+        # compressor state per rank, estimated before any is allocated (raises on CUDA if
+        # it cannot fit)
+        numels, dtype, device = fsdp_shards(comms.values())
+        self.state_estimate = check_fits(config, numels, topology.world_size,
+                                         topology.ranks_per_node, dtype, device)
 
     def install(self) -> None:
         for c in self.comms.values():

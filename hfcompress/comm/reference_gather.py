@@ -1,0 +1,172 @@
+"""qWD all-gather with node-sharded references (SDP4Bit Alg. 2; the memory layout is ours).
+
+SDP4Bit keeps the reference w~ (the last gathered weights) of the whole tensor on every rank,
+which Megatron holds anyway (SDP4Bit 3.3, "Optimizing Memory Efficiency for Weight
+Differences Computation"); under FSDP2 / ZeRO-3 it would be a full copy of every unit per
+rank. Here, with X ranks per node and Y nodes (rank ``n*X + l``), rank (n, l) keeps the
+references of the Y slots ``m*X + l`` only (its inter-node group's shards: 1/X of each unit):
+
+1. inter-node all-gather, among the ranks with local index l, of the compressed differences
+   ``inner(w - w~)`` of their own shards (the first call: the exact values, in their dtype);
+2. every rank rebuilds its Y slots with one batched decode (``decompress_rows``): the same
+   bytes and the same arithmetic on every holder, so all copies stay bit-identical, and each
+   slot equals what the full-reference design computes;
+3. intra-node all-gather of the rebuilt slots in the weights' dtype (the fast links) into
+   FSDP's rank-major output.
+
+Per rank: references of ``1/X`` of the unit (instead of all of it), plus transient buffers of
+the output's size. X = 1 (one rank per node, or ``shard_references=False``) is SDP4Bit's
+layout: every rank holds every slot and step 3 is a local copy. The node-sharded layout is
+used when the all-gather group is the topology's world; another group (e.g. a sub-group)
+falls back to the full layout over that group.
+
+``unchanged=True`` (a host-side fact every rank agrees on: no optimizer step since the last
+all-gather, FSDP's backward all-gather) skips steps 1-2: what zero differences would rebuild
+is the reference itself (Alg. 2 with no step in between). Only step 3 runs: no inter-node
+traffic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..compressors.base import ReferenceCoded
+from .hop import all_gather_single
+from .topology import Topology
+from .wire_meter import WireMeter, peer_is_remote
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one all-gather group is served: ``rows`` slots held per rank (the ranks of
+    ``inter``), shared with ``ranks_per_node`` ranks over ``intra`` (None: nobody)."""
+
+    world: int
+    ranks_per_node: int
+    rows: int
+    row: int                    # this rank's index in ``inter`` (= its node when sharded)
+    local: int                  # this rank's index in ``intra``
+    inter: dist.ProcessGroup
+    intra: dist.ProcessGroup | None
+    inter_remote: tuple[bool, ...]
+    intra_remote: tuple[bool, ...]
+
+    def slots(self) -> list[int]:
+        """The output slots (= group ranks) whose references this rank holds."""
+        return [m * self.ranks_per_node + self.local for m in range(self.rows)]
+
+    def describe(self) -> str:
+        return f"world_size={self.world}, ranks_per_node={self.ranks_per_node}"
+
+
+def sends(per_peer: int, remote: tuple[bool, ...], me: int) -> tuple[int, int]:
+    """(intra, inter) bytes of sending ``per_peer`` bytes to every other rank of a group."""
+    inter = sum(per_peer for k, r in enumerate(remote) if k != me and r)
+    intra = sum(per_peer for k, r in enumerate(remote) if k != me and not r)
+    return intra, inter
+
+
+class ShardedReferences:
+    """The qWD stream of one all-gather: the references of this rank's slots."""
+
+    def __init__(self, compressor: ReferenceCoded, topology: Topology | None,
+                 shard: bool = True) -> None:
+        self.qwd = compressor.fresh()
+        self.topology, self.shard = topology, shard
+        self.layout: tuple[int, int, int] | None = None      # (world, ranks_per_node, numel)
+        self._routes: dict[Any, Route] = {}
+        self._used: Route | None = None
+
+    # -- routing --------------------------------------------------------------------------
+    def route(self, group: dist.ProcessGroup) -> Route:
+        r = self._routes.get(group)
+        if r is None:
+            r = self._routes[group] = self._make_route(group)
+        return r
+
+    def _make_route(self, group: dist.ProcessGroup) -> Route:
+        topo = self.topology
+        world, me = dist.get_world_size(group), dist.get_rank(group)
+        full_world = topo is not None and \
+            dist.get_process_group_ranks(group) == list(range(topo.world_size))
+        if self.shard and full_world and topo.ranks_per_node > 1:
+            return Route(world, topo.ranks_per_node, topo.num_nodes, topo.node, topo.local_rank,
+                         topo.inter_group, topo.intra_group,
+                         tuple(peer_is_remote(topo.inter_group, topo)),
+                         tuple(peer_is_remote(topo.intra_group, topo)))
+        return Route(world, 1, world, me, 0, group, None,
+                     tuple(peer_is_remote(group, topo)), (False,))
+
+    # -- the collective -------------------------------------------------------------------
+    def __call__(self, out: torch.Tensor, flat: torch.Tensor, group: dist.ProcessGroup,
+                 unchanged: bool, meter: WireMeter | None, tag: str) -> None:
+        route = self._used = self.route(group)
+        s, y, x = flat.numel(), route.rows, route.ranks_per_node
+        self._check_layout((route.world, x, s))
+        intra_bytes = inter_bytes = 0
+        if not unchanged or self.qwd.reference is None:
+            payload = self.qwd.compress_slot(flat, route.row, y).flat()
+            n = payload.numel()
+            if y > 1:
+                wire = torch.empty(y * n, dtype=torch.uint8, device=payload.device)
+                all_gather_single(wire, payload, group=route.inter)
+            else:
+                wire = payload
+            self.qwd.decompress_rows(wire.view(y, n), s, flat.dtype)
+            intra_bytes, inter_bytes = sends(n, route.inter_remote, route.row)
+        ref = self.qwd.reference
+        if x == 1:
+            out.copy_(ref)
+        else:
+            gathered = torch.empty(x * y * s, dtype=ref.dtype, device=ref.device)
+            all_gather_single(gathered, ref, group=route.intra)
+            # gathered is [local, node, s]; the output is rank-major [node, local, s]
+            out.view(y, x, s).copy_(gathered.view(x, y, s).transpose(0, 1))
+            a, b = sends(y * s * ref.element_size(), route.intra_remote, route.local)
+            intra_bytes, inter_bytes = intra_bytes + a, inter_bytes + b
+        if meter is not None:
+            meter.record(tag, intra_bytes, inter_bytes)
+
+    def _check_layout(self, layout: tuple[int, int, int]) -> None:
+        if self.layout is not None and self.layout != layout:
+            raise ValueError(f"qwd keeps references built for (world, ranks_per_node, numel) = "
+                             f"{self.layout}; got {layout}. Use one all-gather object per "
+                             f"tensor and process group.")
+        self.layout = layout
+
+    # -- state ----------------------------------------------------------------------------
+    def _default_route(self) -> Route:
+        group = self.topology.group if self.topology is not None else dist.group.WORLD
+        return self.route(group)
+
+    def state_bytes(self) -> dict[str, int]:
+        return self.qwd.state_bytes()
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's slots only. Every node holds one copy of each slot (the ranks of an
+        inter-node group hold the same rows): each rank saves its own, as it loads its own."""
+        r = self._used or self._default_route()
+        return {"layout": {"world_size": r.world, "ranks_per_node": r.ranks_per_node,
+                           "numel": None if self.layout is None else self.layout[2],
+                           "slots": r.slots()},
+                "qwd": self.qwd.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state["layout"]
+        r = self._default_route()
+        here = {"world_size": r.world, "ranks_per_node": r.ranks_per_node, "slots": r.slots()}
+        if any(saved[k] != v for k, v in here.items()):
+            raise ValueError(
+                f"qwd references were saved with world_size={saved['world_size']}, "
+                f"ranks_per_node={saved['ranks_per_node']} (this rank held slots "
+                f"{saved['slots']}); this run has {r.describe()} (slots {here['slots']}). "
+                f"Resume with the same number of ranks and nodes, or drop the hfcompress "
+                f"state from the checkpoint to start the references afresh")
+        self.qwd.load_state_dict(state["qwd"])
+        self._used = r
+        numel = saved["numel"]
+        self.layout = None if numel is None else (r.world, r.ranks_per_node, numel)
