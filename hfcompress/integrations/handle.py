@@ -130,6 +130,12 @@ class Compression:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.installed_parts.load_state_dict(state)
 
+    @property
+    def state_estimate(self) -> dict[str, int] | None:
+        """FSDP2: the compressor state per rank by kind, estimated before any was allocated
+        (``comm/memory.py``; on CUDA, ``apply`` raised if it could not fit). None for DDP."""
+        return getattr(self.installed_parts, "state_estimate", None)
+
     def memory_report(self) -> dict[str, int]:
         """Bytes on this rank: compressor state per kind (``references``, ``errors``,
         ``buffers``) and their ``total``, this rank's parameter shard
