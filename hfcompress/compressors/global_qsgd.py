@@ -43,15 +43,27 @@ def _check_positive_int(scheme: str, param: str, value: Any) -> None:
 
 
 def _same_scale(scheme: str, packeds: Sequence[Packed]) -> None:
-    """Payloads add up in the compressed domain only when quantized with one scale."""
+    """Payloads add up in the compressed domain only when quantized with one scale.
+
+    Checked without a host sync: a scale tensor shared by the payloads (as the collectives
+    pass it) needs no check; otherwise ``torch._assert_async`` compares the bits on the
+    device (CPU: raises here; CUDA: a device-side assert, the process cannot go on with a
+    corrupted sum anyway)."""
     if not packeds:
         raise ValueError(f"{scheme}: needs at least one payload")
-    ref = packeds[0].payload["scale"].view(torch.int32)
+    msg = (f"{scheme}: payloads must have the same shape and the same global scale "
+           f"(compress(x, scale=all_reduce_max(local_scale(x))))")
+    first = packeds[0].payload["scale"]
     for p in packeds[1:]:
-        scale = p.payload["scale"].view(torch.int32)
-        if p.numel != packeds[0].numel or not torch.equal(scale, ref):
-            raise ValueError(f"{scheme}: payloads must have the same shape and the same global "
-                             f"scale (compress(x, scale=all_reduce_max(local_scale(x))))")
+        scale = p.payload["scale"]
+        if p.numel != packeds[0].numel or scale.shape != first.shape:
+            raise ValueError(msg)
+        if scale.data_ptr() == first.data_ptr() and scale.stride() == first.stride():
+            continue
+        try:
+            torch._assert_async((scale.view(torch.int32) == first.view(torch.int32)).all(), msg)
+        except RuntimeError as err:
+            raise ValueError(msg) from err
 
 
 class _GlobalScaled(Compressor):

@@ -68,13 +68,23 @@ class LearnedLevels(BucketQuantizer):
         self.params.update(fit_steps=fit_steps, fit_after=fit_after, lr=lr, batch_size=batch_size)
         self.fit_steps, self.fit_after = fit_steps, fit_after
         self.lr, self.batch_size = lr, batch_size
-        self.levels = uniform_levels(bits)
+        self.levels = uniform_levels(bits)  # the state (CPU); see levels_on
+        self._on_device: dict[torch.device, tuple[torch.Tensor, int, torch.Tensor]] = {}
         self.fitted = False
         self.calls = 0
 
     def _check_lr(self, lr: Any) -> None:
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr <= 1:
             raise ValueError(f"{self.name}: lr={lr!r} must be a number in (0, 1]")
+
+    def levels_on(self, device: torch.device) -> torch.Tensor:
+        """``self.levels`` on ``device``, copied once per change of the levels (a new tensor
+        or an in-place edit), so a steady-state compress makes no host-to-device copy."""
+        lv = self.levels
+        cached = self._on_device.get(device)
+        if cached is None or cached[0] is not lv or cached[1] != lv._version:
+            cached = self._on_device[device] = (lv, lv._version, lv.to(device))
+        return cached[2]
 
     # -- learning (Alg. 2) ------------------------------------------------------------------
     def _normalized(self, x: torch.Tensor) -> torch.Tensor:
@@ -131,7 +141,7 @@ class LearnedLevels(BucketQuantizer):
             self.fit(x)
         self.calls += 1
         flat = pad_edge(x.detach(), self.bucket_size)
-        levels = self.levels.to(flat.device)
+        levels = self.levels_on(flat.device)
         codes, lo, rng = self._impl(flat).quantize(flat, levels, self.bits, self.bucket_size)
         return self._packed(x, (codes, lo, rng, levels.clone()))
 
