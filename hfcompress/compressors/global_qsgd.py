@@ -171,7 +171,8 @@ class GlobalQSGD(_GlobalScaled):
         check_float_input(self.name, x)
         s = self._scale(x, scale)
         flat = x.reshape(-1)
-        codes = self._impl(flat).linear_quantize(flat, s, self.levels, self.rng.uniform_like(flat),
+        codes = self._impl(flat).linear_quantize(flat, s, self.levels,
+                                                 self.rng.next_keys(flat.device),
                                                  self.wire_dtype, self.block_size)
         return Packed({"scale": s, "codes": codes}, x.shape, x.dtype)
 
@@ -246,7 +247,7 @@ class GlobalQSGDExp(_GlobalScaled):
         pad = self._padded(flat.numel()) - flat.numel()
         flat = torch.nn.functional.pad(flat, (0, pad)) if pad else flat
         codes = self._impl(flat).exp_quantize(flat, s, self.levels, self.headroom, self.bits,
-                                              self.rng.uniform_like(flat), self.block_size)
+                                              self.rng.next_keys(flat.device), self.block_size)
         return Packed({"scale": s, "codes": codes}, x.shape, x.dtype)
 
     def _decode(self, packed: Packed, dtype: torch.dtype) -> torch.Tensor:
@@ -271,13 +272,12 @@ class GlobalQSGDExp(_GlobalScaled):
         """C_nat(a + b) in the compressed domain (Alg. 2): one exponent reduce step.
 
         Unbiased, variance <= (a + b)**2 / 8 per value. ``noise`` (float32 U[0, 1), one per
-        code, i.e. per padded value) defaults to this compressor's generator.
+        code, i.e. per padded value, or hash keys) defaults to this compressor's generator.
         """
         _same_scale(self.name, (a, b))
         ca, cb = a.payload["codes"], b.payload["codes"]
         if noise is None:
-            noise = self.rng.uniform_like(torch.empty(ca.numel() * 8 // self.bits,
-                                                      device=ca.device))
+            noise = self.rng.next_keys(ca.device)
         codes = self._impl(ca).exp_combine(ca, cb, self.bits, noise)
         return Packed({"scale": a.payload["scale"].clone(), "codes": codes}, a.shape, a.dtype)
 

@@ -40,15 +40,13 @@ class GroupQuantizer(BucketQuantizer):
     def compress(self, x: torch.Tensor) -> Packed:
         check_float_input(self.name, x)
         flat = pad_to(x, self.group_size)
-        noise = self.rng.uniform_like(flat) if self.rounding == "stochastic" else None
+        noise = self.rng.next_keys(flat.device) if self.rounding == "stochastic" else None
         return self._packed(x, self._impl(flat).quantize(flat, self.bits, self.group_size, noise))
 
     def compress_difference(self, x: torch.Tensor, ref: torch.Tensor) -> Packed:
         """``compress(x - ref)``, the subtraction and padding fused into the kernel."""
         check_float_input(self.name, x)
-        n = x.numel() + (-x.numel()) % self.group_size
-        noise = self.rng.uniform_like(torch.empty(n, device=x.device)) \
-            if self.rounding == "stochastic" else None
+        noise = self.rng.next_keys(x.device) if self.rounding == "stochastic" else None
         codes, scales = self._impl(x).quantize_difference(x, ref, self.bits, self.group_size,
                                                           noise)
         return Packed({"codes": codes, "scales": scales}, x.shape, torch.float32)

@@ -122,7 +122,7 @@ class HadamardQuantizer(Compressor):
                   dtype: torch.dtype) -> Packed:
         """``hadamard_size=1`` is the 1x1 Hadamard matrix: plain group quantization."""
         flat = pad_to(x, self.group_size)
-        noise = self._q.rng.uniform_like(flat) if self.rounding == "stochastic" else None
+        noise = self._q.rng.next_keys(flat.device) if self.rounding == "stochastic" else None
         codes, scales = self._impl(flat).quantize(flat, self.bits, self.group_size,
                                                   hadamard_size, noise)
         return Packed({"codes": codes, "scales": scales}, shape, dtype)

@@ -29,5 +29,5 @@ class QSGD(BucketQuantizer):
     def compress(self, x: torch.Tensor) -> Packed:
         check_float_input(self.name, x)
         flat = pad_to(x.detach(), self.bucket_size)
-        noise = self.rng.uniform_like(flat)
+        noise = self.rng.next_keys(flat.device)  # the kernel expands them (noise.py)
         return self._packed(x, self._impl(flat).quantize(flat, self.bits, self.bucket_size, noise))

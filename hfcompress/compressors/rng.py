@@ -3,7 +3,9 @@
 ``uniform_like`` (the rounding noise of every stochastic scheme, e.g. SDP4Bit 2.2, QSDP 3.2,
 Global-QSGD Alg. 1) is the counter-based hash of ``kernels/noise.py``: call ``n`` is keyed by
 the ``n``-th output of a splitmix64 stream seeded from ``seed``, so the state is just
-``(seed, n)`` and the numbers are the same on every device and backend. ``generator(device)``
+``(seed, n)`` and the numbers are the same on every device and backend. ``next_keys`` draws
+the same call's keys only: the quantize kernels take them in place of the noise and the
+Triton ones hash each value's index themselves (no noise tensor in memory), same numbers. ``generator(device)``
 is a ``torch.Generator`` per device, seeded from a mix of ``seed`` (not the stream of
 ``torch.manual_seed(seed)``), for small draws (random shifts, level initialization). Both
 states go into the compressor's ``state_dict`` so a resumed run draws the same noise.
@@ -36,13 +38,20 @@ class SeededRNG:
             self._gens[key] = gen
         return self._gens[key]
 
+    def next_keys(self, device: torch.device | str) -> torch.Tensor:
+        """The int64 hash keys ``(k1, k2)`` of the next call, on ``device``: what a quantize
+        kernel's ``noise`` argument takes to round with ``uniform_like``'s numbers."""
+        keys = torch.tensor(call_keys(self.seed, self.calls), dtype=torch.int64)
+        self.calls += 1
+        if torch.device(device).type == "cpu":
+            return keys
+        # a pinned source copied non_blocking, so the host does not wait for the kernels
+        # already queued (a copy from pageable memory would)
+        return keys.pin_memory().to(device, non_blocking=True)
+
     def uniform_like(self, x: torch.Tensor) -> torch.Tensor:
         """float32 U[0, 1) noise of x's shape on x's device (x is not read); fresh per call."""
-        keys = torch.tensor(call_keys(self.seed, self.calls), dtype=torch.int64)
-        # CUDA: a pinned source copied non_blocking, so the host does not wait for the
-        # kernels already queued (a copy from pageable memory would)
-        keys = keys.pin_memory().to(x.device, non_blocking=True) if x.is_cuda else keys.to(x.device)
-        self.calls += 1
+        keys = self.next_keys(x.device)
         return dispatch.pick(x, "auto", noise_twin, "triton_noise").uniform_like(x, keys)
 
     def state_dict(self) -> dict[str, Any]:

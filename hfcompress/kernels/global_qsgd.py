@@ -3,7 +3,8 @@
 Every peer quantizes with the same global scale (Global-QSGD Alg. 1), given as a float32
 tensor: one element for the whole tensor (``block_size=None``, the paper), or one per block
 of ``block_size`` consecutive values (value i uses ``scale[i // block_size]``);
-``t = min(|x| / scale, 1)``. The noise is float32 U[0, 1), one draw per code. All integer
+``t = min(|x| / scale, 1)``. The noise is float32 U[0, 1), one draw per code (given as
+values or as the hash keys, ``noise.py``). All integer
 and float steps below are the ones the Triton kernels run, so both give the same bits for
 the same noise.
 
@@ -28,6 +29,8 @@ or Inf (never finite garbage).
 from __future__ import annotations
 
 import torch
+
+from .noise import noise_values
 
 #: run through torch.compile on CPU by ``dispatch.pick`` (same numbers, several times faster)
 COMPILE_ON_CPU = ("linear_quantize", "linear_dequantize", "exp_quantize", "exp_dequantize",
@@ -69,7 +72,7 @@ def linear_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, noise: to
     y = (x.float() * inv).nan_to_num_(nan=0.0, posinf=1.0, neginf=-1.0)
     y = y.clamp_(-1.0, 1.0).mul_(float(levels))
     q = torch.floor(y)
-    return q.add_(noise.reshape(y.shape) < y.sub_(q)).to(wire_dtype)
+    return q.add_(noise_values(noise, y) < y.sub_(q)).to(wire_dtype)
 
 
 def linear_dequantize(codes: torch.Tensor, scale: torch.Tensor, levels: int,
@@ -101,7 +104,7 @@ def exp_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, headroom: in
                  noise: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
     """1-D x (numel a multiple of 8 // bits) -> packed (sign, e) codes (Global-QSGD 4.2)."""
     t = _unit(x, per_value(scale_inverse(scale), x.numel(), block_size))
-    u = noise.reshape(t.shape)
+    u = noise_values(noise, t)
     tb = t.view(torch.int32)
     jl = 127 - (tb >> 23)                                # t in [2**-jl, 2**(1-jl)), t >= 0
     frac = (tb & 0x7FFFFF).float().mul_(1.0 / 8388608.0)  # (t - 2**-jl) / 2**-jl, exact
@@ -146,7 +149,7 @@ def exp_combine(a: torch.Tensor, b: torch.Tensor, bits: int, noise: torch.Tensor
     ca, cb = _split(a, bits), _split(b, bits)
     e1, e2 = ca & m, cb & m
     sign1, sign2 = 1 - 2 * (ca >> (bits - 1)), 1 - 2 * (cb >> (bits - 1))
-    pb = noise.reshape(ca.shape).float().view(torch.int32)
+    pb = noise_values(noise, ca).float().view(torch.int32)
     k = torch.clamp(127 - ((pb >> 23) & 0xFF), max=m)
     gz1, gz2 = (e1 > 0).to(torch.int32), (e2 > 0).to(torch.int32)
     sign12 = sign1 * sign2 * gz1 * gz2

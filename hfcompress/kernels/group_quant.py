@@ -3,7 +3,7 @@
 SDP4Bit 2.2 / ZeRO++ 3.2: per group of ``group_size`` values, ``scale = absmax / qmax`` with
 ``qmax = 2**(bits-1) - 1``; ``q = round(x * inv)`` with ``inv = (1 / absmax) * qmax``, clamped
 to ``[-qmax, qmax]`` (nearest: ``floor(y + 0.5)``; stochastic: ``floor(y + u)``, u ~ U[0, 1)
-given as ``noise``), stored as the unsigned code ``q + 2**(bits-1)`` packed densely
+given as ``noise``: values or the hash keys, see ``noise.py``), stored as the unsigned code ``q + 2**(bits-1)`` packed densely
 (``packing.py``). Every step is one IEEE float32 operation, never contracted into an FMA.
 
 Numbers every backend reproduces bit for bit:
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .noise import noise_values
 from .packing import pack_codes, unpack_codes
 
 #: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU
@@ -44,7 +45,7 @@ def group_scales(g: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor
 def round_codes(y: torch.Tensor, bits: int, noise: torch.Tensor | None) -> torch.Tensor:
     """float32 values already in level units -> unsigned uint8 codes (NaN -> level 0)."""
     qmax = qmax_of(bits)
-    q = torch.floor(y + (0.5 if noise is None else noise.reshape(y.shape)))
+    q = torch.floor(y + (0.5 if noise is None else noise_values(noise, y)))
     q = torch.where(q == q, q.clamp(-qmax, qmax), 0.0)
     return (q + (qmax + 1)).to(torch.uint8)
 

@@ -22,6 +22,12 @@ stochastic rounding ``floor(y + u)`` (in exact arithmetic) rounds up with probab
 (-2**-25 on average over ``frac(y)``), far below the rounding noise itself.
 
 ``SeededRNG`` (``compressors/rng.py``) draws fresh ``(k1, k2)`` per call.
+
+Every quantize kernel taking a ``noise`` argument accepts either the float32 values, one per
+value it rounds, or just the int64 keys ``(k1, k2)``: element ``i`` then gets the noise of
+flat index ``i``. The torch twins expand the keys with :func:`uniform_like`
+(:func:`noise_values`); the Triton kernels hash the index inside the kernel
+(``triton_noise.noise_at``), so no noise tensor goes through memory; same numbers.
 """
 
 from __future__ import annotations
@@ -49,6 +55,17 @@ def fmix(x: torch.Tensor) -> torch.Tensor:
 def hash_index(i: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor:
     """int64 indices ``i >= 0`` and 32-bit keys -> 32-bit hashes (int64)."""
     return fmix(fmix((i & M32) ^ k1) ^ ((i >> 32) ^ k2))
+
+
+def is_keys(noise: torch.Tensor | None) -> bool:
+    """Whether a kernel's ``noise`` argument is the hash keys (int64) rather than values."""
+    return noise is not None and noise.dtype == torch.int64
+
+
+def noise_values(noise: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A kernel's ``noise`` argument as float32 values of ``like``'s shape: the keys expanded
+    over ``like``'s flat indices, or the given values reshaped."""
+    return uniform_like(like, noise) if is_keys(noise) else noise.reshape(like.shape)
 
 
 def uniform_like(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 Norm: per bucket the max norm ``norm = max |x|``. QSDP 3.2 scales values "to the range [-1, 1]"
 before rounding and 5.1 sends per-bucket scaling meta-data; QSGD's l2 norm (Alistarh et al.
 2017) would leave a 1024-value bucket only a few levels per typical value.
-With ``s = 2**(bits-1) - 1`` levels per sign and u ~ U[0, 1) (``noise``, one per value), the
+With ``s = 2**(bits-1) - 1`` levels per sign and u ~ U[0, 1) (``noise``, one per value; or its hash keys, ``noise.py``), the
 level is ``l = floor(|x| * s / norm + u)`` in [0, s] and ``q = sign(x) * l``: the stochastic
 rounding of QSDP 3.2, unbiased, with per-value variance ``d**2 p (1 - p)``, ``d = norm / s`` and
 p the fraction of ``|x| / d``, so at most ``d**2 / 4`` and ``d |x|`` (QSDP D.3).
@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from .group_quant import dequantize, dequantize_sum, qmax_of  # noqa: F401 (same decode)
+from .noise import noise_values
 from .packing import pack_codes
 
 #: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU (same numbers)
@@ -35,7 +36,7 @@ def quantize(x: torch.Tensor, bits: int, bucket_size: int,
     s_t = torch.full_like(norm, s)  # tensor / tensor: IEEE division, as div_rn in Triton
     scale = torch.where(ok, norm / s_t, torch.full_like(norm, float("nan")))
     inv = torch.where(ok & (norm > 0), s_t / norm, torch.zeros_like(norm))
-    level = torch.floor(g.abs() * inv[:, None] + noise.reshape(g.shape))
+    level = torch.floor(g.abs() * inv[:, None] + noise_values(noise, g))
     level = torch.nan_to_num(level, nan=0.0).clamp_(0, s)
     q = torch.where(g < 0, -level, level)
     return pack_codes((q + (s + 1)).to(torch.uint8).reshape(-1), bits), scale

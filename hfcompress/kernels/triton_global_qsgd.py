@@ -4,7 +4,9 @@ Same functions, signatures and bits as the torch twin ``global_qsgd.py`` (see it
 for the math and the code layout). One program handles ``BLOCK`` output elements (bytes for
 the exponential codes, two codes per byte at 4 bits); offsets are int64. Value i reads its
 scale at ``i // per``: ``per`` is the scale's block size, or the value count when one scale
-covers the tensor (``block_size=None``).
+covers the tensor (``block_size=None``). Noise given as keys is hashed in the kernel
+(``triton_noise.noise_at``, value i gets the noise of flat index i). Every launch is compiled
+with ``enable_fp_fusion=False``: no multiply-add contracted into an FMA the twin does not do.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import triton
 import triton.language as tl
 
 from .global_qsgd import linear_step, scale_inverse
+from .triton_noise import noise_at, noise_operand
 
 BLOCK = 2048
 
@@ -50,11 +53,11 @@ def _unit(x, inv):
 # -- linear dithering -------------------------------------------------------------------
 @triton.jit
 def _linear_quantize_kernel(x_ptr, inv_ptr, noise_ptr, out_ptr, n, per, levels,
-                            BLOCK: tl.constexpr):
+                            HASH: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(noise_ptr + offs, mask=mask, other=0.0)
+    u = noise_at(noise_ptr, offs, mask, HASH)
     y = x * tl.load(inv_ptr + offs // per, mask=mask, other=0.0)
     y = tl.where(y != y, 0.0, y)
     y = tl.minimum(tl.maximum(y, -1.0), 1.0) * levels
@@ -78,8 +81,10 @@ def linear_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, noise: to
     n = x.numel()
     out = torch.empty(n, dtype=wire_dtype, device=x.device)
     if n:
-        _linear_quantize_kernel[_grid(n)](x, scale_inverse(scale), noise.contiguous(), out, n,
-                                          _per(block_size, n), float(levels), BLOCK=BLOCK)
+        u, hashed = noise_operand(noise, n, x)
+        _linear_quantize_kernel[_grid(n)](x, scale_inverse(scale), u, out, n,
+                                          _per(block_size, n), float(levels), HASH=hashed,
+                                          BLOCK=BLOCK, enable_fp_fusion=False)
     return out
 
 
@@ -91,7 +96,8 @@ def linear_dequantize(codes: torch.Tensor, scale: torch.Tensor, levels: int,
     out = torch.empty(n, dtype=dtype, device=codes.device)
     if n:
         _linear_dequantize_kernel[_grid(n)](codes, linear_step(scale, levels), out, n,
-                                            _per(block_size, n), BLOCK=BLOCK)
+                                            _per(block_size, n), BLOCK=BLOCK,
+                                            enable_fp_fusion=False)
     return out
 
 
@@ -112,19 +118,20 @@ def _exp_code(x, u, inv, levels, headroom, sub_mult, BITS: tl.constexpr):
 
 @triton.jit
 def _exp_quantize_kernel(x_ptr, inv_ptr, noise_ptr, out_ptr, nbytes, per, levels, headroom,
-                         sub_mult, BITS: tl.constexpr, BLOCK: tl.constexpr):
+                         sub_mult, HASH: tl.constexpr, BITS: tl.constexpr,
+                         BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < nbytes
     if BITS == 8:
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(noise_ptr + offs, mask=mask, other=0.0)
+        u = noise_at(noise_ptr, offs, mask, HASH)
         inv = tl.load(inv_ptr + offs // per, mask=mask, other=0.0)
         code = _exp_code(x, u, inv, levels, headroom, sub_mult, BITS)
     else:
         x0 = tl.load(x_ptr + 2 * offs, mask=mask, other=0.0).to(tl.float32)
         x1 = tl.load(x_ptr + 2 * offs + 1, mask=mask, other=0.0).to(tl.float32)
-        u0 = tl.load(noise_ptr + 2 * offs, mask=mask, other=0.0)
-        u1 = tl.load(noise_ptr + 2 * offs + 1, mask=mask, other=0.0)
+        u0 = noise_at(noise_ptr, 2 * offs, mask, HASH)
+        u1 = noise_at(noise_ptr, 2 * offs + 1, mask, HASH)
         inv0 = tl.load(inv_ptr + (2 * offs) // per, mask=mask, other=0.0)
         inv1 = tl.load(inv_ptr + (2 * offs + 1) // per, mask=mask, other=0.0)
         code = _exp_code(x0, u0, inv0, levels, headroom, sub_mult, BITS) \
@@ -181,18 +188,18 @@ def _exp_reduce(ca, cb, p, BITS: tl.constexpr):
 
 
 @triton.jit
-def _exp_combine_kernel(a_ptr, b_ptr, noise_ptr, out_ptr, nbytes, BITS: tl.constexpr,
-                        BLOCK: tl.constexpr):
+def _exp_combine_kernel(a_ptr, b_ptr, noise_ptr, out_ptr, nbytes, HASH: tl.constexpr,
+                        BITS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < nbytes
     ca = tl.load(a_ptr + offs, mask=mask, other=0).to(tl.int32)
     cb = tl.load(b_ptr + offs, mask=mask, other=0).to(tl.int32)
     if BITS == 8:
-        p = tl.load(noise_ptr + offs, mask=mask, other=0.0)
+        p = noise_at(noise_ptr, offs, mask, HASH)
         code = _exp_reduce(ca, cb, p, BITS)
     else:
-        p0 = tl.load(noise_ptr + 2 * offs, mask=mask, other=0.0)
-        p1 = tl.load(noise_ptr + 2 * offs + 1, mask=mask, other=0.0)
+        p0 = noise_at(noise_ptr, 2 * offs, mask, HASH)
+        p1 = noise_at(noise_ptr, 2 * offs + 1, mask, HASH)
         code = _exp_reduce(ca & 0xF, cb & 0xF, p0, BITS) \
             | (_exp_reduce(ca >> 4, cb >> 4, p1, BITS) << 4)
     tl.store(out_ptr + offs, code.to(tl.uint8), mask=mask)
@@ -203,10 +210,11 @@ def exp_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, headroom: in
     nbytes = x.numel() * bits // 8
     out = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
     if nbytes:
+        u, hashed = noise_operand(noise, x.numel(), x)
         _exp_quantize_kernel[_grid(nbytes)](
-            x.contiguous(), scale_inverse(scale), noise.contiguous(), out, nbytes,
+            x.contiguous(), scale_inverse(scale), u, out, nbytes,
             _per(block_size, x.numel()), levels, headroom, float(2.0 ** (levels - 1)),
-            BITS=bits, BLOCK=BLOCK)
+            HASH=hashed, BITS=bits, BLOCK=BLOCK, enable_fp_fusion=False)
     return out
 
 
@@ -219,13 +227,16 @@ def exp_dequantize(codes: torch.Tensor, scale: torch.Tensor, headroom: int, bits
     if codes.numel():
         _exp_dequantize_kernel[_grid(codes.numel())](codes, scale.reshape(-1).float(), out,
                                                      codes.numel(), _per(block_size, n),
-                                                     headroom, BITS=bits, BLOCK=BLOCK)
+                                                     headroom, BITS=bits, BLOCK=BLOCK,
+                                                     enable_fp_fusion=False)
     return out
 
 
 def exp_combine(a: torch.Tensor, b: torch.Tensor, bits: int, noise: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(a)
     if a.numel():
-        _exp_combine_kernel[_grid(a.numel())](a.contiguous(), b.contiguous(), noise.contiguous(),
-                                              out, a.numel(), BITS=bits, BLOCK=BLOCK)
+        u, hashed = noise_operand(noise, a.numel() * 8 // bits, a)
+        _exp_combine_kernel[_grid(a.numel())](a.contiguous(), b.contiguous(), u, out, a.numel(),
+                                              HASH=hashed, BITS=bits, BLOCK=BLOCK,
+                                              enable_fp_fusion=False)
     return out

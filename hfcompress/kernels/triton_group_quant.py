@@ -2,7 +2,8 @@
 ZeRO++ 3.2), bit-exact with the torch twin.
 
 Bit-exact by construction: IEEE division (``div_rn``) for ``absmax / qmax`` and
-``1 / absmax``, ``floor(y + 0.5)`` / ``floor(y + noise)`` rounding, peers added in order
+``1 / absmax``, ``floor(y + 0.5)`` / ``floor(y + noise)`` rounding (noise hashed in the kernel when given as
+keys, ``triton_noise.noise_at``), peers added in order
 0..P-1, every launch compiled with ``enable_fp_fusion=False`` (no multiply-add contracted
 into an FMA). Non-finite groups are detected explicitly (``x != x``, ``|x| == inf``), never
 through ``tl.max``. bfloat16 output is rounded on the bits (round to nearest even, as torch),
@@ -23,6 +24,7 @@ import triton.language as tl
 
 from . import group_quant as _twin
 from .packing import _UNIT, packed_nbytes
+from .triton_noise import noise_at, noise_operand
 
 #: values per program (a power of two); a quantizing tile holds whole groups
 BLOCK_ELEMS = 4096
@@ -53,7 +55,7 @@ def _tile(pid, n_groups, GS: tl.constexpr, BLOCK_G: tl.constexpr, U_P2: tl.const
 @triton.jit
 def _quantize_tile(y, e, mask, g, u, umask, noise_ptr, packed_ptr, scale_ptr, n_groups,
                    GS: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
-                   BPU: tl.constexpr, STOCHASTIC: tl.constexpr):
+                   BPU: tl.constexpr, STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
     """Quantize a float32 tile (masked values 0) and store its scales and packed codes."""
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     nonfinite = (y != y) | (tl.abs(y) == float("inf"))
@@ -66,7 +68,7 @@ def _quantize_tile(y, e, mask, g, u, umask, noise_ptr, packed_ptr, scale_ptr, n_
     inv = tl.where(ok, tl.math.div_rn(one, tl.where(ok, absmax, 1.0)) * QMAX, 0.0)
     t = y * inv[:, None, None]
     if STOCHASTIC:
-        q = tl.floor(t + tl.load(noise_ptr + e, mask=mask, other=0.0))
+        q = tl.floor(t + noise_at(noise_ptr, e, mask, HASH))
     else:
         q = tl.floor(t + 0.5)
     q = tl.where(q == q, tl.minimum(tl.maximum(q, -QMAX), QMAX), 0.0)
@@ -97,11 +99,11 @@ def _dequantize_at(packed_ptr, scale_ptr, e, mask, GS: tl.constexpr, BITS: tl.co
 def _quantize_kernel(x_ptr, noise_ptr, packed_ptr, scale_ptr, n_groups,
                      GS: tl.constexpr, BLOCK_G: tl.constexpr, U_P2: tl.constexpr,
                      BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
-                     STOCHASTIC: tl.constexpr):
+                     STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
     g, u, e, umask, mask = _tile(tl.program_id(0), n_groups, GS, BLOCK_G, U_P2, CPU)
     y = tl.load(x_ptr + e, mask=mask, other=0.0).to(tl.float32)
     _quantize_tile(y, e, mask, g, u, umask, noise_ptr, packed_ptr, scale_ptr, n_groups,
-                   GS, BITS, CPU, BPU, STOCHASTIC)
+                   GS, BITS, CPU, BPU, STOCHASTIC, HASH)
 
 
 @triton.jit
@@ -131,7 +133,8 @@ def _dequantize_sum_quantize_kernel(packed_ptr, scale_ptr, noise_ptr, out_packed
                                     BPU: tl.constexpr, OGS: tl.constexpr,
                                     BLOCK_G: tl.constexpr, U_P2: tl.constexpr,
                                     OBITS: tl.constexpr, OCPU: tl.constexpr,
-                                    OBPU: tl.constexpr, STOCHASTIC: tl.constexpr):
+                                    OBPU: tl.constexpr, STOCHASTIC: tl.constexpr,
+                                    HASH: tl.constexpr):
     """Tiles of ``BLOCK_G`` output groups: the peers' float32 sum, requantized in place."""
     g, u, e, umask, mask = _tile(tl.program_id(0), n_groups, OGS, BLOCK_G, U_P2, OCPU)
     y = _dequantize_at(packed_ptr, scale_ptr, e, mask, GS, BITS, CPU, BPU)
@@ -140,7 +143,7 @@ def _dequantize_sum_quantize_kernel(packed_ptr, scale_ptr, noise_ptr, out_packed
         scale_ptr += peer_groups
         y = y + _dequantize_at(packed_ptr, scale_ptr, e, mask, GS, BITS, CPU, BPU)
     _quantize_tile(y, e, mask, g, u, umask, noise_ptr, out_packed_ptr, out_scale_ptr, n_groups,
-                   OGS, OBITS, OCPU, OBPU, STOCHASTIC)
+                   OGS, OBITS, OCPU, OBPU, STOCHASTIC, HASH)
 
 
 def _tile_consts(bits: int, group_size: int) -> dict:
@@ -158,10 +161,10 @@ def quantize(x: torch.Tensor, bits: int, group_size: int,
     scale = torch.empty(n_groups, dtype=torch.float32, device=x.device)
     if n_groups:
         k = _tile_consts(bits, group_size)
-        stochastic = noise is not None
+        u, hashed = noise_operand(noise, x.numel(), x)
         _quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
-            x, noise.reshape(-1).contiguous() if stochastic else x, packed, scale, n_groups,
-            GS=group_size, BITS=bits, STOCHASTIC=stochastic, **k, enable_fp_fusion=False)
+            x, u, packed, scale, n_groups, GS=group_size, BITS=bits,
+            STOCHASTIC=noise is not None, HASH=hashed, **k, enable_fp_fusion=False)
     return packed, scale
 
 
@@ -209,13 +212,13 @@ def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int
     if n_groups and n_peers:
         cpu, bpu = _UNIT[bits]
         k = _tile_consts(out_bits, out_group_size)
-        stochastic = noise is not None
+        u, hashed = noise_operand(noise, numel, scale)
         _dequantize_sum_quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
-            packed, scale, noise.reshape(-1).contiguous() if stochastic else scale, out_packed,
+            packed, scale, u, out_packed,
             out_scale, n_groups, n_peers, packed.shape[1], n_in_groups, GS=group_size,
             BITS=bits, CPU=cpu, BPU=bpu, OGS=out_group_size, BLOCK_G=k["BLOCK_G"],
             U_P2=k["U_P2"], OBITS=out_bits, OCPU=k["CPU"], OBPU=k["BPU"],
-            STOCHASTIC=stochastic, enable_fp_fusion=False)
+            STOCHASTIC=noise is not None, HASH=hashed, enable_fp_fusion=False)
     return out_packed, out_scale
 
 

@@ -2,7 +2,8 @@
 
 Bit-exact with the torch twin by construction: the same float32 butterfly (add/sub stages,
 one multiply by ``inv_sqrt(n)``), IEEE division (``div_rn``), ``floor(y + 0.5)`` /
-``floor(y + noise)`` rounding, peers added in order 0..P-1, and every launch compiled with
+``floor(y + noise)`` rounding (noise hashed in the kernel when given as keys,
+``triton_noise.noise_at``), peers added in order 0..P-1, and every launch compiled with
 ``enable_fp_fusion=False`` so no multiply-add is contracted into an FMA. Non-finite groups are
 detected explicitly (``x != x``, ``|x| == inf``), not through ``tl.max``.
 
@@ -20,6 +21,7 @@ import triton.language as tl
 
 from .hadamard import inv_sqrt
 from .packing import packed_nbytes
+from .triton_noise import noise_at, noise_operand
 
 #: values per program (a power of two); tiles of whole groups / whole n-blocks
 BLOCK_ELEMS = 4096
@@ -114,7 +116,7 @@ def _quantize_kernel(x_ptr, noise_ptr, packed_ptr, scale_ptr, n_groups,
                      GS: tl.constexpr, GS_P2: tl.constexpr, BLOCK_G: tl.constexpr,
                      N: tl.constexpr, LOG2N: tl.constexpr, SCALE: tl.constexpr,
                      BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
-                     STOCHASTIC: tl.constexpr):
+                     STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
     g, c, mask = _tile(tl.program_id(0), n_groups, GS, BLOCK_G, GS_P2)
     offs = g[:, None] * GS + c[None, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -130,7 +132,7 @@ def _quantize_kernel(x_ptr, noise_ptr, packed_ptr, scale_ptr, n_groups,
     inv = tl.where(ok, tl.math.div_rn(one, tl.where(ok, absmax, 1.0)) * QMAX, 0.0)
     t = y * inv[:, None]
     if STOCHASTIC:
-        q = tl.floor(t + tl.load(noise_ptr + offs, mask=mask, other=0.0))
+        q = tl.floor(t + noise_at(noise_ptr, offs, mask, HASH))
     else:
         q = tl.floor(t + 0.5)
     q = tl.minimum(tl.maximum(tl.where(q != q, 0.0, q), -QMAX), QMAX)
@@ -196,10 +198,10 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
     scale = torch.empty(n_groups, dtype=torch.float32, device=x.device)
     if n_groups:
         k = _consts(bits, group_size, hadamard_size)
-        stochastic = noise is not None
+        u, hashed = noise_operand(noise, x.numel(), x)
         _quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
-            x, noise.contiguous() if stochastic else x, packed, scale, n_groups, **k,
-            STOCHASTIC=stochastic, enable_fp_fusion=False)
+            x, u, packed, scale, n_groups, **k, STOCHASTIC=noise is not None, HASH=hashed,
+            enable_fp_fusion=False)
     return packed, scale
 
 

@@ -1,5 +1,6 @@
 """QSGD bucketed stochastic quantization (QSDP 3.2), Triton version of ``qsgd.py`` (same
-functions, same numbers bit for bit given the same noise).
+functions, same numbers bit for bit given the same noise; noise given as keys is hashed in
+the kernel, ``triton_noise.noise_at``).
 
 Tiles, launches and the bf16 store: ``triton_tiles.py``. Divisions are IEEE (``div_rn``).
 """
@@ -13,11 +14,13 @@ import triton.language as tl
 from .triton_tiles import (dequantize_peers, load_codes, load_rows, load_values,
                            nonfinite_rows, quantize_buckets, store_codes, store_out, store_rows,
                            tile)
+from .triton_noise import noise_at, noise_operand
 
 
 @triton.jit
 def _quantize_kernel(x_ptr, u_ptr, code_ptr, scale_ptr, n_buckets, bucket_size,
-                     S: tl.constexpr, GROUPS: tl.constexpr, BLOCK: tl.constexpr):
+                     S: tl.constexpr, HASH: tl.constexpr, GROUPS: tl.constexpr,
+                     BLOCK: tl.constexpr):
     rows, row_ok, mask, offs = tile(n_buckets, bucket_size, GROUPS, BLOCK)
     x = load_values(x_ptr, offs, mask)
     ax = tl.abs(x)
@@ -26,7 +29,7 @@ def _quantize_kernel(x_ptr, u_ptr, code_ptr, scale_ptr, n_buckets, bucket_size,
     s = tl.full([GROUPS], S, tl.float32)
     scale = tl.where(bad, float("nan"), tl.math.div_rn(norm, s))
     inv = tl.where(bad | (norm == 0.0), 0.0, tl.math.div_rn(s, tl.where(norm == 0.0, 1.0, norm)))
-    u = tl.load(u_ptr + offs, mask=mask, other=0.0)
+    u = noise_at(u_ptr, offs, mask, HASH)
     level = tl.floor(ax * inv[:, None] + u)
     level = tl.where(level != level, 0.0, level)
     level = tl.minimum(tl.maximum(level, 0.0), S)
@@ -59,8 +62,9 @@ def _dequantize_kernel(code_ptr, scale_ptr, out_ptr, n_buckets, bucket_size, n_p
 def quantize(x: torch.Tensor, bits: int, bucket_size: int,
              noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """1-D x -> (packed uint8 codes, float32 scales ``norm / s`` of shape (buckets,))."""
-    return quantize_buckets(_quantize_kernel, x, noise, 1, bits, bucket_size,
-                            S=(1 << (bits - 1)) - 1)
+    u, hashed = noise_operand(noise, x.numel(), x)
+    return quantize_buckets(_quantize_kernel, x, u, 1, bits, bucket_size,
+                            S=(1 << (bits - 1)) - 1, HASH=hashed)
 
 
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, bucket_size: int,
