@@ -2,7 +2,9 @@
 
 The functions here dispatch (``dispatch.pick``): Triton on CUDA tensors when Triton is
 usable, otherwise the torch twin, run through ``torch.compile`` on CPU (``HFCOMPRESS_COMPILE=0``
-keeps it eager); ``backend="torch" | "triton"`` forces one.
+keeps it eager); ``backend="torch" | "triton"`` forces one. A ``noise`` argument is the
+float32 rounding noise, one value per rounded value, or the int64 keys of the counter hash
+(``noise.py``), which Triton kernels expand in registers.
 """
 
 from __future__ import annotations
