@@ -156,6 +156,7 @@ def test_every_registered_compressor_has_a_driver():
     assert sorted(DRIVERS) == list_compressors()
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN compares in the interpreter
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", [
