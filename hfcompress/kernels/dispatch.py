@@ -5,7 +5,7 @@ otherwise. ``backend="triton"`` forces Triton (on CPU tensors this needs
 On CPU with ``backend="auto"``, a twin that lists function names in ``COMPILE_ON_CPU`` runs
 them through ``torch.compile`` (Inductor C++: several times faster than eager, same numbers);
 ``HFCOMPRESS_COMPILE=0`` turns that off, and a function that fails to compile runs eager
-after one warning.
+after one warning. A twin may set ``COMPILE_OPTIONS`` (Inductor options for its functions).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def compiled(twin: ModuleType) -> ModuleType:
         if isinstance(v, ModuleType) and getattr(v, "COMPILE_ON_CPU", ()):
             ns[k] = compiled(v)
         elif k in twin.COMPILE_ON_CPU:
-            ns[k] = Compiled(v)
+            ns[k] = Compiled(v, getattr(twin, "COMPILE_OPTIONS", None))
         elif isinstance(v, types.FunctionType) and v.__module__ == twin.__name__:
             ns[k] = types.FunctionType(v.__code__, mod.__dict__, v.__name__, v.__defaults__,
                                        v.__closure__)
@@ -100,8 +100,9 @@ class Compiled:
 
     MAX_GRAPHS = 32
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], options: dict[str, Any] | None = None) -> None:
         self.fn = fn
+        self.options = options
         self.signature = inspect.signature(fn)
         self.graphs: dict[tuple, Callable[..., Any] | None] = {}  # None: failed, run eager
         functools.update_wrapper(self, fn)
@@ -124,7 +125,8 @@ class Compiled:
                 torch._dynamo.maybe_mark_dynamic(t, d)
         try:
             if graph is _NEW:
-                graph = self.graphs[key] = torch.compile(_bind(self.fn, args))
+                graph = self.graphs[key] = torch.compile(_bind(self.fn, args),
+                                                         options=self.options)
             return graph(*tensors)
         except Exception as err:  # noqa: BLE001 (any compiler failure: fall back to eager)
             out = self.fn(*args)  # raises if the arguments themselves are bad
