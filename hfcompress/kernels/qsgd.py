@@ -24,6 +24,8 @@ from .packing import pack_codes
 
 #: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU (same numbers)
 COMPILE_ON_CPU = ("quantize", "dequantize", "dequantize_sum")
+#: keep the inlined noise hash in the rounding loop (see ``group_quant.COMPILE_OPTIONS``)
+COMPILE_OPTIONS = {"realize_opcount_threshold": 200}
 
 
 def quantize(x: torch.Tensor, bits: int, bucket_size: int,
