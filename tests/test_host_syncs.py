@@ -130,8 +130,10 @@ def _qwd(backend, xs, rounds):
     for i in rounds():
         w = w + 0.01 * (i + 1)  # an optimizer step between all-gathers
         slots = w.chunk(world)
-        c.decompress_slots([c.compress_slot(s, r, world) for r, s in enumerate(slots)])
-        c.decompress_slots([c.compress_slot(s, r, world) for r, s in enumerate(slots)])  # bwd
+        for unchanged in (False, True):  # forward all-gather, then backward (no step between)
+            wire = torch.stack([c.compress_slot(s, r, world, unchanged).flat()
+                                for r, s in enumerate(slots)])
+            c.decompress_rows(wire, slots[0].numel(), w.dtype)
 
 
 DRIVERS = {
@@ -145,11 +147,6 @@ DRIVERS = {
     "loco": _loco,
     "qwd": _qwd,
 }
-#: schemes whose steady state still syncs, with the reason (strict: fixing one fails here)
-KNOWN_SYNCS = {
-    "qwd": "weight_diff.unchanged compares the input to the last one with torch.equal on "
-           "every compress (issue 12: track it with a host-side version counter)",
-}
 
 
 def test_every_registered_compressor_has_a_driver():
@@ -159,12 +156,11 @@ def test_every_registered_compressor_has_a_driver():
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN compares in the interpreter
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_SYNCS[n]))
-    if n in KNOWN_SYNCS else n for n in sorted(DRIVERS)])
+@pytest.mark.parametrize("name", sorted(DRIVERS))
 def test_steady_state_has_no_host_sync(name, dtype, backend):
     """A warm-up round (first calls: qWD's exact first payload, learned levels' fit), then
-    two steady-state rounds with host syncs counted."""
+    two steady-state rounds with host syncs counted (qWD: forward and backward all-gather,
+    "unchanged" known on the host)."""
     xs = _tensors(dtype)
     counted = []
 
