@@ -6,11 +6,12 @@ Implements SDP4Bit, ZeRO++, QSDP, Global-QSGD and LoCo as composable compressors
 from .compressors import (Compressor, Packed, get_compressor, list_compressors,
                           register_compressor)
 from .api import apply
+from .config import list_presets
 from .integrations.handle import Compression
 
 __version__ = "0.1.0"
 __all__ = ["Compression", "Compressor", "Packed", "Trainer", "TrainingArguments", "apply",
-           "get_compressor", "list_compressors", "optim", "register_compressor"]
+           "get_compressor", "list_compressors", "list_presets", "optim", "register_compressor"]
 
 _LAZY = {"Trainer": ".trainer", "TrainingArguments": ".trainer", "optim": ".optim"}
 

@@ -108,7 +108,43 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def list_presets() -> list[str]:
+    """Names ``comm_compressor=`` / ``hfcompress.apply(model, name)`` take (``get_config``)."""
     return list(PRESETS)
+
+
+EXACT_WEIGHT_BITS, EXACT_GRAD_BITS = 16, 32   # bf16 weights, fp32 gradient reduction
+
+
+def preset_bits(preset: str | CompressionConfig) -> dict[str, Any]:
+    """Inter-node bits per parameter per training step, steady state, ZeRO++ Table 5 style.
+
+    For 2 nodes x 1 rank (each value crosses the node boundary once per collective), a large
+    model (every parameter in a decoder layer FSDP re-gathers in backward; the exactly sent
+    norms and biases a negligible share), bf16 weights and fp32 gradient reduction when
+    exact, and steady state (qWD after its first, exact send). Keys: ``engine`` ("FSDP2",
+    or "DDP" for the all-reduce presets), ``weights_fwd`` / ``weights_bwd`` (the forward /
+    backward all-gather: hpZ keeps the backward one inside the node, qWD sends a flag only),
+    ``grads`` (reduce-scatter, or DDP's all-reduce = reduce-scatter + all-gather), ``total``.
+    Measured values for a small model: BENCHMARKS.md "Wire volume".
+    """
+    from .compressors.registry import steady_bits_per_value
+
+    cfg = get_config(preset)
+
+    def bits(scheme: Scheme | None, exact: float) -> float:
+        return exact if scheme is None else steady_bits_per_value(scheme.build())
+
+    if cfg.all_reduce is not None:
+        row = {"engine": "DDP", "weights_fwd": 0.0, "weights_bwd": 0.0,
+               "grads": 2 * bits(cfg.all_reduce, EXACT_GRAD_BITS)}
+    else:
+        fwd = bits(cfg.weights, EXACT_WEIGHT_BITS)
+        qwd = cfg.weights is not None and cfg.weights.name == "qwd"
+        row = {"engine": "FSDP2", "weights_fwd": fwd,
+               "weights_bwd": 0.0 if cfg.hpz or qwd else fwd,
+               "grads": bits(cfg.grad_inter, EXACT_GRAD_BITS)}
+    row["total"] = row["weights_fwd"] + row["weights_bwd"] + row["grads"]
+    return row
 
 
 def get_config(preset: str | CompressionConfig) -> CompressionConfig:

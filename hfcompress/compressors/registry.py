@@ -34,9 +34,19 @@ def list_compressors() -> list[str]:
 def get_compressor(name: str, **params: Any) -> Compressor:
     """A new instance of the compressor registered as ``name`` with ``params``."""
     if name not in _REGISTRY:
+        from ..config import PRESETS   # config imports this module: import on error only
+
+        if name in PRESETS:
+            raise ValueError(
+                f"{name!r} is a preset (a configuration of several compressors, one per "
+                f"collective), not a compressor: use hfcompress.apply(model, {name!r}) or "
+                f"hfcompress.TrainingArguments(comm_compressor={name!r}); "
+                f"hfcompress.list_presets() lists the presets. Compressors: "
+                f"{', '.join(list_compressors())}")
         close = difflib.get_close_matches(name, _REGISTRY, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"unknown compressor {name!r}.{hint} Valid names: {', '.join(list_compressors())}")
+        raise ValueError(f"unknown compressor {name!r}.{hint} Valid names: "
+                         f"{', '.join(list_compressors())} (presets: hfcompress.list_presets())")
     return _REGISTRY[name](**params)
 
 
@@ -69,3 +79,14 @@ def build_compressor(scheme: SchemeLike | None, base_seed: int = 0, *key: Any,
     if "seed" in accepts:
         params["seed"] = stream_seed(scheme.params.get("seed", base_seed), *key)
     return get_compressor(scheme.name, **params)
+
+
+def steady_bits_per_value(compressor: Compressor, numel: int = 1 << 20) -> float:
+    """Bits per value of every send but a stateful compressor's first: qWD sends its first
+    weights exactly (float32, SDP4Bit Alg. 4 line 2) and every later step the ``inner``
+    code of the difference; other compressors send the same format every time."""
+    from .weight_diff import WeightDifferenceQuantizer   # imports this module
+
+    if isinstance(compressor, WeightDifferenceQuantizer):
+        return compressor.inner.bits_per_value(numel)
+    return compressor.bits_per_value(numel)
