@@ -1,20 +1,69 @@
-"""The ``hfcompress list`` and ``hfcompress demo`` commands."""
+"""The ``hfcompress list``, ``demo`` and ``--version`` commands, and finding presets."""
 
-from hfcompress import list_compressors
+import subprocess
+import sys
+
+import pytest
+
+import hfcompress
+from hfcompress import get_compressor, list_compressors, list_presets
 from hfcompress.cli import main
+from hfcompress.config import get_config, preset_bits
 from hfcompress.demo import compression_table
 
 
-def test_list_prints_every_compressor_with_its_bits(capsys):
+def test_list_prints_presets_with_bits_per_parameter_and_compressors(capsys):
     main(["list"])
     out = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in out] == list_compressors()
-    assert all("bits/value" in line for line in out)
+    presets = [line.split() for line in out if line.startswith("  ") and "bits/value" not in line]
+    assert [p[0] for p in presets[1:]] == list_presets()      # a header row, then each preset
+    rows = {p[0]: p for p in presets[1:]}
+    # ZeRO++ Table 5 accounting, large-model limit: bf16 forward + backward all-gathers and
+    # an fp32 reduce-scatter = 64 bits; SDP4Bit = 4 + 32/2048 (qWD) + a flag + 4 + 32/128
+    assert rows["none"][1:7] == ["FSDP2", "16.00", "16.00", "32.00", "64.00", "1.00"]
+    assert rows["sdp4bit"][5:7] == ["8.27", "7.74"]
+    assert rows["global_qsgd"][1] == "DDP" and rows["global_qsgd"][5] == "16.00"
+    compressors = [line.split() for line in out if "bits/value" in line and
+                   line.startswith("  ")]
+    assert [c[0] for c in compressors] == list_compressors()
+    bits = {c[0]: float(c[1]) for c in compressors}
+    assert bits["qwd"] == pytest.approx(4 + 32 / 2048, abs=1e-3)   # steady: not the first 32
+    assert bits["int"] == pytest.approx(4.25)
+
+
+def test_preset_bits_follow_the_schemes():
+    for name in list_presets():
+        b = preset_bits(name)
+        assert b["total"] == pytest.approx(b["weights_fwd"] + b["weights_bwd"] + b["grads"])
+    assert preset_bits("zeropp")["weights_bwd"] == 0.0          # hpZ: inside the node
+    assert preset_bits("qw")["weights_bwd"] == preset_bits("qw")["weights_fwd"]
+    assert preset_bits(get_config("tlq_hs")) == preset_bits("tlq_hs")
+    with pytest.raises(ValueError, match="Did you mean 'sdp4bit'"):
+        preset_bits("sdp4bt")
+
+
+def test_a_preset_name_given_as_compressor_says_how_to_use_it():
+    assert hfcompress.list_presets() == list(hfcompress.config.PRESETS)
+    with pytest.raises(ValueError) as err:
+        get_compressor("sdp4bit")
+    msg = str(err.value)
+    assert "'sdp4bit' is a preset" in msg and "hfcompress.apply(model, 'sdp4bit')" in msg
+    assert "comm_compressor='sdp4bit'" in msg and "list_presets()" in msg
+
+
+def test_version():
+    proc = subprocess.run([sys.executable, "-m", "hfcompress.cli", "--version"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"hfcompress {hfcompress.__version__}"
 
 
 def test_demo_table_on_real_llama_tensors():
-    rows = {r["scheme"]: r for r in compression_table(["int", "qwd", "qsgd"])}
+    lines = []
+    rows = {r["scheme"]: r for r in compression_table(["int", "qwd", "qsgd"], lines.append)}
     assert set(rows) == {"int", "qwd", "qsgd"}
+    # progress: the training stage, then one line per compressor as it finishes
+    assert lines[0].startswith("training a tiny LLaMA") and len(lines) == 5
+    assert [line.split(":")[0] for line in lines[2:]] == ["[1/3] int", "[2/3] qwd", "[3/3] qsgd"]
     # SDP4Bit 3.1: quantizing the step's weight difference is far more accurate than
     # quantizing the weights at the same 4 bits (measured ~60x on this model)
     assert rows["qwd"]["weights_rel_err"] < rows["int"]["weights_rel_err"] / 10

@@ -23,7 +23,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, HfArgumentParser,
 from hfcompress import Trainer, TrainingArguments
 from hfcompress.comm.topology import resolve_ranks_per_node
 from hfcompress.data import lm_datasets, text_datasets, train_tokenizer
-from run_summary import LossClock, describe, report, summarize
+from run_summary import LossClock, describe, describe_model, report, summarize
 
 
 @dataclass
@@ -90,7 +90,7 @@ def fsdp_requested(argv: list[str]) -> bool:
         os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
 
 
-def default_output_dir(name: str, argv: list[str]) -> str:
+def default_output_dir(name: str, argv: list[str], world: int) -> str:
     """``runs/<model>-<preset>``, ``-ddp`` for DDP, ``-1proc`` for one process: e.g.
     ``runs/llama-sdp4bit`` (FSDP2), ``runs/llama-tlq_hs-ddp``, ``runs/llama-none``;
     ``plain`` when no ``--comm_compressor`` is given (the plain Trainer)."""
@@ -100,7 +100,7 @@ def default_output_dir(name: str, argv: list[str]) -> str:
             preset = argv[i + 1]
         elif a.startswith("--comm_compressor="):
             preset = a.split("=", 1)[1]
-    engine = "-1proc" if launched_world_size() < 2 else "" if fsdp_requested(argv) else "-ddp"
+    engine = "-1proc" if world < 2 else "" if fsdp_requested(argv) else "-ddp"
     return os.path.join("runs", f"{name}-{preset}{engine}")
 
 
@@ -130,7 +130,7 @@ def parse_args(model_args: type, defaults: dict[str, str], argv: list[str] | Non
             if "--model_name_or_path" in argv else ""
         name = os.path.basename(model.rstrip("/")) or name
     if "--output_dir" not in given:   # runs side by side share the tokenized corpus
-        defaults = {**defaults, "--output_dir": default_output_dir(name, argv),
+        defaults = {**defaults, "--output_dir": default_output_dir(name, argv, launched_world_size()),
                     "--data_cache_dir": os.path.join("runs", "data_cache")}
     base = [x for flag, value in defaults.items() if flag not in given for x in (flag, value)]
     parser = _Parser((model_args, DataArguments, TrainingArguments))
@@ -146,17 +146,17 @@ def parse_args(model_args: type, defaults: dict[str, str], argv: list[str] | Non
         margs, dargs, targs = parser.parse_args_into_dataclasses(args=[*base, *argv])
     except ValueError as e:    # an unknown preset or a bad value in __post_init__
         raise ArgumentError(str(e)) from None
-    check_layout(targs)
+    check_layout(targs, launched_world_size())
     return margs, dargs, targs
 
 
-def check_layout(targs: TrainingArguments) -> None:
+def check_layout(targs: TrainingArguments, world: int) -> None:
     """The node layout must divide the launched world (checked again by the Trainer, but
-    only after the data is tokenized)."""
-    if targs.comm_compressor is None:
+    only after the data is tokenized). One process communicates nothing: not checked."""
+    if targs.comm_compressor is None or world < 2:
         return
     try:
-        resolve_ranks_per_node(launched_world_size(), targs.ranks_per_node)
+        resolve_ranks_per_node(world, targs.ranks_per_node)
     except ValueError as e:
         raise ArgumentError(f"--ranks_per_node: {e}") from None
 
@@ -245,6 +245,7 @@ def run(model_args: type, config_from_args: Callable, defaults: dict[str, str],
     set_seed(targs.seed)
     tokenizer, lm = load_data(margs, dargs, targs)
     model = build_model(margs, tokenizer, config_from_args)
+    described = describe_model(model)
     clock = LossClock()
     trainer = Trainer(model=model, args=targs, train_dataset=lm["train"],
                       eval_dataset=lm["validation"], processing_class=tokenizer,
@@ -252,7 +253,7 @@ def run(model_args: type, config_from_args: Callable, defaults: dict[str, str],
     trainer.train(resume_from_checkpoint=targs.resume_from_checkpoint)
     world = targs.world_size
     ranks_per_node = resolve_ranks_per_node(world, targs.ranks_per_node) if world > 1 else 1
-    summary = {**describe(trainer, model, world, ranks_per_node, clock.start_step),
+    summary = {**describe(trainer, described, world, ranks_per_node, clock.start_step),
                "steps": trainer.state.global_step,
                **summarize(trainer.state.log_history, trainer.evaluate(), clock)}
     trainer.save_model()

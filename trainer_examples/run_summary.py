@@ -73,13 +73,18 @@ def summarize(log_history: list[dict], eval_metrics: dict, clock: LossClock | No
     return out
 
 
-def describe(trainer, model, world: int, ranks_per_node: int, start_step: int) -> dict:
-    """What tells this run apart from others (the first keys of ``summary.json``)."""
+def describe_model(model) -> dict:
+    """Class and parameter count, taken before the Trainer wraps or shards the model."""
+    return {"model": type(model).__name__,
+            "n_params": sum(p.numel() for p in model.parameters())}
+
+
+def describe(trainer, model: dict, world: int, ranks_per_node: int, start_step: int) -> dict:
+    """What tells this run apart from others (the first keys of ``summary.json``);
+    ``model``: :func:`describe_model`."""
     args = trainer.args
     engine = "fsdp2" if trainer.is_fsdp_enabled else "ddp" if world > 1 else "single"
-    return {"model": type(model).__name__,
-            "n_params": sum(p.numel() for p in model.parameters()),
-            "comm_compressor": args.comm_compressor, "engine": engine, "world_size": world,
+    return {**model, "comm_compressor": args.comm_compressor, "engine": engine, "world_size": world,
             "ranks_per_node": ranks_per_node, "nodes": world // ranks_per_node,
             "resumed_from_step": start_step or None, "output_dir": args.output_dir,
             "hfcompress_version": hfcompress.__version__}

@@ -1,0 +1,87 @@
+"""``hfcompress compare``: the table and plot of runs, from ``summary.json`` files written by
+``trainer_examples/run_summary.py`` (the functions the scripts use, fed a Trainer-shaped
+log history)."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from hfcompress.cli import main
+from hfcompress.compare import default_plot_path
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "trainer_examples"))
+from run_summary import LossClock, summarize  # noqa: E402
+
+
+def log_history(losses, step_every, comm=None):
+    """What ``hfcompress.Trainer`` leaves in ``state.log_history`` (the keys it logs)."""
+    logs = [{"loss": x, "step": (i + 1) * step_every} for i, x in enumerate(losses)]
+    end = {"train_runtime": 30.0, "train_steps_per_second": 0.4, "step": len(losses) * step_every}
+    if comm:
+        end.update({f"comm/total_{k}": v for k, v in comm.items()})
+        end["comm/total_bytes_saved"] = comm["uncompressed_bytes"] - comm["bytes"]
+    return logs + [end]
+
+
+def write_run(root, name, preset, engine, losses, comm=None, times=True):
+    clock = LossClock()
+    if times:
+        clock.times = {(i + 1) * 3: 2.0 * (i + 1) for i in range(len(losses))}
+    summary = {"model": "LlamaForCausalLM", "n_params": 1000, "comm_compressor": preset,
+               "engine": engine, "world_size": 4, "ranks_per_node": 2, "nodes": 2,
+               "resumed_from_step": None, "steps": 3 * len(losses),
+               **summarize(log_history(losses, 3, comm), {"eval_loss": losses[-1] + 0.1},
+                           clock)}
+    run = root / name
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(summary))
+    return str(run)
+
+
+NONE = {"bytes": 8 * 2**20, "uncompressed_bytes": 8 * 2**20, "inter_node_bytes": 4 * 2**20,
+        "intra_node_bytes": 4 * 2**20, "time_s": 1.2, "steps": 12, "warmup_steps": 2,
+        "warmup_time_s": 0.2, "steady_time_s_per_step": 0.1}
+SDP = {**NONE, "bytes": 2**20, "inter_node_bytes": 0.25 * 2**20, "intra_node_bytes": 0.75 * 2**20,
+       "time_s": 20.0, "warmup_time_s": 17.0, "steady_time_s_per_step": 0.3}
+
+
+def test_table_plot_and_note(tmp_path, capsys):
+    a = write_run(tmp_path, "llama-none", "none", "fsdp2", [7.0, 6.0, 5.5, 5.0], NONE)
+    b = write_run(tmp_path, "llama-sdp4bit", "sdp4bit", "fsdp2", [7.0, 6.1, 5.6, 5.1], SDP)
+    c = write_run(tmp_path, "llama-plain-ddp", None, "ddp", [7.0, 6.0, 5.4, 4.9], times=False)
+    png = tmp_path / "cmp.png"
+    main(["compare", a, b, os.path.join(c, "summary.json"), "--plot", str(png)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:4] == ["run", "preset", "engine", "world"]
+    rows = {line.split()[0]: line.split() for line in out[1:4]}
+    #            preset    engine   world   (2x2)  steps loss    eval    inter MiB ratio
+    assert rows["llama-none"][:10] == ["llama-none", "none", "fsdp2", "4", "(2x2)", "12",
+                                       "5.0000", "5.1000", "4.0", "1.00"]
+    assert rows["llama-sdp4bit"][8:] == ["0.2", "8.00", "30.0", "0.400", "0.3000"]
+    assert rows["llama-plain-ddp"][1:3] == ["-", "ddp"] and rows["llama-plain-ddp"][8] == "-"
+    # the compressed run's collectives took longer per step than the exact ones
+    assert out[4].startswith("note: llama-sdp4bit spent 0.3000 s per step") \
+        and "llama-none (exact) 0.1000 s" in out[4]
+    assert out[5] == f"plot: {png}" and png.stat().st_size > 10_000
+
+
+def test_missing_matplotlib_and_missing_summary(tmp_path, capsys, monkeypatch):
+    a = write_run(tmp_path, "r1", "sdp4bit", "fsdp2", [7.0, 6.0], SDP)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)     # import fails as if absent
+    main(["compare", a])
+    out = capsys.readouterr().out
+    assert "plot skipped: matplotlib is not installed (pip install matplotlib)" in out
+    assert not (tmp_path / "compare.png").exists()
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", a, str(tmp_path / "nope")])
+    assert exit_.value.code == 2
+    assert "nope: no summary.json" in capsys.readouterr().out
+
+
+def test_default_plot_path_is_next_to_the_runs(tmp_path):
+    runs = [str(tmp_path / "runs" / "a"), str(tmp_path / "runs" / "b")]
+    assert os.path.abspath(default_plot_path(runs)) == str(tmp_path / "runs" / "compare.png")
+    assert os.path.abspath(default_plot_path(runs[:1])) == str(tmp_path / "runs" / "compare.png")
