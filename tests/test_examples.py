@@ -78,6 +78,19 @@ def test_llama_ddp_tlq_hs(tmp_path, data_cache):
     assert len(summary["train_losses"]) == 4
     check_run(summary, log, min_drop=0.4)
     assert "hfcompress: DDP comm_compressor 'tlq_hs' on 2 ranks" in log
+    # what tells the run apart, for hfcompress compare
+    assert {k: summary[k] for k in ("comm_compressor", "engine", "world_size",
+                                    "ranks_per_node", "nodes", "resumed_from_step")} == \
+        {"comm_compressor": "tlq_hs", "engine": "ddp", "world_size": 2, "ranks_per_node": 1,
+         "nodes": 2, "resumed_from_step": None}
+    assert [h["step"] for h in summary["train_loss_history"]] == [6, 12, 18, 24]
+    times = [h["time_s"] for h in summary["train_loss_history"]]
+    assert times == sorted(times) and 0 < times[-1] <= summary["train_runtime_s"]
+    assert summary["steps_per_second"] == pytest.approx(24 / summary["train_runtime_s"],
+                                                        rel=0.05)
+    # every byte crosses nodes with 1 rank per node
+    assert summary["comm_inter_node_bytes"] == summary["comm_bytes"]
+    assert "find_unused_parameters" not in log      # the scripts turn DDP's search off
 
 
 def test_mixtral_fsdp2_sdp4bit(tmp_path, data_cache):
@@ -89,6 +102,7 @@ def test_mixtral_fsdp2_sdp4bit(tmp_path, data_cache):
                           "--logging_steps", "4", "--comm_compressor", "sdp4bit",
                           "--ranks_per_node", "1")
     assert summary["model"] == "MixtralForCausalLM" and summary["steps"] == 12
+    assert summary["engine"] == "fsdp2" and summary["world_size"] == 2
     check_run(summary, log, min_drop=0.25)
     assert "hfcompress: FSDP2 comm_compressor 'sdp4bit' on 2 ranks" in log
 
