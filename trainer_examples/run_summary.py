@@ -128,8 +128,9 @@ def report(summary: dict, logging_steps: int) -> None:
             else f"{s['comm_ratio']:.2f}x less"
         inter = f", {s['comm_inter_node_bytes'] / 2**20:.1f} MiB of it inter-node" \
             if "comm_inter_node_bytes" in s else ""
-        span = f" (steps {s['resumed_from_step'] + 1}-{s['steps']}, since the resume)" \
-            if s["resumed_from_step"] else ""
+        covered = s.get("comm_steps", s["steps"])
+        span = f" (the last {covered} of {s['steps']} steps: the checkpoint held no totals)" \
+            if covered < s["steps"] else ""
         print(f"wire:       {mib['comm_bytes']:.1f} MiB sent{inter} instead of "
               f"{mib['comm_uncompressed_bytes']:.1f} MiB ({less}), all ranks{span}")
         if "comm_steady_s_per_step" in s:
