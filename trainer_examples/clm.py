@@ -9,8 +9,10 @@ and tokenized blocks are cached under ``--data_cache_dir`` (default: ``--output_
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
@@ -110,6 +112,12 @@ class ArgumentError(Exception):
 
 class _Parser(HfArgumentParser):
     def error(self, message: str):   # argparse would print the 150-line usage first
+        bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if bad:
+            choices = re.findall(r"'([^']*)'", bad.group(2)) or bad.group(2).split(", ")
+            close = difflib.get_close_matches(bad.group(1), choices, n=2)
+            if close:
+                message += f". Did you mean {' or '.join(map(repr, close))}?"
         raise ArgumentError(f"{message} (--help lists every flag)")
 
 
@@ -137,8 +145,6 @@ def parse_args(model_args: type, defaults: dict[str, str], argv: list[str] | Non
     unknown = [a.split("=")[0] for a in argv if a.startswith("--")
                and a.split("=")[0] not in parser._option_string_actions]
     if unknown:
-        import difflib
-
         hints = [f"{a} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(
             a, parser._option_string_actions, n=1)) else a for a in unknown]
         raise ArgumentError(f"unknown flag(s): {', '.join(hints)}")
