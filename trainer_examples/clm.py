@@ -92,16 +92,22 @@ def fsdp_requested(argv: list[str]) -> bool:
         os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
 
 
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value given to ``flag`` (``--flag value`` or ``--flag=value``; the last wins)."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
 def default_output_dir(name: str, argv: list[str], world: int) -> str:
     """``runs/<model>-<preset>``, ``-ddp`` for DDP, ``-1proc`` for one process: e.g.
     ``runs/llama-sdp4bit`` (FSDP2), ``runs/llama-tlq_hs-ddp``, ``runs/llama-none``;
     ``plain`` when no ``--comm_compressor`` is given (the plain Trainer)."""
-    preset = "plain"
-    for i, a in enumerate(argv):
-        if a == "--comm_compressor" and i + 1 < len(argv):
-            preset = argv[i + 1]
-        elif a.startswith("--comm_compressor="):
-            preset = a.split("=", 1)[1]
+    preset = flag_value(argv, "--comm_compressor") or "plain"
     engine = "-1proc" if world < 2 else "" if fsdp_requested(argv) else "-ddp"
     return os.path.join("runs", f"{name}-{preset}{engine}")
 
@@ -134,12 +140,11 @@ def parse_args(model_args: type, defaults: dict[str, str], argv: list[str] | Non
         given.add("--max_steps")
     if "--model_name_or_path" in given:
         defaults = {**defaults, "--learning_rate": PRETRAINED_LEARNING_RATE}
-        model = argv[argv.index("--model_name_or_path") + 1] \
-            if "--model_name_or_path" in argv else ""
+        model = flag_value(argv, "--model_name_or_path") or ""
         name = os.path.basename(model.rstrip("/")) or name
     if "--output_dir" not in given:   # runs side by side share the tokenized corpus
-        defaults = {**defaults, "--output_dir": default_output_dir(name, argv, launched_world_size()),
-                    "--data_cache_dir": os.path.join("runs", "data_cache")}
+        defaults = {**defaults, "--data_cache_dir": os.path.join("runs", "data_cache"),
+                    "--output_dir": default_output_dir(name, argv, launched_world_size())}
     base = [x for flag, value in defaults.items() if flag not in given for x in (flag, value)]
     parser = _Parser((model_args, DataArguments, TrainingArguments))
     unknown = [a.split("=")[0] for a in argv if a.startswith("--")
