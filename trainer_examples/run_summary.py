@@ -126,7 +126,7 @@ def report(summary: dict, logging_steps: int) -> None:
                                          "comm_bytes_saved")}
         less = "exact collectives, metered" if s["comm_compressor"] == "none" \
             else f"{s['comm_ratio']:.2f}x less"
-        inter = f", {s['comm_inter_node_bytes'] / 2**20:.1f} MiB of it inter-node" \
+        inter = f" ({s['comm_inter_node_bytes'] / 2**20:.1f} MiB inter-node)" \
             if "comm_inter_node_bytes" in s else ""
         covered = s.get("comm_steps", s["steps"])
         span = f" (the last {covered} of {s['steps']} steps: the checkpoint held no totals)" \
