@@ -85,3 +85,23 @@ def test_default_plot_path_is_next_to_the_runs(tmp_path):
     runs = [str(tmp_path / "runs" / "a"), str(tmp_path / "runs" / "b")]
     assert os.path.abspath(default_plot_path(runs)) == str(tmp_path / "runs" / "compare.png")
     assert os.path.abspath(default_plot_path(runs[:1])) == str(tmp_path / "runs" / "compare.png")
+
+
+def test_printed_summary_wording(tmp_path, capsys):
+    """The scripts' end-of-run lines: plural processes, no '1.00x less' for exact
+    collectives, warm-up apart from the steady state, the break-even link speed."""
+    from run_summary import report
+
+    for name, preset, comm in (("a", "none", NONE), ("b", "sdp4bit", SDP)):
+        write_run(tmp_path, name, preset, "fsdp2", [7.0, 6.0, 5.5, 5.0], comm)
+        report(json.loads((tmp_path / name / "summary.json").read_text()), 3)
+    out = capsys.readouterr().out
+    assert "12 steps on 4 processes (fsdp2), comm_compressor=none" in out
+    assert "8.0 MiB sent (4.0 MiB inter-node): exact collectives, metered, all ranks" in out
+    assert "1.00x less" not in out
+    assert "1.0 MiB sent (0.2 MiB inter-node) instead of 8.0 MiB (8.00x less)" in out
+    assert "17.0 s warm-up (first 2 steps: kernel compilation, first sends) + 300.0 ms per " \
+        "step after" in out
+    # 8 MiB / 12 steps / 4 ranks = 0.1667 MiB per rank and step in 0.3 s: 4.66 Mbit/s
+    assert "slower than ~0.0047 Gbit/s" in out
+    assert out.count("note:") == 1          # exact collectives get no break-even note

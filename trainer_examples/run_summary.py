@@ -124,15 +124,17 @@ def report(summary: dict, logging_steps: int) -> None:
     if "comm_bytes" in s:
         mib = {k: s[k] / 2**20 for k in ("comm_bytes", "comm_uncompressed_bytes",
                                          "comm_bytes_saved")}
-        less = "exact collectives, metered" if s["comm_compressor"] == "none" \
-            else f"{s['comm_ratio']:.2f}x less"
         inter = f" ({s['comm_inter_node_bytes'] / 2**20:.1f} MiB inter-node)" \
             if "comm_inter_node_bytes" in s else ""
         covered = s.get("comm_steps", s["steps"])
         span = f" (the last {covered} of {s['steps']} steps: the checkpoint held no totals)" \
             if covered < s["steps"] else ""
-        print(f"wire:       {mib['comm_bytes']:.1f} MiB sent{inter} instead of "
-              f"{mib['comm_uncompressed_bytes']:.1f} MiB ({less}), all ranks{span}")
+        if s["comm_compressor"] == "none":
+            what = ": exact collectives, metered"
+        else:
+            what = (f" instead of {mib['comm_uncompressed_bytes']:.1f} MiB "
+                    f"({s['comm_ratio']:.2f}x less)")
+        print(f"wire:       {mib['comm_bytes']:.1f} MiB sent{inter}{what}, all ranks{span}")
         if "comm_steady_s_per_step" in s:
             print(f"comm time:  {s['comm_warmup_time_s']:.1f} s warm-up (first "
                   f"{_plural(s['comm_warmup_steps'], 'step')}: kernel compilation, first "
