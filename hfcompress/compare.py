@@ -101,9 +101,10 @@ def plot(summaries: list[dict[str, Any]], path: str) -> str:
         if not history:
             continue
         label = f"{s['run']} ({s.get('comm_compressor') or '-'})"
-        by_step.plot([h["step"] for h in history], [h["loss"] for h in history], label=label)
+        by_step.plot([h["step"] for h in history], [h["loss"] for h in history], ".-",
+                     label=label)
         if all("time_s" in h for h in history):
-            by_time.plot([h["time_s"] for h in history], [h["loss"] for h in history],
+            by_time.plot([h["time_s"] for h in history], [h["loss"] for h in history], ".-",
                          label=label)
     by_step.set(xlabel="step", ylabel="training loss", title="loss vs step")
     by_time.set(xlabel="wall-clock time of training (s)", ylabel="training loss",
