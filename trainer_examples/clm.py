@@ -14,6 +14,7 @@ import json
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -189,6 +190,8 @@ def parse_or_exit(model_args: type, defaults: dict[str, str], name: str):
             print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr, flush=True)
         except SystemExit as e:    # --help
             code = e.code or 0
+    if code and rank() != 0:    # let rank 0 print and fail first: the launcher then stops the
+        time.sleep(10)          # others (a rank failing first could end rank 0 mid-message)
     finish(code)
 
 
