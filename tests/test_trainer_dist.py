@@ -100,6 +100,13 @@ def test_resume_continues_the_same_trajectory(tmp_path):
             assert math.isclose(resumed[step], full[step], rel_tol=0, abs_tol=1e-6), \
                 (kind, step, resumed[step], full[step])
         assert max(abs(reset[s] - full[s]) for s in (4, 5, 6)) > 2e-5, (kind, reset, full)
+        # the run totals travel in the checkpoint: the resumed run's cover steps 1-6, byte
+        # for byte the uninterrupted run's (the restored qWD references send differences)
+        t_full, t_resumed = out[kind, "totals"]
+        assert t_full["comm/total_steps"] == t_resumed["comm/total_steps"] == 6
+        for key in ("bytes", "inter_node_bytes", "uncompressed_bytes"):
+            assert t_resumed[f"comm/total_{key}"] == t_full[f"comm/total_{key}"] > 0, key
+        assert t_resumed["comm/total_warmup_steps"] == 4     # each process start warms up
         assert any("comm_state_mismatch='reset'" in w and "no hfcompress compressor state" in w
                    for w in out[kind, "reset_warnings"]), out[kind, "reset_warnings"]
         other = out[kind, "other"]

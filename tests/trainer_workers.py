@@ -150,6 +150,8 @@ def resume_worker(rank: int, world: int, tmp: str) -> dict:
         resumed, _ = train(os.path.join(tmp, f"{kind}-resumed"), kind, preset, steps=6,
                            resume=ckpt, ranks_per_node=1)
         out[kind, "full"], out[kind, "resumed"] = losses(full), losses(resumed)
+        out[kind, "totals"] = [{k: v for k, v in t.state.log_history[-1].items()
+                                if k.startswith("comm/total_")} for t in (full, resumed)]
         try:
             train(os.path.join(tmp, f"{kind}-other"), kind, "tlq_hs", steps=6, resume=ckpt,
                   ranks_per_node=1)

@@ -26,6 +26,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, HfArgumentParser,
 from hfcompress import Trainer, TrainingArguments
 from hfcompress.comm.topology import resolve_ranks_per_node
 from hfcompress.data import lm_datasets, text_datasets, train_tokenizer
+from hfcompress.trainer import warn_single_process
 from run_summary import LossClock, describe, describe_model, report, summarize
 
 
@@ -195,16 +196,6 @@ def parse_or_exit(model_args: type, defaults: dict[str, str], name: str):
     finish(code)
 
 
-def warn_single_process(targs: TrainingArguments) -> None:
-    """One process has nothing to communicate: say so at the start, with how to launch."""
-    if targs.comm_compressor is not None and launched_world_size() < 2:
-        print(f"warning: one process: no communication to compress, so --comm_compressor "
-              f"{targs.comm_compressor} has no effect. Launch several processes: accelerate "
-              f"launch --multi_gpu --num_processes N {os.path.basename(sys.argv[0])} ... "
-              f"(or --config_file trainer_examples/configs/fsdp2.yaml), or torchrun "
-              f"--nproc_per_node N", file=sys.stderr, flush=True)
-
-
 def load_data(margs: ModelArguments, dargs: DataArguments, targs: TrainingArguments):
     """(tokenizer, tokenized ``DatasetDict``); the main process builds the caches first."""
     import datasets
@@ -255,7 +246,8 @@ def run(model_args: type, config_from_args: Callable, defaults: dict[str, str],
     evaluate, save the model and ``summary.json``, print the summary. ``name``: the model's
     short name for the default output directory (``runs/<name>-<preset>``)."""
     margs, dargs, targs = parse_or_exit(model_args, defaults, name)
-    warn_single_process(targs)
+    if targs.comm_compressor is not None:
+        warn_single_process(targs.comm_compressor)
     set_seed(targs.seed)
     tokenizer, lm = load_data(margs, dargs, targs)
     model = build_model(margs, tokenizer, config_from_args)

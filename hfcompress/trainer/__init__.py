@@ -4,6 +4,6 @@ installed (``callback.py``, ``install.py``), the communication logs (``metrics.p
 compressor state in checkpoints (``checkpoint.py``), distributed runs on CPU-only machines
 (``accelerate_cpu.py``)."""
 
-from .trainer import Trainer, TrainingArguments
+from .trainer import Trainer, TrainingArguments, warn_single_process
 
-__all__ = ["Trainer", "TrainingArguments"]
+__all__ = ["Trainer", "TrainingArguments", "warn_single_process"]

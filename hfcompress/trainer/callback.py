@@ -65,10 +65,7 @@ class CommCallback(TrainerCallback):
         model = t.model_wrapped
         if st.handle is None or st.model is not model:
             world = t.args.world_size
-            if world < 2:
-                if is_rank0():
-                    logger.warning("hfcompress: a single process has no communication to "
-                                   "compress; training without hfcompress")
+            if world < 2:      # the Trainer said so when it was created
                 return
             x = resolve_ranks_per_node(world, self.ranks_per_node)
             st.handle, st.model = install(model, self.config, x), model
@@ -79,7 +76,7 @@ class CommCallback(TrainerCallback):
         self._bind_loco_optimizer()
         if resume_dir is not None:
             checkpoint.load(st.handle, st.settings, resume_dir, t.args.process_index,
-                            self.on_mismatch, t.args.device)
+                            self.on_mismatch, t.args.device, st.stats)
         st.seen = st.handle.meter.steps
 
     def _bind_loco_optimizer(self) -> None:

@@ -37,11 +37,14 @@ def settings(config_dict: dict[str, Any], kind: str, world_size: int,
             "ranks_per_node": ranks_per_node}
 
 
-def save(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int) -> str:
-    """Write this rank's compressor state into ``checkpoint_dir``."""
+def save(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
+         stats: Any = None) -> str:
+    """Write this rank's compressor state (and the ``CommStats`` run totals) into
+    ``checkpoint_dir``."""
     path = state_path(checkpoint_dir, rank)
     os.makedirs(checkpoint_dir, exist_ok=True)
-    torch.save({"format": FORMAT, "settings": setting, "state": handle.state_dict()}, path)
+    torch.save({"format": FORMAT, "settings": setting, "state": handle.state_dict(),
+                "totals": stats.state_dict() if stats is not None else None}, path)
     return path
 
 
@@ -57,8 +60,9 @@ def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
 
 
 def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
-         on_mismatch: str = "error", map_location: Any = None) -> bool:
-    """Restore this rank's compressor state from ``checkpoint_dir``; True if restored.
+         on_mismatch: str = "error", map_location: Any = None, stats: Any = None) -> bool:
+    """Restore this rank's compressor state (and ``stats``' run totals, when saved) from
+    ``checkpoint_dir``; True if restored.
 
     The decision depends only on the files and the settings, so every rank of a job takes
     the same one."""
@@ -81,6 +85,8 @@ def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
         diff = _differences(saved["settings"], setting)
         if not diff:
             handle.load_state_dict(saved["state"])
+            if stats is not None and saved.get("totals"):
+                stats.load_state_dict(saved["totals"])
             return True
         problem = (f"checkpoint {checkpoint_dir!r} was saved with different compression "
                    f"settings than this run's comm_compressor {name!r}:\n  " + "\n  ".join(diff))

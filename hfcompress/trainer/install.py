@@ -74,14 +74,16 @@ def summary(config: CompressionConfig, kind: str, world: int, x: int) -> str:
         unused = [name for name, on in (("weight scheme", c.weights is not None),
                                         ("2-hop layout", c.two_hop), ("hpZ", c.hpz)) if on]
         if unused:
-            what += f" (its {', '.join(unused)} need FSDP2)"
+            what += f" (its {' and '.join(unused)}: FSDP2 only, not used under DDP)"
     else:
         grads = (f"2-hop {describe(c.grad_intra)} / {describe(c.grad_inter)}"
                  if c.two_hop else describe(c.grad_inter))
         what = f"weights {describe(c.weights)}, gradients {grads}" + (", hpZ" if c.hpz else "")
     loco = " with LoCo error feedback" if c.loco is not None else ""
+    nodes = world // x
     return (f"hfcompress: {'DDP' if kind == 'ddp' else 'FSDP2'} comm_compressor {c.name!r} "
-            f"on {world} ranks ({world // x} node(s) x {x}): {what}{loco}")
+            f"on {world} ranks ({nodes} node{'s' if nodes > 1 else ''} x {x} "
+            f"rank{'s' if x > 1 else ''}): {what}{loco}")
 
 
 def memory_line(report: dict[str, int]) -> str:

@@ -53,9 +53,9 @@ class TrainingArguments(transformers.TrainingArguments):
     """``transformers.TrainingArguments`` plus the communication settings of hfcompress."""
 
     comm_compressor: str | None = field(default=None, metadata={
-        "help": f"Compress the data-parallel communication with this preset: "
-                f"{', '.join(list_presets())}. 'none' = exact collectives, metered; "
-                f"unset = the plain Trainer's communication"})
+        "help": "Compress the data-parallel communication with this preset ('none' = exact "
+                "collectives, metered; unset = the plain Trainer's communication)",
+        "choices": list_presets()})
     ranks_per_node: int | None = field(default=None, metadata={
         "help": "Ranks per node (default: LOCAL_WORLD_SIZE, i.e. one node per machine); a "
                 "smaller value emulates several nodes on one machine"})
@@ -96,6 +96,8 @@ class Trainer(transformers.Trainer):
         compressor = comm_compressor if comm_compressor is not None \
             else getattr(args, "comm_compressor", None)
         self.comm_config = get_config(compressor) if compressor is not None else None
+        if self.comm_config is not None:
+            warn_single_process(self.comm_config.name)
         self.ranks_per_node = getattr(args, "ranks_per_node", None)
         self.comm_callback: CommCallback | None = None
         self.resume_dir: str | None = None
@@ -193,9 +195,27 @@ class Trainer(transformers.Trainer):
         super()._save_checkpoint(model, trial)
         if self.compression is not None:
             folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            checkpoint.save(self.compression, self.comm_callback.state.settings,
+            st = self.comm_callback.state
+            st.stats.reduce(self.args.device)   # steps since the last log into the totals
+            checkpoint.save(self.compression, st.settings,
                             os.path.join(self._get_output_dir(trial=trial), folder),
-                            self.args.process_index)
+                            self.args.process_index, st.stats)
+
+
+_warned_single_process = False
+
+
+def warn_single_process(preset: str) -> None:
+    """One launched process has nothing to communicate: say so once, at the start, with how
+    to launch several (rank 0 of nothing: there is only this process)."""
+    global _warned_single_process
+    if accelerate_cpu.launched_world_size() >= 2 or _warned_single_process:
+        return
+    _warned_single_process = True
+    logger.warning(f"hfcompress: one process: no communication to compress, so comm_compressor "
+                   f"{preset!r} changes nothing. Launch several: accelerate launch --multi_gpu "
+                   f"--num_processes N script.py ... (FSDP2: --config_file with fsdp_version: "
+                   f"2), or torchrun --nproc_per_node N script.py ...")
 
 
 def _check_launch(args: transformers.TrainingArguments,
