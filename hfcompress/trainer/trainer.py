@@ -18,6 +18,8 @@ more argument, ``comm_compressor`` (a preset name or a ``CompressionConfig``)::
   ranks), ``comm/compression_ratio``, ``comm/time_s`` (seconds per step in the collectives,
   per rank); run totals in the final summary (``metrics``). After the first optimizer step,
   one line with the handle's ``memory_report()`` (rank 0).
+- One launched process has nothing to communicate: a warning when the Trainer is created
+  says how to launch several (``warn_single_process``, once per process).
 - Checkpoints hold one ``hfcompress_rank{r}.pt`` per rank, restored by
   ``train(resume_from_checkpoint=...)``; other compression settings in the checkpoint raise,
   or with ``comm_state_mismatch="reset"`` warn and start fresh (``checkpoint``).
