@@ -12,6 +12,10 @@ the 4-bit differences cross nodes once, the rebuilt slots are gathered inside th
 ``unchanged=True`` (a host-side fact: no optimizer step since the last all-gather, e.g.
 FSDP's backward all-gather; every rank must pass the same value) rebuilds from the
 references without sending differences. Stateless schemes ignore it.
+
+``async_op=True`` returns a future that completes when the exchange and the decode into
+``output`` are done (``pending.py``: on CPU the decode is chained to gloo's asynchronous
+all-gather; on CUDA everything is enqueued on the current stream).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch.distributed as dist
 
 from ..compressors.base import Compressor, ReferenceCoded
 from .hop import all_gather_single
+from .pending import finish, overlaps
 from .reference_gather import ShardedReferences
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
@@ -44,34 +49,39 @@ class QuantizedAllGather(StreamOwner):
         self.topology, self.meter, self.tag = topology, meter, tag
 
     def __call__(self, output: torch.Tensor, input: torch.Tensor,
-                 group: dist.ProcessGroup | None = None, unchanged: bool = False) -> None:
+                 group: dist.ProcessGroup | None = None, unchanged: bool = False,
+                 async_op: bool = False) -> torch.futures.Future | None:
         if group is None:
             group = self.topology.group if self.topology else dist.group.WORLD
         world, me, s = dist.get_world_size(group), dist.get_rank(group), input.numel()
         if output.numel() != world * s:
             raise ValueError(f"all_gather: output has {output.numel()} values, expected "
                              f"world size {world} x input {s} = {world * s}")
+        device, launch = input.device, overlaps(input.device, async_op)
         if self.compressor is None:
             self._record([s * input.element_size()] * world, group, me)
-            all_gather_single(output.view(-1), input.reshape(-1).contiguous(), group=group)
-            return
+            work = all_gather_single(output.view(-1), input.reshape(-1).contiguous(),
+                                     group=group, async_op=launch)
+            return finish(work, None, async_op, device)
         if s == 0:
-            return
+            return finish(None, None, async_op, device)
         flat = input.reshape(-1)
         out = output.view(-1)
         if self.references is not None:
-            self.references(out, flat, group, unchanged, self.meter, self.tag)
-            return
+            return self.references(out, flat, group, unchanged, self.meter, self.tag, async_op)
         slots = self.streams["slots"]
         buf = slots[me].compress(flat).flat()
         n = buf.numel()
         gathered = torch.empty(world * n, dtype=torch.uint8, device=buf.device)
         self._record([n] * world, group, me)
-        all_gather_single(gathered, buf, group=group)
-        for r in range(world):
-            c = slots[r]
-            packed = c.unflatten(gathered[r * n:(r + 1) * n], flat.shape, flat.dtype)
-            out[r * s:(r + 1) * s].copy_(c.decompress(packed))
+        work = all_gather_single(gathered, buf, group=group, async_op=launch)
+
+        def decode() -> None:
+            for r in range(world):
+                c = slots[r]
+                packed = c.unflatten(gathered[r * n:(r + 1) * n], flat.shape, flat.dtype)
+                out[r * s:(r + 1) * s].copy_(c.decompress(packed))
+        return finish(work, decode, async_op, device)
 
     # -- state ----------------------------------------------------------------------------
     def compressors(self) -> list[Compressor]:

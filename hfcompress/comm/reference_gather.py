@@ -24,6 +24,12 @@ falls back to the full layout over that group.
 all-gather, FSDP's backward all-gather) skips steps 1-2: what zero differences would rebuild
 is the reference itself (Alg. 2 with no step in between). Only step 3 runs: no inter-node
 traffic.
+
+``async_op=True`` (``pending.py``): on CPU with X > 1, steps 1-2 run before the call returns
+(step 3 gathers their result, and every collective is launched from the caller's thread);
+step 3's intra-node all-gather and the copy into the output complete in the returned
+future. With X = 1 (step 3 is a copy) and for the backward all-gather (``unchanged``: step 3
+alone) all of it completes in the future.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import torch.distributed as dist
 
 from ..compressors.base import ReferenceCoded
 from .hop import all_gather_single
+from .pending import finish, overlaps
 from .topology import Topology
 from .wire_meter import WireMeter, peer_is_remote
 
@@ -103,33 +110,48 @@ class ShardedReferences:
 
     # -- the collective -------------------------------------------------------------------
     def __call__(self, out: torch.Tensor, flat: torch.Tensor, group: dist.ProcessGroup,
-                 unchanged: bool, meter: WireMeter | None, tag: str) -> None:
+                 unchanged: bool, meter: WireMeter | None, tag: str,
+                 async_op: bool = False) -> torch.futures.Future | None:
         route = self._used = self.route(group)
         s, y, x = flat.numel(), route.rows, route.ranks_per_node
         self._check_layout((route.world, x, s))
         intra_bytes = inter_bytes = 0
+        launch, work, rebuild = overlaps(out.device, async_op) and x == 1, None, None
         if not unchanged or self.qwd.reference is None:
             payload = self.qwd.compress_slot(flat, route.row, y).flat()
             n = payload.numel()
             if y > 1:
                 wire = torch.empty(y * n, dtype=torch.uint8, device=payload.device)
-                all_gather_single(wire, payload, group=route.inter)
+                work = all_gather_single(wire, payload, group=route.inter, async_op=launch)
             else:
                 wire = payload
-            self.qwd.decompress_rows(wire.view(y, n), s, flat.dtype)
+
+            def rebuild() -> None:
+                self.qwd.decompress_rows(wire.view(y, n), s, flat.dtype)
             intra_bytes, inter_bytes = sends(n, route.inter_remote, route.row)
+        if x == 1:   # no intra-node step: the rebuilt references are the output
+            if meter is not None:
+                meter.record(tag, intra_bytes, inter_bytes)
+
+            def rebuild_and_copy() -> None:
+                if rebuild is not None:
+                    rebuild()
+                out.copy_(self.qwd.reference)
+            return finish(work, rebuild_and_copy, async_op, out.device)
+        if rebuild is not None:   # step 3 gathers the rebuilt references: rebuild first
+            rebuild()
         ref = self.qwd.reference
-        if x == 1:
-            out.copy_(ref)
-        else:
-            gathered = torch.empty(x * y * s, dtype=ref.dtype, device=ref.device)
-            all_gather_single(gathered, ref, group=route.intra)
+        a, b = sends(y * s * ref.element_size(), route.intra_remote, route.local)
+        if meter is not None:
+            meter.record(tag, intra_bytes + a, inter_bytes + b)
+        gathered = torch.empty(x * y * s, dtype=ref.dtype, device=ref.device)
+        work = all_gather_single(gathered, ref, group=route.intra,
+                                 async_op=overlaps(out.device, async_op))
+
+        def place() -> None:
             # gathered is [local, node, s]; the output is rank-major [node, local, s]
             out.view(y, x, s).copy_(gathered.view(x, y, s).transpose(0, 1))
-            a, b = sends(y * s * ref.element_size(), route.intra_remote, route.local)
-            intra_bytes, inter_bytes = intra_bytes + a, inter_bytes + b
-        if meter is not None:
-            meter.record(tag, intra_bytes, inter_bytes)
+        return finish(work, place, async_op, out.device)
 
     def _check_layout(self, layout: tuple[int, int, int]) -> None:
         if self.layout is not None and self.layout != layout:

@@ -32,13 +32,14 @@ from ..comm import (QuantizedAllGather, QuantizedReduceScatter, Topology, TwoHop
                     WireMeter)
 from ..comm.all_gather import VersionWatch
 from ..comm.memory import check_fits
+from ..comm.pending import FutureWork, finish_all
 from ..compressors.base import FLOAT_DTYPES
 from ..compressors.registry import build_compressor, get_compressor
 from ..config import CompressionConfig
 from . import _fsdp2
 from .consistency import differences
 from .exact_params import GroupLayouts, SlotLayout
-from .timeouts import comm_guard
+from .timeouts import comm_guard, communication_error
 
 ALL_GATHER, ALL_GATHER_BWD, REDUCE_SCATTER = "all_gather", "all_gather_bwd", "reduce_scatter"
 
@@ -82,43 +83,63 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
         self.versions = VersionWatch(lambda: _fsdp2.sharded_param_data(param_group))
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
-                 group: dist.ProcessGroup, async_op: bool = False) -> None:
+                 group: dist.ProcessGroup, async_op: bool = False) -> dist.Work | None:
+        """FSDP2's all-gather call. ``async_op=True`` (``unshard(async_op=True)``, explicit
+        prefetching) returns a ``dist.Work``; FSDP2 ``wait()``s it in
+        ``foreach_all_gather_copy_out`` before reading ``output_tensor``, and it completes
+        when the exchange and the decode into ``output_tensor`` are done.
+
+        Streams (torch 2.13 ``_fsdp_param_group.py`` / ``_fsdp_collectives.py``): FSDP2 calls
+        this under ``device_handle.stream(all_gather_stream)``: its all-gather stream for
+        implicit prefetching (sync), the current stream when ``async_op=True``
+        (``get_all_gather_streams``). On CUDA every kernel here (compress, NCCL, decode) is
+        enqueued on that stream in order and nothing waits on the host; the returned Work's
+        ``wait()`` makes the caller's stream wait for an event recorded after the decode
+        (``comm/pending.py``), and without ``async_op`` FSDP2 records its own event on the
+        all-gather stream after this call, which then covers the decode too. The buffers
+        live on that stream only. On CPU the exchange runs asynchronously on gloo and the
+        decode is chained to it (overlap with the caller's compute)."""
         meter = self.exact.meter
         meter.record_uncompressed(input_tensor.numel() * input_tensor.element_size(), group,
                                   self.exact.topology)
+        backward = _fsdp2.in_backward(self.param_group)
+        what = f"{'backward' if backward else 'forward'} all-gather"
         with meter.timed(input_tensor.device):
-            self._gather(output_tensor, input_tensor, group)
+            with comm_guard(what, self.name, group):
+                fut = self._gather(output_tensor, input_tensor, group, backward, async_op)
+        if not async_op:
+            return None
+        return FutureWork(fut, lambda err: communication_error(what, self.name, group, err))
 
     def _gather(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
-                group: dist.ProcessGroup) -> None:
+                group: dist.ProcessGroup, backward: bool, async_op: bool):
         pg = self.param_group
-        backward = _fsdp2.in_backward(pg)
         unchanged = self.versions.unchanged() and backward   # ranks step together
         tag = ALL_GATHER_BWD if backward else ALL_GATHER
         self.exact.tag = tag
-        with comm_guard(f"{'backward' if backward else 'forward'} all-gather", self.name,
-                        group):
-            layout = self.layouts.full
-            if (self.compressed is None or _fsdp2.is_sharded_post_forward(pg) or layout.all_exact
-                    or not self._compressible(input_tensor)):
-                # hpZ's secondary partition already holds the compressed weights: exact
-                self.exact(output_tensor, input_tensor, group)
-                return None
-            self.compressed.tag = tag
-            if not layout.mixed:
-                self.compressed(output_tensor, input_tensor, group, unchanged=unchanged)
-                return None
-            world = group.size()
-            comp_in, exact_in = layout.split(input_tensor.reshape(1, -1))
-            comp_out = torch.empty(world * comp_in.numel(), dtype=input_tensor.dtype,
-                                   device=input_tensor.device)
-            exact_out = torch.empty(world * exact_in.numel(), dtype=input_tensor.dtype,
-                                    device=input_tensor.device)
-            self.compressed(comp_out, comp_in.reshape(-1), group, unchanged=unchanged)
-            self.exact(exact_out, exact_in.reshape(-1), group)
+        layout = self.layouts.full
+        if (self.compressed is None or _fsdp2.is_sharded_post_forward(pg) or layout.all_exact
+                or not self._compressible(input_tensor)):
+            # hpZ's secondary partition already holds the compressed weights: exact
+            return self.exact(output_tensor, input_tensor, group, async_op=async_op)
+        self.compressed.tag = tag
+        if not layout.mixed:
+            return self.compressed(output_tensor, input_tensor, group, unchanged=unchanged,
+                                   async_op=async_op)
+        world = group.size()
+        comp_in, exact_in = layout.split(input_tensor.reshape(1, -1))
+        comp_out = torch.empty(world * comp_in.numel(), dtype=input_tensor.dtype,
+                               device=input_tensor.device)
+        exact_out = torch.empty(world * exact_in.numel(), dtype=input_tensor.dtype,
+                                device=input_tensor.device)
+        futures = [self.compressed(comp_out, comp_in.reshape(-1), group, unchanged=unchanged,
+                                   async_op=async_op),
+                   self.exact(exact_out, exact_in.reshape(-1), group, async_op=async_op)]
+
+        def merge() -> None:
             layout.merge(output_tensor.view(world, -1), comp_out.view(world, -1),
                          exact_out.view(world, -1))
-        return None
+        return finish_all(futures, merge, async_op, input_tensor.device)
 
     def _compressible(self, input_tensor: torch.Tensor) -> bool:
         """A float buffer laid out as the param group says (not, e.g., the uint8 buffer of

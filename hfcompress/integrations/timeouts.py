@@ -39,10 +39,18 @@ def comm_guard(collective: str, module: str, group: dist.ProcessGroup) -> Iterat
     except CommunicationError:
         raise
     except RuntimeError as err:  # DistBackendError, gloo timeouts and closed connections
-        timeout = group_timeout(group)
-        limit = f"{timeout.total_seconds():g} s" if timeout is not None else "unknown"
-        raise CommunicationError(
-            f"hfcompress: the {collective} of FSDP module {module or '<root>'!r} failed on "
-            f"global rank {dist.get_rank()} (group of {group.size()} ranks, timeout {limit}). "
-            f"A peer rank probably died or stopped calling the collective; the error from "
-            f"the process group was: {type(err).__name__}: {err}") from err
+        raise communication_error(collective, module, group, err) from err
+
+
+def communication_error(collective: str, module: str, group: dist.ProcessGroup,
+                        err: BaseException) -> BaseException:
+    """The :class:`CommunicationError` for ``err`` (itself if it already is one)."""
+    if isinstance(err, CommunicationError):
+        return err
+    timeout = group_timeout(group)
+    limit = f"{timeout.total_seconds():g} s" if timeout is not None else "unknown"
+    return CommunicationError(
+        f"hfcompress: the {collective} of FSDP module {module or '<root>'!r} failed on "
+        f"global rank {dist.get_rank()} (group of {group.size()} ranks, timeout {limit}). "
+        f"A peer rank probably died or stopped calling the collective; the error from "
+        f"the process group was: {type(err).__name__}: {err}")
