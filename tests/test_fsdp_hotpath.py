@@ -2,6 +2,7 @@
 numbers as synchronous ones, a steady-state step makes no host sync from hfcompress code."""
 
 import pytest
+import torch
 
 import hfcompress
 from hfcompress.config import get_config
@@ -45,3 +46,25 @@ def test_no_host_sync_in_a_steady_state_step():
     found = {f"{p} (rank {k}, world {len(rs)})": syncs
              for rs in (res, res4) for k, r in enumerate(rs) for p, syncs in r.items() if syncs}
     assert not found, found
+
+
+@pytest.mark.parametrize("force_sum", [False, True])
+def test_custom_gradient_divide_factor(force_sum):
+    """``set_gradient_divide_factor(3)`` on 2 ranks: FSDP2 reduce-scatters with
+    ``PREMUL_SUM(1/3)`` (or, with ``set_force_sum_reduction_for_comms``, SUM and divides by
+    3 itself). Exact (``none``, gloo has no PREMUL_SUM: multiplied, then summed) and
+    compressed (sdp4bit: 2-hop, qsdp: 1-hop) gradients are the default run's (AVG, i.e.
+    divided by 2) times 2/3 up to float32 rounding (the compressed sum is the same, its
+    rounding seeds too), and the compressed ones are within the compression bound of the
+    exact ones (gradient cosine, the bounds of test_fsdp_training)."""
+    from fsdp_hotpath_workers import divide_factor_worker
+    factor = 3.0
+    res = run_distributed(divide_factor_worker, 2, ("none", "sdp4bit", "qsdp"), 1, factor,
+                          force_sum)
+    for r in res:
+        exact = r["none"]["factor"]
+        for p, cos_bound in (("none", 1 - 1e-9), ("sdp4bit", 0.97), ("qsdp", 0.999)):
+            g, g0 = r[p]["factor"], r[p]["default"]
+            assert torch.allclose(g * factor, g0 * 2, rtol=1e-5, atol=1e-7), p
+            cos = torch.nn.functional.cosine_similarity(g, exact, dim=0)
+            assert cos >= cos_bound, (p, cos)

@@ -3,7 +3,9 @@
 ``output`` is flat ``world * S`` values, rank-major; ``input`` holds this rank's S values
 (it may be a view of its slot in ``output``, as in FSDP2). Each rank compresses its input,
 the flat uint8 payloads are all-gathered, and every slot, this rank's included, is
-decompressed from the gathered bytes, so all ranks hold bit-identical outputs.
+decompressed from the gathered bytes, so all ranks hold bit-identical outputs: one
+``decompress_slots`` call over the ``[world, n]`` bytes (stateless schemes; a bucketed one
+decodes every slot in one kernel), or slot by slot for a stateful scheme's per-slot streams.
 With ``compressor=None`` this is torch's ``all_gather_single`` (``all_gather_into_tensor``).
 
 qWD (SDP4Bit Alg. 2), the stateful scheme, goes through ``ShardedReferences``
@@ -77,10 +79,12 @@ class QuantizedAllGather(StreamOwner):
         work = all_gather_single(gathered, buf, group=group, async_op=launch)
 
         def decode() -> None:
-            for r in range(world):
-                c = slots[r]
-                packed = c.unflatten(gathered[r * n:(r + 1) * n], flat.shape, flat.dtype)
-                out[r * s:(r + 1) * s].copy_(c.decompress(packed))
+            if not slots.stateful:   # one decode of every slot (same numbers)
+                slots.compressor.decompress_slots(gathered.view(world, n), s, out.view(world, s))
+                return
+            for r in range(world):   # a stream per slot
+                slots[r].decompress_slots(gathered.view(world, n)[r:r + 1], s,
+                                          out.view(world, s)[r:r + 1])
         return finish(work, decode, async_op, device)
 
     # -- state ----------------------------------------------------------------------------

@@ -22,10 +22,28 @@ from .topology import Topology
 from .wire_meter import WireMeter, peer_is_remote
 
 
+def premul_factor(op: Any) -> Any:
+    """The factor of ``ReduceOp.PREMUL_SUM(factor)`` (FSDP2's custom gradient divide factor
+    f arrives as ``PREMUL_SUM(1 / f)``), else None."""
+    if getattr(op, "op", op) == dist.ReduceOp.PREMUL_SUM:
+        return op.factor
+    return None
+
+
 def check_op(op: Any) -> None:
-    if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
-        raise ValueError(f"quantized reduce-scatter supports op ReduceOp.SUM or ReduceOp.AVG, "
-                         f"got {op}")
+    if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG) and premul_factor(op) is None:
+        raise ValueError(f"quantized reduce-scatter supports op ReduceOp.SUM, ReduceOp.AVG or "
+                         f"ReduceOp.PREMUL_SUM(factor), got {op}")
+
+
+def exact_op(input: torch.Tensor, op: Any, group: dist.ProcessGroup) -> tuple[torch.Tensor, Any]:
+    """(input, op) for torch's reduce-scatter: ``PREMUL_SUM`` as a multiply and ``SUM`` on a
+    backend without it (gloo; NCCL has it natively, same numbers: each input scaled, then
+    summed)."""
+    factor = premul_factor(op)
+    if factor is None or dist.get_backend(group) == "nccl":
+        return input, op
+    return input * factor, dist.ReduceOp.SUM
 
 
 def check_sizes(name: str, output: torch.Tensor, input: torch.Tensor, world: int) -> int:
@@ -37,8 +55,13 @@ def check_sizes(name: str, output: torch.Tensor, input: torch.Tensor, world: int
 
 
 def write_result(output: torch.Tensor, total: torch.Tensor, op: Any, world: int) -> None:
-    """``output <- total`` (float32 sum), divided by ``world`` for AVG, in output's dtype."""
-    if op == dist.ReduceOp.AVG:
+    """``output <- total`` (float32 sum), divided by ``world`` for AVG, multiplied by the
+    factor for PREMUL_SUM (after the sum: the compressed payloads carry the raw values), in
+    output's dtype."""
+    factor = premul_factor(op)
+    if factor is not None:
+        total = total * factor
+    elif op == dist.ReduceOp.AVG:
         total = total / world
     output.copy_(total.reshape(output.shape))
 
@@ -62,7 +85,8 @@ class QuantizedReduceScatter(StreamOwner):
         if self.compressor is None:
             if self.meter is not None:
                 self.meter.record_sends(self.tag, [s * input.element_size()] * world, remote, me)
-            reduce_scatter_single(output, input.reshape(-1).contiguous(), op=op, group=group)
+            flat, op = exact_op(input.reshape(-1).contiguous(), op, group)
+            reduce_scatter_single(output, flat, op=op, group=group)
             return
         check_op(op)
         rows = input.reshape(world, s)

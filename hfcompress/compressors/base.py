@@ -107,6 +107,14 @@ class Compressor:
         diff = self.decompress(Packed(packed.payload, packed.shape, torch.float32, packed.meta))
         return (ref.float().reshape(packed.shape) + diff).to(ref.dtype)
 
+    def decompress_slots(self, wire: torch.Tensor, numel: int, out: torch.Tensor) -> None:
+        """``out[r] <- decompress`` of row r of ``wire`` (``[rows, n]`` uint8, each row a
+        ``compress`` of ``numel`` values flattened by :meth:`Packed.flat`); ``out`` is
+        ``[rows, numel]`` in the values' dtype. This default decodes row by row; a scheme
+        whose rows concatenate into one payload decodes them in one call (same numbers)."""
+        for r in range(wire.shape[0]):
+            out[r].copy_(self.decompress(self.unflatten(aligned(wire[r]), (numel,), out.dtype)))
+
     def wire_bits(self, numel: int) -> int:
         """Bits that ``compress`` puts on the wire for ``numel`` values."""
         return 8 * sum(dt.itemsize * n for dt, n in self.payload_spec(numel).values())
@@ -179,6 +187,12 @@ def check_group_size(scheme: str, group_size: Any, multiple: int, param: str = "
             or group_size % multiple:
         raise ValueError(f"{scheme}: {param}={group_size!r} must be a positive multiple of "
                          f"{multiple} (e.g. {multiple}, {4 * multiple}, 2048)")
+
+
+def aligned(buf: torch.Tensor, align: int = 16) -> torch.Tensor:
+    """``buf`` (uint8), copied if its start is not ``align``-byte aligned (a payload field
+    can only be viewed as a wider dtype at a multiple of its size)."""
+    return buf if buf.storage_offset() % align == 0 else buf.clone()
 
 
 def pad_to(x: torch.Tensor, multiple: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 
 from ..kernels import dispatch
 from ..kernels.packing import SUPPORTED_BITS, packed_nbytes
-from .base import Compressor, Packed, check_choice, check_group_size
+from .base import Compressor, Packed, aligned, check_choice, check_group_size
 from .rng import SeededRNG
 
 BUCKET_MULTIPLE = 32
@@ -68,6 +68,24 @@ class BucketQuantizer(Compressor):
         p = [packed.payload[k] for k in self.payload_spec(0)]
         out = self._impl(p[0]).dequantize(*p, self.bits, self._size, packed.dtype)
         return out[:packed.numel].reshape(packed.shape)
+
+    def decompress_slots(self, wire: torch.Tensor, numel: int, out: torch.Tensor) -> None:
+        """All rows in one ``dequantize``: a row is the codes and per-bucket values of
+        ``numel`` values padded to whole buckets, so the rows' fields side by side are the
+        payload of ``rows`` x that many values (a bucket never spans two rows). A payload
+        with more than codes and bucket values (e.g. a codebook per payload) decodes row by
+        row."""
+        spec = self.payload_spec(numel)
+        if list(spec) != ["codes", *self.bucket_params]:
+            return super().decompress_slots(wire, numel, out)
+        rows, fields, offset = wire.shape[0], [], 0
+        for dt, n in spec.values():
+            nbytes = dt.itemsize * n
+            fields.append(aligned(wire[:, offset:offset + nbytes].reshape(-1)).view(dt))
+            offset += nbytes
+        padded = -(-numel // self._size) * self._size
+        values = self._impl(fields[0]).dequantize(*fields, self.bits, self._size, out.dtype)
+        out.copy_(values.view(rows, padded)[:, :numel])
 
     def reduce(self, packeds: Sequence[Packed]) -> torch.Tensor:
         if not packeds:
