@@ -7,6 +7,8 @@ gradient reduction, AdamW)."""
 from __future__ import annotations
 
 import collections
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -110,18 +112,39 @@ def host_sync_worker(rank, world, presets, ranks_per_node, warmup):
 
 # -- 2. torch ops per step ------------------------------------------------------------------
 class _CountOps(TorchDispatchMode):
+    """Torch ops dispatched, by where they come from: inside the FSDP custom all-gather or
+    reduce-scatter (``integrations/fsdp.py``), and of those, inside a compressor's
+    ``compress*`` (the per-destination sends), or elsewhere (model, FSDP2, optimizer)."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.count = 0
+        self.count = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
+        self.count[_category()] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _category() -> str:
+    f, compress = sys._getframe(2), False
+    while f is not None:
+        code = f.f_code
+        if code.co_filename.startswith(_COMPRESSORS) and code.co_name.startswith("compress"):
+            compress = True
+        if code.co_filename == fsdp_integration.__file__ and code.co_name == "__call__":
+            kind = "all_gather" if "output_tensor" in f.f_locals and "op" not in f.f_locals \
+                else "reduce_scatter"
+            return f"{kind}.compress" if compress else kind
+        f = f.f_back
+    return "other"
+
+
+_COMPRESSORS = os.path.join(os.path.dirname(hfcompress.__file__), "compressors") + os.sep
 
 
 def op_count_worker(rank, world, presets, ranks_per_node, warmup):
     """Per preset (None: plain FSDP2): torch ops dispatched by one steady-state training
-    step (forward, backward, optimizer step) on this rank."""
+    step (forward, backward, optimizer step) on this rank, by ``_category``."""
     setup()
     out = {}
     for p in presets:
@@ -139,14 +162,13 @@ def op_count_worker(rank, world, presets, ranks_per_node, warmup):
             h.remove()       # plain FSDP2's own collectives
         mode = _CountOps()
         with mode:
-            loss = train_step(model, warmup)
+            train_step(model, warmup)
             opt.step()
             opt.zero_grad()
         if p is not None:
             h.step()
             h.remove()
-        out[str(p)] = mode.count
-        del loss
+        out[str(p)] = dict(mode.count)
     return out
 
 

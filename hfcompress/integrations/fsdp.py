@@ -164,6 +164,14 @@ class FSDPReduceScatter(_Alloc, _fsdp2.ReduceScatter):
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, op: Any, async_op: bool = False) -> None:
+        """FSDP2's reduce-scatter call (torch 2.13 ``foreach_reduce``): made under
+        ``device_handle.stream(reduce_scatter_stream)``, which waited for the gradients'
+        copy-in, never with ``async_op``, and its return value is ignored: FSDP2 records
+        an event on that stream right after this call, which the optimizer step and the
+        next reduce-scatter's buffer reuse wait for. On CUDA every kernel here is enqueued
+        on that stream, so the reduce-scatter overlaps the rest of backward on the compute
+        stream; nothing here reads a device value on the host (no sync). ``op`` is SUM,
+        AVG or ``PREMUL_SUM(1 / f)`` for ``set_gradient_divide_factor(f)``."""
         meter = self.exact.meter
         meter.record_uncompressed(output_tensor.numel() * input_tensor.element_size(), group,
                                   self.exact.topology)
