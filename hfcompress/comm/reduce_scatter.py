@@ -31,9 +31,15 @@ def premul_factor(op: Any) -> Any:
 
 
 def check_op(op: Any) -> None:
-    if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG) and premul_factor(op) is None:
-        raise ValueError(f"quantized reduce-scatter supports op ReduceOp.SUM, ReduceOp.AVG or "
-                         f"ReduceOp.PREMUL_SUM(factor), got {op}")
+    if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+        raise ValueError(f"quantized reduce-scatter supports op ReduceOp.SUM or ReduceOp.AVG, "
+                         f"got {op}")
+
+
+def check_scatter_op(op: Any) -> None:
+    """The reduce-scatters also take ``PREMUL_SUM(factor)`` (see :func:`write_result`)."""
+    if premul_factor(op) is None:
+        check_op(op)
 
 
 def exact_op(input: torch.Tensor, op: Any, group: dist.ProcessGroup) -> tuple[torch.Tensor, Any]:
@@ -88,7 +94,7 @@ class QuantizedReduceScatter(StreamOwner):
             flat, op = exact_op(input.reshape(-1).contiguous(), op, group)
             reduce_scatter_single(output, flat, op=op, group=group)
             return
-        check_op(op)
+        check_scatter_op(op)
         rows = input.reshape(world, s)
         if world == 1 or s == 0:
             write_result(output, rows[0].float(), op, world)

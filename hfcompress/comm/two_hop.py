@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from ..compressors.base import Compressor, RotatedDomain
 from .hop import Exchange, RawCodec
-from .reduce_scatter import check_op, check_sizes, write_result
+from .reduce_scatter import check_scatter_op, check_sizes, write_result
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
 from .wire_meter import WireMeter, peer_is_remote
@@ -68,7 +68,7 @@ class TwoHopReduceScatter(StreamOwner):
             raise ValueError(f"reduce_scatter_2hop runs over the topology's {p} ranks; got a "
                              f"group of {dist.get_world_size(group)}")
         s = check_sizes("reduce_scatter_2hop", output, input, p)
-        check_op(op)
+        check_scatter_op(op)
         rows = input.reshape(p, s)
         if self.rotated:  # SDP4Bit 3.3: H once per row, before the first quantization
             rows = self._rotate_rows(rows)
