@@ -73,9 +73,9 @@ def test_custom_gradient_divide_factor(force_sum):
 def test_all_gather_ops_do_not_grow_with_world_size():
     """Torch ops of one steady-state step (dispatch-mode count, rank 0), 2 ranks (2 nodes x
     1) against 4 (4 x 1). The all-gather (compress, exchange, one decode of every slot) does
-    not grow; the reduce-scatter still does (measured, per step: sdp4bit 2095 + 492 in
-    compress at 2 ranks, 2401 + 984 at 4; zeropp 421 + 492, 727 + 984; qsdp 250 + 396,
-    400 + 792): it compresses each destination's row with its own call, because each call
+    not grow (sdp4bit 292 + 171 in compress, zeropp 164 + 90/92, qsdp 345 + 205 at both
+    sizes); the reduce-scatter still does (sdp4bit 2095 + 486 in compress at 2 ranks,
+    2401 + 972 at 4; zeropp 421 + 486, 727 + 972; qsdp 250 + 390, 400 + 780): it compresses each destination's row with its own call, because each call
     draws its own rounding-noise keys (stochastic int4 / QSGD) or updates its own LoCo error
     buffer, and one call over the ``[world, S]`` rows would change the numbers; the receiver
     unflattens each peer's payload. Plain FSDP2's step is 790 ops at both sizes."""
