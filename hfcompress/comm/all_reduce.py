@@ -31,8 +31,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.futures import Future
 
 from ..compressors.base import Compressor, ErrorFeedback, GloballyScaled, Packed, TreeCombined
+from .futures import chain, completed, devices_of
 from .hop import Exchange, all_gather_single
 from .reduce_scatter import check_op
 from .streams import StreamOwner, Streams, stateless_only
@@ -69,100 +71,147 @@ class QuantizedAllReduce(StreamOwner):
 
     def __call__(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                  group: dist.ProcessGroup | None = None) -> torch.Tensor:
-        """Reduce ``tensor`` (any shape, fp32/bf16/fp16) in place; returns it."""
+        """Reduce ``tensor`` (any shape, fp32/bf16/fp16) in place; returns it (waits for
+        :meth:`launch`'s future)."""
+        return self.launch(tensor, op, group).wait()
+
+    def launch(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM,
+               group: dist.ProcessGroup | None = None) -> Future:
+        """Start reducing ``tensor`` in place; a future of ``tensor``, complete when every
+        stage is. Each stage is an asynchronous collective whose completion runs the next
+        (:func:`~.futures.chain`); nothing here waits. Same numbers as ``__call__``."""
         if group is None:
             group = self.topology.group if self.topology else dist.group.WORLD
         world, me = dist.get_world_size(group), dist.get_rank(group)
+        dev = devices_of(tensor)
         flat = tensor.reshape(-1) if tensor.is_contiguous() else tensor.contiguous().reshape(-1)
         if self.compressor is None:
             self._record(stock_all_reduce_bytes(flat.numel(), flat.element_size(), world, me),
                          group, me)
-            dist.all_reduce(flat, op=op, group=group)
+            fut = dist.all_reduce(flat, op=op, group=group, async_op=True).get_future()
         else:
             check_op(op)
             if world == 1 or flat.numel() == 0:
-                return tensor
+                return completed(tensor, dev)
             group_size_check(self.compressor, world)
             streams = self.streams["all_reduce"]
             streams.check_layout((world, flat.numel()))
             if isinstance(self.compressor, TreeCombined):
-                total = self._exponential(flat, group, world, me)
+                total = self._exponential(flat, group, world, me, dev)
             elif isinstance(self.compressor, GloballyScaled):
-                total = self._linear(flat, group, world, me)
+                total = self._linear(flat, group, world, me, dev)
             else:
-                total = self._chunked(flat, streams, group, world, me)
-            if op == dist.ReduceOp.AVG:
-                total = total / world
-            flat.copy_(total)
-        if flat.data_ptr() != tensor.data_ptr():
-            tensor.copy_(flat.view(tensor.shape))
-        return tensor
+                total = self._chunked(flat, streams, group, world, me, dev)
+
+            def average(t: torch.Tensor) -> None:
+                flat.copy_(t / world if op == dist.ReduceOp.AVG else t)
+            fut = chain(total, average, dev)
+
+        def write_back(_: Any) -> torch.Tensor:
+            if flat.data_ptr() != tensor.data_ptr():
+                tensor.copy_(flat.view(tensor.shape))
+            return tensor
+        return chain(fut, write_back, dev)
 
     # -- Global-QSGD ----------------------------------------------------------------------
     def _global_scale(self, parts: list[torch.Tensor], group: dist.ProcessGroup, world: int,
-                      me: int) -> tuple[torch.Tensor, list[int]]:
+                      me: int) -> tuple[torch.Tensor, list[int], Future]:
         """Alg. 1 line 1: the MAX over the group of the local ℓ∞ norms of ``parts`` (per
-        block with ``block_size``; +Inf where one is not finite), concatenated; and the bytes
-        that all-reduce sends to each peer."""
+        block with ``block_size``; +Inf where one is not finite), concatenated, reduced in
+        place once the returned future completes; and the bytes it sends to each peer."""
         scale = torch.cat([self.compressor.local_scale(p) for p in parts])
-        dist.all_reduce(scale, op=dist.ReduceOp.MAX, group=group)
-        return scale, stock_all_reduce_bytes(scale.numel(), scale.element_size(), world, me)
+        fut = dist.all_reduce(scale, op=dist.ReduceOp.MAX, group=group,
+                              async_op=True).get_future()
+        return scale, stock_all_reduce_bytes(scale.numel(), scale.element_size(), world, me), fut
 
-    def _linear(self, flat, group, world, me) -> torch.Tensor:
+    def _linear(self, flat, group, world, me, dev) -> Future:
         """Linear dithering: exact integer sum by a stock all_reduce(SUM) (4.2)."""
         c = self.compressor
-        scale, sent = self._global_scale([flat], group, world, me)
-        codes = c.compress(flat, scale=scale).payload["codes"]
-        self._record([a + b for a, b in zip(sent, stock_all_reduce_bytes(
-            codes.numel(), codes.element_size(), world, me))], group, me)
-        dist.all_reduce(codes, op=dist.ReduceOp.SUM, group=group)
-        return c.decompress(Packed({"scale": scale, "codes": codes}, flat.shape, torch.float32))
+        scale, sent, fut = self._global_scale([flat], group, world, me)
+        codes: list[torch.Tensor] = []
 
-    def _exponential(self, flat, group, world, me) -> torch.Tensor:
+        def sum_codes(_: Any) -> Future:
+            codes.append(c.compress(flat, scale=scale).payload["codes"])
+            self._record([a + b for a, b in zip(sent, stock_all_reduce_bytes(
+                codes[0].numel(), codes[0].element_size(), world, me))], group, me)
+            return dist.all_reduce(codes[0], op=dist.ReduceOp.SUM, group=group,
+                                   async_op=True).get_future()
+
+        def decode(_: Any) -> torch.Tensor:
+            return c.decompress(Packed({"scale": scale, "codes": codes[0]}, flat.shape,
+                                       torch.float32))
+        return chain(chain(fut, sum_codes, dev), decode, dev)
+
+    def _exponential(self, flat, group, world, me, dev) -> Future:
         """Exponential dithering: all-to-all of code chunks, C_nat tree on the owner (Alg. 2),
         all-gather of the combined chunks (4.3)."""
         c = self.compressor
         rows = _rows(flat, world)
         width = rows.shape[1]
         if c.block_size is None:      # one scale for the tensor, shared by every chunk
-            scale, sent = self._global_scale([flat], group, world, me)
+            scale, sent, fut = self._global_scale([flat], group, world, me)
             scales = scale.expand(world, 1)
         else:                         # the blocks of each chunk
-            scale, sent = self._global_scale(list(rows), group, world, me)
+            scale, sent, fut = self._global_scale(list(rows), group, world, me)
             scales = scale.view(world, -1)
-        send = torch.cat([c.compress(r, scale=s).payload["codes"] for r, s in zip(rows, scales)])
-        n = send.numel() // world
-        recv = torch.empty_like(send)
-        self._record([b + 2 * n * (k != me) for k, b in enumerate(sent)], group, me)
-        dist.all_to_all_single(recv, send, group=group)
-        mine = scales[me]
-        got = [Packed({"scale": mine, "codes": recv[k * n:(k + 1) * n]}, torch.Size([width]),
-                      torch.float32) for k in range(world)]
-        combined = c.reduce_packed(got).payload["codes"]
-        gathered = torch.empty_like(recv)
-        all_gather_single(gathered, combined.contiguous(), group=group)
-        out = [c.decompress(Packed({"scale": scales[k], "codes": gathered[k * n:(k + 1) * n]},
-                                   torch.Size([width]), torch.float32)) for k in range(world)]
-        return torch.cat(out)[:flat.numel()]
+        bufs: dict[str, torch.Tensor] = {}
+
+        def exchange(_: Any) -> Future:
+            send = bufs["send"] = torch.cat([c.compress(r, scale=s).payload["codes"]
+                                             for r, s in zip(rows, scales)])
+            n = bufs["n"] = send.numel() // world
+            recv = bufs["recv"] = torch.empty_like(send)
+            self._record([b + 2 * n * (k != me) for k, b in enumerate(sent)], group, me)
+            return dist.all_to_all_single(recv, send, group=group, async_op=True).get_future()
+
+        def combine_and_gather(_: Any) -> Future:
+            n, recv, mine = bufs["n"], bufs["recv"], scales[me]
+            got = [Packed({"scale": mine, "codes": recv[k * n:(k + 1) * n]},
+                          torch.Size([width]), torch.float32) for k in range(world)]
+            combined = c.reduce_packed(got).payload["codes"]
+            gathered = bufs["gathered"] = torch.empty_like(recv)
+            return all_gather_single(gathered, combined.contiguous(), group=group,
+                                     async_op=True).get_future()
+
+        def decode(_: Any) -> torch.Tensor:
+            n, gathered = bufs["n"], bufs["gathered"]
+            out = [c.decompress(Packed({"scale": scales[k], "codes": gathered[k * n:(k + 1) * n]},
+                                       torch.Size([width]), torch.float32))
+                   for k in range(world)]
+            return torch.cat(out)[:flat.numel()]
+        return chain(chain(chain(fut, exchange, dev), combine_and_gather, dev), decode, dev)
 
     # -- any other compressor -------------------------------------------------------------
-    def _chunked(self, flat, streams: Streams, group, world, me) -> torch.Tensor:
+    def _chunked(self, flat, streams: Streams, group, world, me, dev) -> Future:
         """compress -> all-to-all -> fp32 sum on the owner -> compress -> all-gather."""
         rows = _rows(flat, world)
         width = rows.shape[1]
         packeds = [streams[("send", k)].compress(rows[k]) for k in range(world)]
         recv = streams["recv"]
-        got = Exchange(packeds, recv.unflatten, group, None, self.tag,
-                       [False] * world).wait()
-        part = recv.reduce(got).reshape(-1).float()
-        buf = streams["gather"].compress(part).flat()
-        n, m = buf.numel(), got[0].nbytes()
-        self._record([(m + n) * (k != me) for k in range(world)], group, me)
-        gathered = torch.empty(world * n, dtype=torch.uint8, device=buf.device)
-        all_gather_single(gathered, buf, group=group)
-        out = [recv.decompress(recv.unflatten(gathered[k * n:(k + 1) * n], (width,),
-                                              torch.float32)) for k in range(world)]
-        return torch.cat(out)[:flat.numel()]
+        ex = Exchange(packeds, recv.unflatten, group, None, self.tag, [False] * world,
+                      async_op=True)
+        bufs: dict[str, torch.Tensor] = {}
+
+        def reduce_and_gather(_: Any) -> Future:
+            m = ex.nbytes
+            got = [recv.unflatten(ex.recv[k * m:(k + 1) * m], ex.shape, ex.dtype)
+                   for k in range(world)]
+            part = recv.reduce(got).reshape(-1).float()
+            buf = streams["gather"].compress(part).flat()
+            n = buf.numel()
+            self._record([(m + n) * (k != me) for k in range(world)], group, me)
+            gathered = bufs["gathered"] = torch.empty(world * n, dtype=torch.uint8,
+                                                      device=buf.device)
+            bufs["buf"] = buf      # kept alive until the all-gather is done
+            return all_gather_single(gathered, buf, group=group, async_op=True).get_future()
+
+        def decode(_: Any) -> torch.Tensor:
+            gathered = bufs["gathered"]
+            n = gathered.numel() // world
+            out = [recv.decompress(recv.unflatten(gathered[k * n:(k + 1) * n], (width,),
+                                                  torch.float32)) for k in range(world)]
+            return torch.cat(out)[:flat.numel()]
+        return chain(chain(ex.work.get_future(), reduce_and_gather, dev), decode, dev)
 
     def _record(self, per_peer: list[int], group: dist.ProcessGroup, me: int) -> None:
         if self.meter is not None:

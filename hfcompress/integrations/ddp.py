@@ -17,8 +17,10 @@ rebuilds its buckets once after the first iteration, which starts fresh streams 
 rebuilt buckets; a stream restored from a checkpoint holds the rebuilt order, which the
 first iteration's buckets are permuted into). Parameters matched by the config's
 ``exact_patterns`` / ``min_numel`` (QSDP 5.1: norms, biases, small tensors) are all-reduced
-exactly. The hook runs its collectives synchronously and returns a completed Future of the
-averaged bucket.
+exactly. The hook returns a chained Future of the averaged bucket, like torch's own hooks
+(``all_reduce(..., async_op=True).get_future().then(...)``): every stage of a scheme (the
+scales' MAX, the codes' SUM or all-to-all / all-gather) launches when the previous one
+completes, so backward goes on while buckets are reduced.
 """
 
 import warnings
@@ -27,9 +29,11 @@ from typing import Any, Hashable, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.futures import Future
 
 from ..comm import QuantizedAllReduce, Topology, WireMeter
 from ..comm.all_reduce import group_size_check, stock_all_reduce_bytes
+from ..comm.futures import chain, completed, devices_of
 from ..compressors import Compressor, get_compressor
 from ..compressors.registry import build_compressor
 from ..config import CompressionConfig, Scheme, describe, get_config
@@ -82,18 +86,22 @@ class BucketAllReduce:
         self.compressed = QuantizedAllReduce(compressor, topology, meter, tag)
         self.exact = QuantizedAllReduce(None, topology, meter, f"{tag}_exact")
 
-    def __call__(self, flat: torch.Tensor, group: dist.ProcessGroup) -> None:
-        layout = self.layout
+    def launch(self, flat: torch.Tensor, group: dist.ProcessGroup) -> Future:
+        """Start averaging ``flat`` in place; a future of ``flat``."""
+        layout, dev = self.layout, devices_of(flat)
         if self.compressed.compressor is None or layout.all_exact:
-            self.exact(flat, AVG, group)
-        elif not layout.mixed:
-            self.compressed(flat, AVG, group)
-        else:
-            rows = flat.view(1, -1)
-            comp, exact = layout.split(rows)
-            self.compressed(comp, AVG, group)
-            self.exact(exact, AVG, group)
+            return self.exact.launch(flat, AVG, group)
+        if not layout.mixed:
+            return self.compressed.launch(flat, AVG, group)
+        rows = flat.view(1, -1)
+        comp, exact = layout.split(rows)
+        both = chain(self.compressed.launch(comp, AVG, group),
+                     lambda _: self.exact.launch(exact, AVG, group), dev)
+
+        def merge(_: Any) -> torch.Tensor:
             layout.merge(rows, comp, exact)
+            return flat
+        return chain(both, merge, dev)
 
 
 class AllReduceState:
@@ -121,6 +129,7 @@ class AllReduceState:
         self.param_names: dict[int, str] = {}    # id(parameter) -> name, for DDP buckets
         self.enabled = True
         self._used: set = set()      # stream keys reduced by this process
+        self._tail: Future = completed(None)   # the last stream launched (reduce_async)
         self._compressor("check")    # a bad scheme fails here, not in the backward pass
 
     def install(self) -> None:
@@ -142,30 +151,55 @@ class AllReduceState:
                            for n, k in named])
 
     def reduce(self, key: Hashable, flat: torch.Tensor, layout: SlotLayout) -> None:
-        """Average ``flat`` over the group in place, as stream ``key`` (new if its layout
-        changed, e.g. DDP's bucket rebuild)."""
+        """Average ``flat`` over the group in place, as stream ``key``; waits for
+        :meth:`reduce_async`."""
+        self.reduce_async(key, flat, layout).wait()
+
+    def reduce_async(self, key: Hashable, flat: torch.Tensor, layout: SlotLayout) -> Future:
+        """Start averaging ``flat`` over the group in place, as stream ``key`` (new if its
+        layout changed, e.g. DDP's bucket rebuild); a future of ``flat``. Nothing waits: the
+        stages are chained futures. Streams run one after another, in call order, whatever
+        thread completes a collective: every rank then launches the same collectives in the
+        same order (gloo pairs them by launch order, NCCL needs it too)."""
+        dev = devices_of(flat)
+        previous = self._tail.then(lambda _: None)      # its error is its own stream's
+        self._tail = chain(previous, lambda _: self._start(key, flat, layout), dev)
+        return self._tail
+
+    def _start(self, key: Hashable, flat: torch.Tensor, layout: SlotLayout) -> Future:
+        dev = devices_of(flat)
         if not self.enabled:
-            dist.all_reduce(flat, op=AVG, group=self.group)
-            return
+            return chain(dist.all_reduce(flat, op=AVG, group=self.group,
+                                         async_op=True).get_future(), lambda _: flat, dev)
         self.meter.record_uncompressed(stock_all_reduce_bytes(
             flat.numel(), flat.element_size(), self.size, dist.get_rank(self.group)),
             self.group, self.topology)
-        with self.meter.timed(flat.device):
-            order = self._restored_order(key, layout)
-            if order is not None:     # a restored stream: its values in the saved order
-                order = order.to(flat.device)
-                part = flat[order]
-                self._reduce(key, part, self.streams[key].layout)
-                flat[order] = part
-            else:
-                self._reduce(key, flat, layout)
+        timer = self.meter.timed(flat.device)      # from this stream's start to its end
+        timer.__enter__()
+        order = self._restored_order(key, layout)
+        if order is not None:     # a restored stream: its values in the saved order
+            order = order.to(flat.device)
+            part = flat[order]
+            fut = self._stream(key, self.streams[key].layout).launch(part, self.group)
 
-    def _reduce(self, key: Hashable, flat: torch.Tensor, layout: SlotLayout) -> None:
+            def put_back(_: Any) -> torch.Tensor:
+                flat[order] = part
+                return flat
+            fut = chain(fut, put_back, dev)
+        else:
+            fut = self._stream(key, layout).launch(flat, self.group)
+
+        def stop_timer(_: Any) -> torch.Tensor:
+            timer.__exit__(None, None, None)
+            return flat
+        return chain(fut, stop_timer, dev)
+
+    def _stream(self, key: Hashable, layout: SlotLayout) -> BucketAllReduce:
         stream = self.streams.get(key)
         if stream is None or stream.layout.segments != layout.segments:
             stream = self.streams[key] = BucketAllReduce(self._compressor(key), layout,
                                                          self.topology, self.meter, self.tag)
-        stream(flat, self.group)
+        return stream
 
     def _restored_order(self, key: Hashable, layout: SlotLayout) -> Optional[torch.Tensor]:
         """Indices putting this bucket's values in the order of a stream restored from a
@@ -231,11 +265,8 @@ def all_reduce_hook(state: AllReduceState,
     ``from __future__ import annotations`` in this module: DDP checks these annotations.)"""
     buf = bucket.buffer()
     names = state.param_names
-    state.reduce(bucket.index(), buf,
-                 state.layout([(names.get(id(p), "?"), p.numel()) for p in bucket.parameters()]))
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(buf)
-    return fut
+    return state.reduce_async(bucket.index(), buf, state.layout(
+        [(names.get(id(p), "?"), p.numel()) for p in bucket.parameters()]))
 
 
 def register_ddp_hook(ddp_model: nn.parallel.DistributedDataParallel,
