@@ -65,12 +65,15 @@ def ddp_worker(rank, world):
     os.environ["HFCOMPRESS_COMPILE"] = "0"
     steps = 3
     report = {}
-    for config in ddp_presets():
-        name = config if isinstance(config, str) else config.name
+    # find_unused_parameters: DDP all-reduces its used-parameter map on the main thread
+    # while gloo's worker threads launch the hook's later stages
+    for config, unused in [(c, False) for c in ddp_presets()] + [("global_qsgd_exp", True)]:
+        name = (config if isinstance(config, str) else config.name) + "/unused" * unused
         runs = {}
         for mode in ("chained", "blocking"):
             torch.manual_seed(0)
-            model = DDP(tiny_llama(), bucket_cap_mb=0.1)          # several buckets
+            model = DDP(tiny_llama(), bucket_cap_mb=0.1,          # several buckets
+                        find_unused_parameters=unused)
             if mode == "chained":
                 handle = hfcompress.apply(model, config, ranks_per_node=1)
             else:

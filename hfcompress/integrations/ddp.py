@@ -40,6 +40,7 @@ from ..config import CompressionConfig, Scheme, describe, get_config
 from .consistency import check_same_settings
 from .exact_params import Segment, SlotLayout, is_exact
 from .handle import step_error_feedback
+from .timeouts import group_timeout
 
 AVG = dist.ReduceOp.AVG
 
@@ -269,6 +270,19 @@ def all_reduce_hook(state: AllReduceState,
         [(names.get(id(p), "?"), p.numel()) for p in bucket.parameters()]))
 
 
+def own_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
+    """The group the hook's collectives run on. gloo completes a future on its worker thread,
+    which then launches the next stage while DDP may launch its own collective on the main
+    thread (the used-parameter map with ``find_unused_parameters=True``): gloo pairs
+    collectives by launch order per group, so the hook gets a group of its own (same ranks
+    and timeout). NCCL completes futures at launch: every stage launches on the caller's
+    thread, in order, on DDP's group."""
+    if dist.get_backend(group) != "gloo":
+        return group
+    return dist.new_group(dist.get_process_group_ranks(group), timeout=group_timeout(group),
+                          use_local_synchronization=True)
+
+
 def register_ddp_hook(ddp_model: nn.parallel.DistributedDataParallel,
                       config: "str | CompressionConfig | Compressor", *,
                       ranks_per_node: Optional[int] = None, topology: Optional[Topology] = None,
@@ -284,7 +298,7 @@ def register_ddp_hook(ddp_model: nn.parallel.DistributedDataParallel,
     splits the metered bytes into intra- and inter-node."""
     if topology is None and ranks_per_node is not None:
         topology = Topology(ranks_per_node)
-    state = AllReduceState(config, ddp_model.process_group, topology, meter)
+    state = AllReduceState(config, own_group(ddp_model.process_group), topology, meter)
     state.param_names = {id(p): n for n, p in ddp_model.module.named_parameters()}
     ddp_model.register_comm_hook(state, all_reduce_hook)
     return state

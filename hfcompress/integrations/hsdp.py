@@ -44,6 +44,9 @@ class ReplicaHook:
         self.state, self.name, self.layouts = state, name, layouts
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
+        """FSDP2 reads the output when the hook returns, so the chained stages are waited
+        for: on NCCL (futures complete at launch, ``wait`` orders the caller's stream after
+        them) the host does not block; on gloo it does."""
         n = reduce_output.numel()
         layout = self.layouts.for_numel(n) or SlotLayout([Segment(self.name, n, False)])
         self.state.reduce(self.name, reduce_output.view(-1), layout)
