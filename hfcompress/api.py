@@ -73,8 +73,7 @@ def _apply_ddp(model: DistributedDataParallel, compressor: str | CompressionConf
     config = get_config(compressor)
     ddp_scheme(config)
     group = model.process_group
-    x = resolve_ranks_per_node(dist.get_world_size(), ranks_per_node)
-    topology = Topology(x, group_timeout(group))
+    topology = Topology(ranks_per_node, group_timeout(group))
     state = register_ddp_hook(model, config, topology=topology, meter=meter)
     return Compression("ddp", model.module, config, topology, state.meter, state).install()
 
@@ -85,8 +84,7 @@ def _apply_hsdp(model: nn.Module, compressor: str | CompressionConfig,
                 fsdp_kwargs: dict[str, Any]) -> Compression:
     config = get_config(compressor)
     ddp_scheme(config)
-    x = resolve_ranks_per_node(dist.get_world_size(), ranks_per_node)
-    topology = Topology(x, group_timeout(dist.group.WORLD))
+    topology = Topology(ranks_per_node, group_timeout(dist.group.WORLD))
     if shard:
         state = fully_shard_hsdp(model, mesh, config, layer_cls=layer_cls, topology=topology,
                                  meter=meter, **fsdp_kwargs)
@@ -136,7 +134,7 @@ def _apply_fsdp(model: nn.Module, compressor: str | CompressionConfig,
     group = check_group(modules)
     if config.hpz:
         check_hpz(modules, x, world)
-    topology = Topology(x, group_timeout(group))
+    topology = Topology(ranks_per_node, group_timeout(group))
     meter = meter if meter is not None else WireMeter()
     comms = {name: ModuleComms(name, m, model, config, topology, meter, i)
              for i, (name, m) in enumerate(modules)}
