@@ -18,12 +18,14 @@ weights, one FSDP unit per decoder layer plus the root) at 8 and 64 GPUs, 8 per 
 FSDP2's own sharded parameters + gradients + Adam state (16 bytes per parameter / world) and
 to SDP4Bit's layout (every rank keeps every slot's reference).
 
-Writes ``memory.csv``, ``memory_projection.csv`` and ``memory_meta.csv`` under ``--out``.
+Writes ``memory.csv``, ``memory_projection.csv``, ``memory_meta.csv`` and the BENCHMARKS.md
+fragment ``memory.md`` under ``--out`` (``--report-only`` re-makes ``memory.md`` from the CSVs).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import sys
 import time
 from pathlib import Path
@@ -132,6 +134,44 @@ def table(rows: list[dict], fields: list[str]) -> str:
     return dc.markdown_table(fields, [[r[f] for f in fields] for r in rows])
 
 
+def report(out: Path) -> str:
+    """``memory.md``: the measured state per rank and the 7B / Mixtral projection."""
+    def rows_of(name: str) -> list[dict]:
+        with open(out / name, newline="") as f:
+            return list(csv.DictReader(f))
+
+    meta = {r["key"]: r["value"] for r in rows_of("memory_meta.csv")}
+    measured = [r for r in rows_of("memory.csv") if float(r["state_bytes_per_rank_max"]) > 0]
+    proj = [r for r in rows_of("memory_projection.csv") if r["preset"] in ("sdp4bit", "loco")]
+    lines = ["### Compressor state per rank (memory)", "",
+             "\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in meta.items()), "",
+             "Measured: bytes of compressor state each rank keeps between steps (the largest "
+             "over ranks), against the full model in the gathered dtype (bf16). Presets not "
+             "listed keep none. Target: `sdp4bit` on 2 x 2 at most 0.8 x.", "",
+             "| preset | topology | state / rank (MiB) | references | errors | "
+             "= estimate | x full bf16 model |", "|---|---|---|---|---|---|---|"]
+    mib = 2 ** 20
+    for r in measured:
+        same = "yes" if r["estimate_bytes_per_rank"] == r["state_bytes_per_rank_max"] else "no"
+        lines.append(f"| {r['preset']} | {r['topology']} | "
+                     f"{int(r['state_bytes_per_rank_max']) / mib:.2f} | "
+                     f"{int(r['references_bytes_per_rank_max']) / mib:.2f} | "
+                     f"{int(r['errors_bytes_per_rank_max']) / mib:.2f} | {same} | "
+                     f"{float(r['state_over_full_param']):.4f} |")
+    lines += ["", "Projected with the same estimate (8 GPUs per node; `full (SDP4Bit)`: every "
+              "rank keeps every slot's reference, this library's layout before node-sharded "
+              "references), next to FSDP2's own parameters + gradients + Adam state "
+              "(16 B per parameter / GPUs):", "",
+              "| model | GPUs | preset | layout | state GiB / GPU | FSDP2 16 B/param GiB / GPU |",
+              "|---|---|---|---|---|---|"]
+    for r in proj:
+        lines.append(f"| {r['model']} | {r['gpus']} | {r['preset']} | {r['layout']} | "
+                     f"{r['state_gib_per_gpu']} | {r['fsdp2_16B_per_param_gib']} |")
+    text = "\n".join(lines) + "\n"
+    (out / "memory.md").write_text(text)
+    return text
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--topologies", default="2x1,2x2", help="NODESxRANKS_PER_NODE, comma list")
@@ -139,7 +179,12 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=2, help="training steps before measuring "
                     "(LoCo's error is reset after the first)")
     ap.add_argument("--out", type=Path, default=dc.RESULTS)
+    ap.add_argument("--report-only", action="store_true",
+                    help="only re-make memory.md from the CSVs in --out")
     args = ap.parse_args(argv)
+    if args.report_only:
+        print(report(args.out))
+        return
     topologies = [tuple(int(v) for v in t.split("x")) for t in args.topologies.split(",")]
     presets = args.presets.split(",")
     command = "python benchmarks/bench_memory.py " + " ".join(sys.argv[1:] if argv is None
@@ -151,6 +196,7 @@ def main(argv=None) -> None:
     dc.write_csv(args.out / "memory.csv", rows, FIELDS)
     dc.write_csv(args.out / "memory_projection.csv", proj, PROJ_FIELDS)
     dc.write_meta(args.out / "memory_meta.csv", info)
+    report(args.out)
     print(table(rows, FIELDS))
     print()
     print(table([r for r in proj if r["state_gib_per_gpu"] > 0], PROJ_FIELDS))

@@ -3,7 +3,7 @@
     python benchmarks/make_benchmarks_md.py [--results benchmarks/results] [--out BENCHMARKS.md]
 
 Every number in ``BENCHMARKS.md`` comes from a results file: ``kernels.csv``
-(``bench_kernels.py``, rendered here), and the fragments ``wire_volume.md``, ``slow_link.md``
+(``bench_kernels.py``, rendered here), and the fragments ``wire_volume.md``, ``memory.md``, ``slow_link.md``
 and ``loss.md`` that their benchmarks write together with their CSVs. Before reading
 ``loss.md`` it is re-made from the raw loss CSVs (``bench_loss.py --report-only``), so its
 wall-clock axis uses the slow-link step times if ``slow_link.csv`` appeared after the loss run
@@ -37,6 +37,12 @@ SECTIONS = [
      "Bits per parameter per training step on intra- and inter-node links (wire meter, real "
      "FSDP2 / DDP training of a small LLaMA), next to the analytic value and the bf16-weights / "
      "fp32-gradients ZeRO-3 and ZeRO-2 baselines (ZeRO++ Table 5 style)."),
+    ("memory", "Compressor state per rank",
+     "python benchmarks/bench_memory.py", "memory.{csv,md}, memory_projection.csv",
+     "a few minutes",
+     "Bytes of compressor state (qWD references, LoCo errors) each rank keeps, measured for "
+     "every FSDP preset on 2 x 1 and 2 x 2 emulated nodes, and projected to LLaMA-2 7B and "
+     "Mixtral 8x7B at 8 and 64 GPUs."),
     ("slow_link", "Slow-link speed",
      "sudo python benchmarks/bench_slow_link.py   # --quick: 2x1 at 1 Gbit/s, fewer variants",
      "slow_link.{csv,md,png}", "about 20 min",
