@@ -79,7 +79,8 @@ def test_task_configs_use_absolute_paths_from_any_cwd(tmp_path, monkeypatch):
         assert cfg["task"] == name and cfg["dataset_path"] == "json"
         for path in cfg["dataset_kwargs"]["data_files"].values():
             assert Path(path).is_absolute() and Path(path).is_file()
-    assert tasks.offline_equivalents("mmlu_anatomy") == ["arith_mmlu", "arith_mmlu_cont"]
+    assert tasks.offline_equivalents("mmlu_anatomy") == ["mmlu_offline", "mmlu_offline_cloze",
+                                                         "arith_mmlu", "arith_mmlu_cont"]
     assert tasks.offline_equivalents("gsm8k_cot") == ["arith_gsm8k"]
     assert tasks.offline_equivalents("arc_easy") == ["arith_mmlu_cont"]
     assert tasks.task_names(" arith_mmlu, arith_gsm8k,") == ["arith_mmlu", "arith_gsm8k"]

