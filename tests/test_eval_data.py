@@ -1,4 +1,4 @@
-"""Shipped offline eval data (hfcompress/eval/make_data.py, tasks.py): deterministic, checkable
+"""Shipped offline eval data (eval/make_data.py, hfcompress/eval/tasks.py): deterministic, checkable
 answers, no test leakage into few-shot rows, paths independent of the working directory, and
 shipped in a non-editable install (the wheel)."""
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hfcompress.eval import make_data, tasks
+from eval_tools import make_data
+from hfcompress.eval import tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ["arith_mmlu_test.jsonl", "arith_mmlu_dev.jsonl", "arith_gsm8k_test.jsonl",

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hfcompress.eval import EvalError, TaskError, compare_models, evaluate, toy
+from eval_tools import toy
+from hfcompress.eval import EvalError, TaskError, compare_models, evaluate
 from hfcompress.eval.harness import check_checkpoint
 from hfcompress.eval.tasks import check_names
 
