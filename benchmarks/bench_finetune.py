@@ -91,12 +91,12 @@ def held_out_loss(model, data_dir: Path, batch: int) -> float:
 
 def mmlu(model, tokenizer, limit: int) -> dict:
     from hfcompress.eval import evaluate
+    from hfcompress.eval.mmlu_offline import SUBJECTS
 
     t = time.time()
     r = evaluate(model, "mmlu_offline", tokenizer=tokenizer, limit=limit, batch_size=16)
     g = r["results"]["mmlu_offline"]
-    n = sum(v.get("sample_len", 0) for k, v in r["results"].items()
-            if k.startswith("mmlu_offline_") and "acc_stderr,none" in v and v.get("sample_len"))
+    n = sum(r["results"][f"mmlu_offline_{s}"]["sample_len"] for s in SUBJECTS)
     return {"acc": g["acc,none"], "stderr": g["acc_stderr,none"], "n": n, "s": time.time() - t}
 
 

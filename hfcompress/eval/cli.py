@@ -1,4 +1,5 @@
-"""Arguments and entry point shared by ``hfcompress eval`` and ``eval/run_eval.py``."""
+"""Arguments and entry point of ``hfcompress eval`` (also used by the repository's
+``eval/recipes.py``)."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="run_eval", description="Evaluate checkpoints with lm-eval "
+    p = argparse.ArgumentParser(prog="hfcompress eval", description="Evaluate checkpoints with lm-eval "
                                 "and compare them.", epilog=EPILOG)
     add_arguments(p)
     return run(p.parse_args(argv))
