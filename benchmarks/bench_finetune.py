@@ -41,7 +41,8 @@ from _dist_common import (RESULTS, info_block, launch, markdown_table,  # noqa: 
                           run_info)
 
 PRESETS = ["none", "sdp4bit", "qw", "qwd", "tlq_hs", "zeropp", "loco"]
-COLUMNS = ["preset", "steps", "lr", "seq", "batch", "bf16", "eval_loss_before", "eval_loss_step1", "eval_loss_after",
+COLUMNS = ["preset", "steps", "lr", "seq", "batch", "bf16", "eval_loss_before",
+           "eval_loss_step1", "eval_loss_after",
            "mmlu_before", "mmlu_after", "mmlu_stderr", "mmlu_n", "inter_node_bytes",
            "uncompressed_inter_node_bytes", "wall_s", "mmlu_s", "train_loss_first",
            "train_loss_last"]
@@ -293,6 +294,13 @@ def expectations(rows: dict[str, dict]) -> list[str]:
     return out
 
 
+def gap(r: dict, rows: dict) -> str:
+    if "none" not in rows:
+        return "-"
+    ratio = float(r["eval_loss_after"]) / float(rows["none"]["eval_loss_after"])
+    return f"{100 * (ratio - 1):+.2f}%"
+
+
 def report(info: dict) -> None:
     """``finetune.md``: the BENCHMARKS.md section (settings, table, expectations)."""
     with open(CSV) as f:
@@ -307,8 +315,7 @@ def report(info: dict) -> None:
          "train s", "MMLU s"],
         [[f"`{p}`", n(r, "eval_loss_before", ".4f"), n(r, "eval_loss_step1", ".4f"),
           n(r, "eval_loss_after", ".4f"),
-          (f"{100 * (float(r['eval_loss_after']) / float(rows['none']['eval_loss_after']) - 1):+.2f}%"
-           if "none" in rows else "-"),
+          gap(r, rows),
           f"{100 * float(r['mmlu_before']):.1f}", f"{100 * float(r['mmlu_after']):.1f} ± "
           f"{100 * float(r['mmlu_stderr']):.1f}", f"{float(r['inter_node_bytes']) / 2**20:.0f}",
           (f"{float(rows['none']['inter_node_bytes']) / max(float(r['inter_node_bytes']), 1):.1f}"
@@ -353,6 +360,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads for MMLU")
     ap.add_argument("--results_dir", default=str(RESULTS),
                     help="where finetune.csv / .png / _before.json go")
+    ap.add_argument("--report_only", action="store_true",
+                    help="rewrite finetune.md / .png from finetune.csv and stop")
     ap.add_argument("--work_dir", default=str(Path.home() / ".cache" / "hfcompress_finetune"))
     args = ap.parse_args(argv)
     global CSV, BEFORE, PLOT
@@ -361,11 +370,16 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     work = Path(args.work_dir)
-    info = run_info("python benchmarks/bench_finetune.py " + " ".join(argv or sys.argv[1:]),
+    given = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--report_only"]
+    info = run_info(" ".join(["python benchmarks/bench_finetune.py", *given]),
                     "SmolLM2-135M-Instruct (LLaMA, 30 layers, hidden 576, 9/3 heads)",
                     f"{args.steps} steps, batch {args.batch} x {args.seq} per rank, lr "
                     f"{args.lr}, bf16 {args.bf16}, MMLU {args.mmlu_limit} per subject")
     res.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        plot()
+        report(info)
+        return
     t = time.time()
     model_dir, data_dir = prepare(work, args.seq, args.eval_blocks)
     ref = before(model_dir, data_dir, args)

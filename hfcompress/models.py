@@ -92,9 +92,9 @@ def gguf_architecture(path: str) -> str:
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     if arch not in GGUF_SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(
-            f"{path!r} holds a {arch!r} model; transformers loads GGUF files of these "
-            f"architectures only: {', '.join(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ('general', 'tokenizer'))}")
+        known = [a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer")]
+        raise ModelLoadError(f"{path!r} holds a {arch!r} model; transformers loads GGUF files "
+                             f"of these architectures only: {', '.join(known)}")
     return arch
 
 

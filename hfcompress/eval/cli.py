@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=float, default=None,
                    help="items per task, per subject for groups like mmlu_offline (< 1: a "
                         "fraction)")
-    p.add_argument("--batch-size", "--batch_size", dest="batch_size", type=_batch_size, default=8, help="an integer or 'auto'")
+    p.add_argument("--batch-size", "--batch_size", dest="batch_size", type=_batch_size,
+                   default=8, help="an integer or 'auto'")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:0, ... (default: cuda if any)")
     p.add_argument("--dtype", default=None, help="auto, float32, bfloat16, float16")
     p.add_argument("--tokenizer", default=None,
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="hfcompress eval", description="Evaluate checkpoints with lm-eval "
+    p = argparse.ArgumentParser(prog="hfcompress eval",
+                                description="Evaluate checkpoints with lm-eval "
                                 "and compare them.", epilog=EPILOG)
     add_arguments(p)
     return run(p.parse_args(argv))

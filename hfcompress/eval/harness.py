@@ -110,9 +110,9 @@ def evaluate(model, tasks: list[str] | str, *, tokenizer=None, num_fewshot: int 
     "sample_len": n, ...}}, "config"}`` (``results`` as lm-eval reports them).
 
     ``num_fewshot`` None keeps each task's default (official gsm8k: 5, mmlu: 0); ``limit``
-    caps the items per task (per subject for a group such as ``mmlu_offline``); ``device`` / ``dtype`` apply when loading a checkpoint;
-    ``include_path``: a folder of your own lm-eval YAML tasks. An in-memory model is left in
-    the train/eval mode it came in.
+    caps the items per task (per subject for a group such as ``mmlu_offline``); ``device`` /
+    ``dtype`` apply when loading a checkpoint; ``include_path``: a folder of your own lm-eval
+    YAML tasks. An in-memory model is left in the train/eval mode it came in.
     """
     names = _tasks.task_names(tasks)
     if num_fewshot and any(_mmlu.is_offline_mmlu(n) for n in names):
