@@ -152,5 +152,9 @@ def test_smollm2_finetunes_under_fsdp2_with_sdp4bit(tmp_path):
     losses = out["losses"]
     assert len(losses) == steps and all(math.isfinite(x) for x in losses)
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
-    for c in out["comm"]:  # every step metered: 2 emulated nodes, ~4-bit on the wire
-        assert c["comm/inter_node_bytes"] > 0 and c["comm/compression_ratio"] > 3, c
+    first, *rest = out["comm"]   # every step metered, all of it inter-node (2 emulated nodes)
+    assert first["comm/intra_node_bytes"] == 0 and first["comm/inter_node_bytes"] > 0
+    # step 1: qWD's all-gather sends the full weights once (the reference of the differences)
+    assert first["comm/compression_ratio"] > 1, first
+    for c in rest:  # then 4-bit weight differences and 8/4-bit gradients (5.4x measured)
+        assert c["comm/compression_ratio"] > 4, c
