@@ -134,11 +134,12 @@ def load_causal_lm(name: str, dtype="float32", **kwargs):
     if not is_gguf(path):
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
     gguf_architecture(path)
-    if dtype == "auto":
-        dtype = torch.float32  # GGUF blocks are dequantized to floats: keep full precision
+    # dequantized in fp32 (transformers' GGUF path is fastest there), then cast; "auto" keeps
+    # full precision
     quantized = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=dtype, **kwargs)
-    return _plain_copy(quantized)
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32, **kwargs)
+    plain = _plain_copy(quantized)
+    return plain if dtype in ("auto", torch.float32) else plain.to(dtype)
 
 
 def _plain_copy(model):
