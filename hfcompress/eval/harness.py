@@ -28,12 +28,11 @@ def check_checkpoint(path: str, need_tokenizer: bool) -> str:
     is switched off). ``EvalError``: a directory without ``config.json`` (lists the
     ``checkpoint-*`` folders a Trainer output directory holds) or without a tokenizer.
     """
-    if _models.is_gguf(path):
-        try:
-            resolved = _models.resolve(path)
-            _models.gguf_architecture(resolved)
-        except _models.ModelLoadError as e:
-            raise _tasks.EvalError(str(e)) from e
+    try:
+        resolved = _models.check_model(path)  # short names, .gguf files, name typos
+    except _models.ModelLoadError as e:
+        raise _tasks.EvalError(str(e)) from e
+    if _models.is_gguf(resolved):
         return resolved
     p = os.path.expanduser(path)
     if os.path.isdir(p):
