@@ -336,6 +336,7 @@ def report(info: dict) -> None:
         f"the first {int(first['mmlu_n']) // 57} of each subject) of the fine-tuned master "
         f"weights; ± = stderr. Inter-node MiB: all ranks, the whole run (the first step of "
         f"the weight-difference presets sends full weights).", "", table, "",
+        "![fine-tuning: held-out loss, MMLU, inter-node bytes](finetune.png)", "",
         *[f"- {line}" for line in expectations(rows)],
     ]
     if missing:
