@@ -55,6 +55,12 @@ SECTIONS = [
      "Validation loss of a LLaMA pre-trained from scratch on Shakespeare with every preset, "
      "gap to `none` (SDP4Bit Table 1 style), curves, and loss against wall-clock time at "
      "1 Gbit/s (SDP4Bit Fig. 9 style)."),
+    ("finetune", "Fine-tuning a pretrained LLaMA",
+     "python benchmarks/bench_finetune.py   # --presets none,sdp4bit --steps 4: a shorter run",
+     "finetune.{csv,md,png}, finetune_before.json", "about 30 min per preset on 2 busy cores",
+     "SmolLM2-135M-Instruct fine-tuned on Shakespeare under FSDP2 with every preset (2 "
+     "emulated nodes): held-out loss before / after step 1 / after, real MMLU (1,026 "
+     "questions) before and after, inter-node bytes, wall time."),
 ]
 
 

@@ -9,7 +9,8 @@ import torch
 from transformers import (Trainer, TrainerCallback, TrainerControl, TrainerState,
                           TrainingArguments)
 
-from hfcompress.eval import LMEvalCallback, TaskError, toy
+from eval_tools import toy
+from hfcompress.eval import LMEvalCallback, TaskError
 
 pytest.importorskip("lm_eval", reason="the eval harness needs pip install 'hfcompress[eval]'")
 

@@ -1,4 +1,4 @@
-"""Shipped offline eval data (hfcompress/eval/make_data.py, tasks.py): deterministic, checkable
+"""Shipped offline eval data (eval/make_data.py, hfcompress/eval/tasks.py): deterministic, checkable
 answers, no test leakage into few-shot rows, paths independent of the working directory, and
 shipped in a non-editable install (the wheel)."""
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hfcompress.eval import make_data, tasks
+from eval_tools import make_data
+from hfcompress.eval import tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ["arith_mmlu_test.jsonl", "arith_mmlu_dev.jsonl", "arith_gsm8k_test.jsonl",
@@ -79,7 +80,8 @@ def test_task_configs_use_absolute_paths_from_any_cwd(tmp_path, monkeypatch):
         assert cfg["task"] == name and cfg["dataset_path"] == "json"
         for path in cfg["dataset_kwargs"]["data_files"].values():
             assert Path(path).is_absolute() and Path(path).is_file()
-    assert tasks.offline_equivalents("mmlu_anatomy") == ["arith_mmlu", "arith_mmlu_cont"]
+    assert tasks.offline_equivalents("mmlu_anatomy") == ["mmlu_offline", "mmlu_offline_cloze",
+                                                         "arith_mmlu", "arith_mmlu_cont"]
     assert tasks.offline_equivalents("gsm8k_cot") == ["arith_gsm8k"]
     assert tasks.offline_equivalents("arc_easy") == ["arith_mmlu_cont"]
     assert tasks.task_names(" arith_mmlu, arith_gsm8k,") == ["arith_mmlu", "arith_gsm8k"]

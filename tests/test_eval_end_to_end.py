@@ -2,7 +2,7 @@
 lm-eval (HFLM, in memory and from save_pretrained checkpoints) on the MMLU- and GSM8K-format
 offline tasks, and compare two checkpoints with the CLI.
 
-What the toy can show in 300 CPU steps (hfcompress/eval/toy.py): it is trained on the test
+What the toy can show in 300 CPU steps (eval/toy.py): it is trained on the test
 items' arithmetic restated with other names and things (never a test question's text), in the
 ``arith_mmlu_cont`` and ``arith_gsm8k`` prompts. On ``arith_mmlu_cont`` (4 choices scored by
 likelihood, answer rank uniform: chance 0.25) it scores ~0.5 (0.47-0.54 over 3 seeds); the
@@ -21,8 +21,9 @@ import torch
 import yaml
 
 from hfcompress.cli import main as cli_main
+from eval_tools import toy
 from hfcompress.eval import (CHANCE, OFFLINE_TASKS, comparison_rows, evaluate, format_table,
-                             offline_config, score_rows, toy)
+                             offline_config, score_rows)
 
 pytest.importorskip("lm_eval", reason="the eval harness needs pip install 'hfcompress[eval]'")
 

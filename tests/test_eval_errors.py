@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hfcompress.eval import EvalError, TaskError, compare_models, evaluate, toy
+from eval_tools import toy
+from hfcompress.eval import EvalError, TaskError, compare_models, evaluate
 from hfcompress.eval.harness import check_checkpoint
 from hfcompress.eval.tasks import check_names
 
@@ -40,10 +41,11 @@ def test_missing_checkpoint_paths(tmp_path, monkeypatch):
 
 
 def test_eval_script_reports_a_missing_checkpoint(tmp_path, monkeypatch, capsys):
-    """eval/run_eval.py (the repository's script) exits 2 with a one-line error."""
-    monkeypatch.setattr(sys, "argv", ["run_eval.py", str(tmp_path / "none"), "--limit", "5"])
+    """eval/recipes.py (the repository's script) exits 2 with a one-line error."""
+    monkeypatch.setattr(sys, "argv", ["recipes.py", "arith", "--model", str(tmp_path / "none"),
+                                      "--limit", "5", "--output", str(tmp_path / "r.csv")])
     with pytest.raises(SystemExit) as e:
-        runpy.run_path(str(ROOT / "eval" / "run_eval.py"), run_name="__main__")
+        runpy.run_path(str(ROOT / "eval" / "recipes.py"), run_name="__main__")
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == f"hfcompress eval: error: checkpoint directory not found: '{tmp_path / 'none'}'"
@@ -104,3 +106,17 @@ def test_hub_task_while_offline_names_offline_equivalents(checkpoint):
     assert err.startswith("hfcompress eval: error: task 'gsm8k' could not load its dataset"), err
     assert "The hub is switched off" in err and "Offline equivalents" in err
     assert err.rstrip().endswith("arith_gsm8k"), err
+
+
+def test_cli_accepts_lm_eval_flag_names():
+    """``hfcompress eval`` takes lm-eval's own spellings next to the dashed ones."""
+    import argparse
+
+    from hfcompress.eval.cli import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    for flags in (["--num_fewshot", "3", "--batch_size", "4", "--output_path", "out"],
+                  ["--num-fewshot", "3", "--batch-size", "4", "--output-path", "out"]):
+        a = p.parse_args(["model", *flags])
+        assert (a.num_fewshot, a.batch_size, a.output_path) == (3, 4, "out")

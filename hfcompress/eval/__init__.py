@@ -1,6 +1,8 @@
-"""Evaluation harness: lm-eval benchmarks (MMLU, GSM8K, ... or their offline twins on shipped
-arithmetic data) for checkpoints or in-memory models, checkpoint comparison tables, and a
-Trainer callback. Needs ``pip install 'hfcompress[eval]'`` (lm-eval).
+"""Evaluation harness: lm-eval benchmarks (MMLU, GSM8K, ... from the hub; offline, the real
+MMLU test set as ``mmlu_offline`` / ``mmlu_offline_cloze`` and arithmetic twins shipped with
+hfcompress) for checkpoints, GGUF files, short names (``smollm2-135m``) or in-memory models,
+checkpoint comparison tables, and a Trainer callback. Needs ``pip install 'hfcompress[eval]'``
+(lm-eval).
 """
 
 from .compare import compare_models, comparison_rows, format_table, save, score_rows

