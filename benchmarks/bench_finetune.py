@@ -335,7 +335,11 @@ def report(info: dict) -> None:
         f"`mmlu_offline` (lm-eval's `mmlu` prompt, zero-shot, {first['mmlu_n']} questions: "
         f"the first {int(first['mmlu_n']) // 57} of each subject) of the fine-tuned master "
         f"weights; ± = stderr. Inter-node MiB: all ranks, the whole run (the first step of "
-        f"the weight-difference presets sends full weights).", "", table, "",
+        f"the weight-difference presets sends full weights). Train s / MMLU s: wall time on "
+        f"2 CPU cores shared with other jobs (their load changed during the run): not "
+        f"comparable between presets. Letter-format MMLU is at chance for a 135M model (25 %), "
+        f"so the MMLU columns only show that no preset broke the model's knowledge; the "
+        f"cloze format (`mmlu_offline_cloze`) separates such models better.", "", table, "",
         "![fine-tuning: held-out loss, MMLU, inter-node bytes](finetune.png)", "",
         *[f"- {line}" for line in expectations(rows)],
     ]
