@@ -24,6 +24,8 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from .futures import completed
+
 
 def overlaps(device: torch.device, async_op: bool) -> bool:
     """Launch the exchange asynchronously and chain the decode (CPU); on CUDA, enqueue."""
@@ -69,10 +71,7 @@ def finish_all(futures: Sequence[torch.futures.Future | None], then: Callable[[]
 def done(device: torch.device) -> torch.futures.Future:
     """A completed future; on CUDA, completed by an event on the current stream (what
     ``wait()`` makes the waiting stream wait for)."""
-    fut = torch.futures.Future(devices=[device]) if device.type == "cuda" \
-        else torch.futures.Future()
-    fut.set_result(None)
-    return fut
+    return completed(None, [device] if device.type == "cuda" else None)
 
 
 class FutureWork(dist.Work):
