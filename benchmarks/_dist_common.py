@@ -38,6 +38,7 @@ def _presets() -> tuple[list[str], list[str]]:
 
 
 FSDP_PRESETS, DDP_PRESETS = _presets()
+AUTO = ["auto"]            # comm_compressor="auto": chosen per collective at start
 FSDP_PEERS = ["fsdp2", "fsdp2_bf16_reduce"]
 DDP_PEERS = ["ddp", "ddp_fp16", "ddp_powersgd"]
 
@@ -76,7 +77,7 @@ def batch(step: int, rank: int, dims: dict):
 
 # -- the ways to train ----------------------------------------------------------------------
 def known_variants() -> list[str]:
-    return FSDP_PEERS + FSDP_PRESETS + DDP_PEERS + DDP_PRESETS
+    return FSDP_PEERS + FSDP_PRESETS + AUTO + DDP_PEERS + DDP_PRESETS
 
 
 class Variant:
@@ -107,7 +108,7 @@ class Variant:
             shard_model(self.model, ranks_per_node, False,
                         mp_policy=MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=reduce))
             self.net = self.model
-        elif name in FSDP_PRESETS:
+        elif name in FSDP_PRESETS + AUTO:
             self.handle = hfcompress.apply(
                 self.model, name, ranks_per_node=ranks_per_node, shard=True,
                 mp_policy=MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32))

@@ -51,17 +51,24 @@ from netns import Netns, have_root  # noqa: E402
 DIMS = {"hidden": 512, "intermediate": 1376, "layers": 3, "heads": 8, "vocab": 2048,
         "seq": 64, "batch": 1}
 RATES = ["100mbit", "1gbit", "2gbit"]
-VARIANTS = ["fsdp2", *dc.FSDP_PRESETS, "fsdp2_bf16_reduce", "ddp", "ddp_fp16", "ddp_powersgd",
-            *dc.DDP_PRESETS]
-QUICK_VARIANTS = ["fsdp2", "none", "qwd", "tlq_hs", "sdp4bit", "zeropp", "fsdp2_bf16_reduce",
-                  "ddp_fp16", "ddp_powersgd"]
+VARIANTS = ["fsdp2", *dc.FSDP_PRESETS, *dc.AUTO, "fsdp2_bf16_reduce", "ddp", "ddp_fp16",
+            "ddp_powersgd", *dc.DDP_PRESETS]
+QUICK_VARIANTS = ["fsdp2", "none", "qwd", "tlq_hs", "sdp4bit", "zeropp", "auto",
+                  "fsdp2_bf16_reduce", "ddp_fp16", "ddp_powersgd"]
+#: the FSDP variants whose loss the loss benchmark keeps within 1% of exact (auto's pool)
+LOSS_KEEPING = ["fsdp2", "none", "qwd", "tlq_hs", "sdp4bit", "loco"]
+#: the auto plan each FSDP variant runs (its predicted step time is auto's table's row)
+PLAN_OF = {"fsdp2": "exact", "none": "exact", "qwd": "weights=qwd",
+           "tlq_hs": "grad_intra=hs8 grad_inter=hs4", "sdp4bit":
+           "weights=qwd grad_intra=hs8 grad_inter=hs4"}
 PEERS = ["fsdp2_bf16_reduce", "ddp_fp16", "ddp_powersgd"]
 BASELINE = "fsdp2"
 TARGET = {"speedup": 3.0, "ideal": 1.25, "rate": "1gbit"}
 FIELDS = ["topology", "nodes", "ranks_per_node", "link", "link_mbit", "preset", "median_step_s",
           "q25_step_s", "q75_step_s", "steps_timed", "cpu_s_per_step", "speedup_vs_fsdp2",
           "wire_mb_per_step",
-          "meter_inter_mb_per_step", "unthrottled_step_s", "ideal_step_s", "x_ideal"]
+          "meter_inter_mb_per_step", "unthrottled_step_s", "ideal_step_s", "x_ideal",
+          "comm_s_per_step", "predicted_step_s", "predicted_error", "auto_choice"]
 
 
 def rate_bits(rate: str) -> float:
@@ -90,7 +97,7 @@ def worker(payload: dict) -> dict:
 
     variants = {n: dc.Variant(n, payload["dims"], x, powersgd_rank=payload["powersgd_rank"])
                 for n in names}
-    rec = {n: {"times": [], "cpu": [], "tx": [], "meter_inter": []} for n in names}
+    rec = {n: {"times": [], "cpu": [], "tx": [], "meter_inter": [], "comm": []} for n in names}
     rounds = payload["warmup"] + payload["steps"]
     for r in range(rounds):
         k = r % len(names)
@@ -99,6 +106,8 @@ def worker(payload: dict) -> dict:
             b0, t0, c0 = tx(), time.perf_counter(), time.process_time()
             m = variants[n].step(r)
             t, c = time.perf_counter() - t0, time.process_time() - c0
+            handle = variants[n].handle
+            comm = handle.meter.take_seconds() if handle is not None else None
             dist.barrier()
             b1 = tx()
             if r >= payload["warmup"]:
@@ -106,10 +115,13 @@ def worker(payload: dict) -> dict:
                 rec[n]["cpu"].append(c)
                 rec[n]["tx"].append(b1 - b0)
                 rec[n]["meter_inter"].append(m["inter_bytes"] if m is not None else None)
+                rec[n]["comm"].append(comm)
+    auto = {n: v.handle.auto.summary() for n, v in variants.items()
+            if v.handle is not None and v.handle.auto is not None}
     for v in variants.values():
         v.close()
     params = next(iter(variants.values())).params
-    return {"rank": rank, "node": rank // x, "rec": rec, "params": params}
+    return {"rank": rank, "node": rank // x, "rec": rec, "params": params, "auto": auto}
 
 
 def summarize(results: list[dict], names: list[str]) -> dict[str, dict]:
@@ -127,16 +139,39 @@ def summarize(results: list[dict], names: list[str]) -> dict[str, dict]:
         if all(v is not None for r in results for v in r["rec"][n]["meter_inter"]):
             meter = max(sum(statistics.fmean(r["rec"][n]["meter_inter"]) for r in results
                             if r["node"] == nd) for nd in nodes)
+        comm = None
+        if all(v is not None for r in results for v in r["rec"][n]["comm"]):
+            comm = statistics.median(max(cs) for cs in zip(*(r["rec"][n]["comm"]
+                                                             for r in results)))
         out[n] = {"median": statistics.median(per_step), "q25": q[0], "q75": q[2],
                   "steps": len(per_step), "cpu": statistics.median(cpu), "tx": max(node_tx),
-                  "meter": meter}
+                  "meter": meter, "comm": comm, "auto": results[0]["auto"].get(n)}
     return out
+
+
+def predictions(summary: dict) -> dict[str, float]:
+    """The cost model's step time for each variant that runs one of auto's plans: compute
+    (``none``'s measured step minus its measured time inside the collectives: independent of
+    every compressed variant) + the plan's predicted exposed communication (auto's table,
+    probed in this job)."""
+    auto = summary.get("auto", {}).get("auto")
+    base = summary.get("none")
+    if auto is None or base is None or base["comm"] is None:
+        return {}
+    compute = base["median"] - base["comm"]
+    exposed = {r["plan"]: r["exposed_s"] for r in auto["table"]}
+    plans = {**PLAN_OF, "auto": auto["chosen"]}
+    if auto["layout"]["ranks_per_node"] == 1:
+        plans["tlq_hs"] = "grad_inter=hs4"
+        plans["sdp4bit"] = "weights=qwd grad_inter=hs4"
+    return {n: compute + exposed[p] for n, p in plans.items() if n in summary and p in exposed}
 
 
 # -- reporting ------------------------------------------------------------------------------
 def make_rows(topo: tuple[int, int], link: str, summary: dict, unthrottled: dict | None) -> list:
     y, x = topo
     base = summary.get(BASELINE, {}).get("median")
+    predicted = predictions(summary)
     rows = []
     for n, s in summary.items():
         row = {"topology": f"{y}x{x}", "nodes": y, "ranks_per_node": x, "link": link,
@@ -146,7 +181,11 @@ def make_rows(topo: tuple[int, int], link: str, summary: dict, unthrottled: dict
                "speedup_vs_fsdp2": base / s["median"] if base else "",
                "wire_mb_per_step": s["tx"] / 1e6,
                "meter_inter_mb_per_step": "" if s["meter"] is None else s["meter"] / 1e6,
-               "unthrottled_step_s": "", "ideal_step_s": "", "x_ideal": ""}
+               "unthrottled_step_s": "", "ideal_step_s": "", "x_ideal": "",
+               "comm_s_per_step": "" if s["comm"] is None else s["comm"],
+               "predicted_step_s": predicted.get(n, ""),
+               "predicted_error": (predicted[n] / s["median"] - 1) if n in predicted else "",
+               "auto_choice": s["auto"]["chosen"] if s.get("auto") else ""}
         if unthrottled and n in unthrottled and link != "none":
             ideal = unthrottled[n]["median"] + 8 * s["tx"] / rate_bits(link)
             row.update(unthrottled_step_s=unthrottled[n]["median"], ideal_step_s=ideal,
@@ -162,14 +201,17 @@ def f3(v) -> str:
 def table(rows: list[dict]) -> str:
     header = ["variant", "median step (s)", "q25-q75 (s)", "CPU s / step", "speedup vs fsdp2",
               "link MB / step / node", "metered MB", "unthrottled (s)", "ideal (s)",
-              "x ideal"]
+              "x ideal", "predicted (s)", "predicted / measured"]
     body = [[r["preset"], f3(r["median_step_s"]),
              f"{r['q25_step_s']:.3f}-{r['q75_step_s']:.3f}", f3(r["cpu_s_per_step"]),
              "" if r["speedup_vs_fsdp2"] == "" else f"{r['speedup_vs_fsdp2']:.2f}x",
              f"{r['wire_mb_per_step']:.2f}",
              "" if r["meter_inter_mb_per_step"] == "" else f"{r['meter_inter_mb_per_step']:.2f}",
              f3(r["unthrottled_step_s"]), f3(r["ideal_step_s"]),
-             "" if r["x_ideal"] == "" else f"{r['x_ideal']:.2f}"] for r in rows]
+             "" if r["x_ideal"] == "" else f"{r['x_ideal']:.2f}",
+             f3(r["predicted_step_s"]),
+             "" if r["predicted_error"] == "" else f"{1 + r['predicted_error']:.2f}"]
+            for r in rows]
     return dc.markdown_table(header, body)
 
 
@@ -218,6 +260,36 @@ def verdicts(rows: list[dict]) -> list[str]:
     return lines
 
 
+def auto_verdicts(rows: list[dict]) -> list[str]:
+    """Issue 15's targets: ``auto`` within 10% of the fastest loss-keeping variant at every
+    rate and topology, no more than 5% slower than ``none`` unthrottled, and its cost model's
+    predicted step time within 25% of the measured one."""
+    lines = []
+    for topo in sorted({r["topology"] for r in rows}):
+        for link in dict.fromkeys(r["link"] for r in rows if r["topology"] == topo):
+            sub = {r["preset"]: r for r in rows if r["topology"] == topo and r["link"] == link}
+            a = sub.get("auto")
+            keep = {n: sub[n]["median_step_s"] for n in LOSS_KEEPING if n in sub}
+            if a is None or not keep:
+                continue
+            best = min(keep, key=keep.get)
+            ratio = a["median_step_s"] / keep[best]
+            text = (f"{topo} at {link}: auto chose '{a['auto_choice']}', "
+                    f"{a['median_step_s']:.3f} s = {ratio:.2f}x the fastest loss-keeping "
+                    f"variant ({best}, {keep[best]:.3f} s; target <= 1.10: "
+                    f"{'met' if ratio <= 1.10 else 'NOT met'})")
+            if link == "none" and "none" in sub:
+                r = a["median_step_s"] / sub["none"]["median_step_s"]
+                text += (f"; {r:.2f}x none's step (target <= 1.05: "
+                         f"{'met' if r <= 1.05 else 'NOT met'})")
+            if a["predicted_error"] != "":
+                e = a["predicted_error"]
+                text += (f"; predicted {a['predicted_step_s']:.3f} s, {e:+.0%} of measured "
+                         f"(target within 25%: {'met' if abs(e) <= 0.25 else 'NOT met'})")
+            lines.append(text + ".")
+    return lines
+
+
 def plot(rows: list[dict], path: Path) -> bool:
     made = dc.plot_per_topology(rows, 4.8)
     if made is None:
@@ -249,7 +321,7 @@ def plot(rows: list[dict], path: Path) -> bool:
 
 NUMERIC = ("median_step_s", "q25_step_s", "q75_step_s", "cpu_s_per_step", "speedup_vs_fsdp2",
            "wire_mb_per_step", "meter_inter_mb_per_step", "unthrottled_step_s", "ideal_step_s",
-           "x_ideal")
+           "x_ideal", "comm_s_per_step", "predicted_step_s", "predicted_error")
 
 
 def load_rows(path: Path) -> list[dict]:
@@ -275,7 +347,7 @@ def load_meta(path: Path) -> dict[str, str]:
 
 def report(rows: list[dict], info: dict[str, str], out: Path) -> None:
     """``slow_link.csv``, ``slow_link_meta.csv``, ``slow_link.md`` and ``slow_link.png``."""
-    lines = verdicts(rows)
+    lines = verdicts(rows) + auto_verdicts(rows)
     print("\n".join(lines))
     out.mkdir(parents=True, exist_ok=True)
     dc.write_csv(out / "slow_link.csv", rows, FIELDS)
@@ -289,7 +361,13 @@ def report(rows: list[dict], info: dict[str, str], out: Path) -> None:
           "time + link bytes / rate; x ideal = measured / ideal (DDP overlaps its all-reduce with "
           "the backward pass and can beat this serial bound). CPU s / step: process CPU time "
           "of a rank per step (all its threads, mean over ranks): the compute and compression "
-          "cost independent of other jobs' load, which inflates the wall times.", ""]
+          "cost independent of other jobs' load, which inflates the wall times. `auto` is "
+          "`comm_compressor=\"auto\"`: it probed the links and this CPU at start (in the same "
+          "job, under the same throttling) and chose per collective among the loss-keeping "
+          "schemes; predicted = the cost model's step time of the plan the variant runs "
+          "(compute taken from `none`'s measured step minus its measured time inside the "
+          "collectives, plus the plan's predicted exposed communication from auto's probe).",
+          ""]
     for topo in sorted({r["topology"] for r in rows}):
         for link in dict.fromkeys(r["link"] for r in rows if r["topology"] == topo):
             sub = [r for r in rows if r["topology"] == topo and r["link"] == link]

@@ -10,6 +10,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
+from .auto.choose import choose_ddp, choose_fsdp
+from .auto.controller import AutoController
 from .comm import Topology, WireMeter
 from .comm.topology import resolve_ranks_per_node
 from .config import CompressionConfig, get_config
@@ -36,8 +38,10 @@ def apply(model: nn.Module, compressor: str | CompressionConfig = "sdp4bit",
     - otherwise FSDP2: compressed all-gather / reduce-scatter on every FSDP2 module (a 1-D
       ``mesh`` goes to ``fully_shard`` with the other ``fsdp_kwargs``).
 
-    - ``compressor``: a preset name (``hfcompress.config.list_presets()``) or a
-      ``CompressionConfig``.
+    - ``compressor``: a preset name (``hfcompress.config.list_presets()``), a
+      ``CompressionConfig``, or ``"auto"`` / ``AutoSettings``: probe the links and this
+      device, then choose each collective's scheme among the loss-keeping ones
+      (``hfcompress/auto``; FSDP2 and DDP; the choice is ``handle.auto``).
     - ``ranks_per_node``: ranks per node (default ``LOCAL_WORLD_SIZE``, else one node); an
       explicit value emulates nodes on one machine.
     - ``shard=False``: ``model`` is already ``fully_shard``-ed (over ``mesh["shard"]`` for
@@ -74,8 +78,18 @@ def _apply_ddp(model: DistributedDataParallel, compressor: str | CompressionConf
     ddp_scheme(config)
     group = model.process_group
     topology = Topology(ranks_per_node, group_timeout(group))
+    auto = None
+    if config.auto is not None:
+        if config.auto.reprobe_every:
+            raise ValueError("comm_compressor='auto' re-probes (reprobe_every) under FSDP2 "
+                             "only; under DDP it chooses once: set reprobe_every=0")
+        choice = choose_ddp(model.module, topology, dist.get_world_size(group), config.auto)
+        auto = AutoController(choice, config)
+        config = auto.config
     state = register_ddp_hook(model, config, topology=topology, meter=meter)
-    return Compression("ddp", model.module, config, topology, state.meter, state).install()
+    handle = Compression("ddp", model.module, config, topology, state.meter, state)
+    handle.auto = auto
+    return handle.install()
 
 
 def _apply_hsdp(model: nn.Module, compressor: str | CompressionConfig,
@@ -83,6 +97,9 @@ def _apply_hsdp(model: nn.Module, compressor: str | CompressionConfig,
                 meter: WireMeter | None, layer_cls: tuple[type, ...] | None,
                 fsdp_kwargs: dict[str, Any]) -> Compression:
     config = get_config(compressor)
+    if config.auto is not None:
+        raise ValueError("comm_compressor='auto' supports FSDP2 and DDP; for HSDP pick a "
+                         "preset (e.g. 'global_qsgd_exp' for the replica all-reduce)")
     ddp_scheme(config)
     topology = Topology(ranks_per_node, group_timeout(dist.group.WORLD))
     if shard:
@@ -136,7 +153,22 @@ def _apply_fsdp(model: nn.Module, compressor: str | CompressionConfig,
         check_hpz(modules, x, world)
     topology = Topology(ranks_per_node, group_timeout(group))
     meter = meter if meter is not None else WireMeter()
-    comms = {name: ModuleComms(name, m, model, config, topology, meter, i)
-             for i, (name, m) in enumerate(modules)}
-    return Compression("fsdp2", model, config, topology, meter,
-                       FSDPInstall(config, comms, topology)).install()
+
+    def build(cfg: CompressionConfig) -> FSDPInstall:
+        comms = {name: ModuleComms(name, m, model, cfg, topology, meter, i)
+                 for i, (name, m) in enumerate(modules)}
+        return FSDPInstall(cfg, comms, topology)
+
+    auto = None
+    if config.auto is not None:
+        requested = config
+
+        def probe(compute_s: float | None = None):
+            return choose_fsdp(model, modules, topology, requested.auto,
+                               requested.exact_patterns, requested.min_numel, compute_s)
+
+        auto = AutoController(probe(), requested, reprobe=probe, rebuild=build)
+        config = auto.config
+    handle = Compression("fsdp2", model, config, topology, meter, build(config))
+    handle.auto = auto
+    return handle.install()

@@ -33,6 +33,39 @@ def describe(scheme: Scheme | None) -> str:
     return f"{scheme.name} {bits}-bit" if bits is not None else scheme.name
 
 
+AUTO = "auto"
+
+
+@dataclass
+class AutoSettings:
+    """Settings of ``comm_compressor="auto"`` (``hfcompress/auto``): choose each collective's
+    scheme from a start-up probe of the links and this device, among the loss-keeping ones.
+
+    - ``pins``: collective kind -> option that is not chosen but fixed (e.g.
+      ``{"weights": "qwd"}``; ``HFCOMPRESS_AUTO="weights=qwd,grad_inter=hs4"`` overrides);
+    - ``reprobe_every``: probe and choose again every N optimizer steps (FSDP2; 0 = never),
+      switching only at a step boundary;
+    - ``overlap``: share of the wire time hidden behind compute (0: none, as measured on
+      CPU / gloo); ``margin``: how much faster (relative) a plan compressing more collective
+      kinds must be predicted to be; ``reps``: timed repetitions per probe measurement.
+    """
+
+    pins: dict[str, str] = field(default_factory=dict)
+    reprobe_every: int = 0
+    overlap: float = 0.0
+    margin: float = 0.05
+    reps: int = 3
+
+    def __post_init__(self) -> None:
+        if isinstance(self.reprobe_every, bool) or not isinstance(self.reprobe_every, int) \
+                or self.reprobe_every < 0:
+            raise ValueError(f"reprobe_every={self.reprobe_every!r} must be an int >= 0")
+        if not 0.0 <= self.overlap < 1.0:
+            raise ValueError(f"overlap={self.overlap!r} must be in [0, 1)")
+        if self.margin < 0 or self.reps < 1:
+            raise ValueError(f"margin={self.margin!r} must be >= 0 and reps={self.reps!r} >= 1")
+
+
 @dataclass
 class CompressionConfig:
     """What each collective sends.
@@ -51,6 +84,8 @@ class CompressionConfig:
       biases and small tensors in full precision).
     - ``seed``: base seed of the stochastic schemes; each rank, module and direction draws
       its own stream from it (a scheme's own ``seed`` parameter replaces it).
+    - ``auto``: not a fixed configuration but the automatic choice (``AutoSettings``):
+      ``hfcompress.apply`` replaces it by the chosen one (``get_config("auto")``).
     """
 
     weights: Scheme | None = None
@@ -64,6 +99,7 @@ class CompressionConfig:
     min_numel: int = 0
     seed: int = 0
     name: str = "custom"
+    auto: AutoSettings | None = None
 
     @property
     def compresses_fsdp(self) -> bool:
@@ -108,7 +144,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def list_presets() -> list[str]:
-    """Names ``comm_compressor=`` / ``hfcompress.apply(model, name)`` take (``get_config``)."""
+    """The fixed presets ``comm_compressor=`` / ``hfcompress.apply(model, name)`` take
+    (``get_config``); ``"auto"`` (:data:`AUTO`) is accepted too and chooses among them."""
     return list(PRESETS)
 
 
@@ -147,13 +184,19 @@ def preset_bits(preset: str | CompressionConfig) -> dict[str, Any]:
     return row
 
 
-def get_config(preset: str | CompressionConfig) -> CompressionConfig:
-    """The :class:`CompressionConfig` of a preset name (a config passes through)."""
+def get_config(preset: str | CompressionConfig | AutoSettings) -> CompressionConfig:
+    """The :class:`CompressionConfig` of a preset name (a config passes through); ``"auto"``
+    or ``AutoSettings`` give a config whose ``auto`` field asks ``apply`` to choose."""
     if isinstance(preset, CompressionConfig):
         return preset
+    if isinstance(preset, AutoSettings):
+        return CompressionConfig(name=AUTO, auto=preset)
+    if preset == AUTO:
+        return CompressionConfig(name=AUTO, auto=AutoSettings())
     if preset not in PRESETS:
-        close = difflib.get_close_matches(str(preset), PRESETS, n=3)
+        close = difflib.get_close_matches(str(preset), [*PRESETS, AUTO], n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         raise ValueError(f"unknown comm_compressor preset {preset!r}.{hint} "
-                         f"Valid presets: {', '.join(PRESETS)}")
+                         f"Valid presets: {', '.join(PRESETS)}, or {AUTO!r} (chosen from the "
+                         f"measured links)")
     return CompressionConfig(name=preset, **PRESETS[preset])

@@ -35,10 +35,11 @@ def test_async_all_gather_matches_sync_bit_for_bit(ranks_per_node):
 
 
 def test_no_host_sync_in_a_steady_state_step():
-    """Every FSDP preset on 2 ranks (2 nodes x 1), sdp4bit also on 2 x 2: after 2 warm-up
-    steps, one step (forward, backward, optimizer, ``handle.step()``) makes no call that
-    syncs host and device from hfcompress code (``host_sync_guard``)."""
-    res = run_distributed(host_sync_worker, 2, FSDP_PRESETS, 1, 2)
+    """Every FSDP preset and ``auto`` on 2 ranks (2 nodes x 1), sdp4bit also on 2 x 2: after
+    2 warm-up steps, one step (forward, backward, optimizer, ``handle.step()``) makes no call
+    that syncs host and device from hfcompress code (``host_sync_guard``; auto's probe syncs
+    at ``apply``, before training)."""
+    res = run_distributed(host_sync_worker, 2, FSDP_PRESETS + ("auto",), 1, 2)
     res4 = run_distributed(host_sync_worker, 4, ("sdp4bit",), 2, 2)
     for rs in (res, res4):
         for r in rs:   # the guard works in these processes: the logging step's read-back

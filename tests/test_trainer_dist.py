@@ -142,3 +142,17 @@ def test_loco_optimizers_train_llama_and_mixtral(tmp_path):
     warned = out["one_node_warnings"]
     assert len(warned) == 1 and "'tlq_hs' is built for several nodes" in warned[0]
     assert "gradients are sent hadamard 8-bit" in warned[0]
+
+
+def test_auto_trains_and_resumes_its_saved_plan(tmp_path):
+    """``comm_compressor="auto"`` through the HF Trainer (FSDP2, 2 emulated nodes), plan
+    pinned to qWD + 4-bit gradients; resumed from step 3 with the pin moved to exact, the
+    handle switches back to the checkpoint's plan and steps 4-6 equal the uninterrupted
+    run's (the qWD references and rounding streams were restored with it)."""
+    out = run_distributed(tw.auto_worker, 2, str(tmp_path), timeout=400)[0]
+    assert out["plans"] == ["weights=qwd grad_inter=hs4"] * 2, out["plans"]
+    assert out["config"] == "auto: weights=qwd grad_inter=hs4"
+    for step in (4, 5, 6):
+        assert math.isclose(out["resumed"][step], out["full"][step], rel_tol=0, abs_tol=1e-6), \
+            (step, out["resumed"], out["full"])
+    assert {"chosen", "table", "links", "codecs", "history"} <= set(out["summary_keys"])

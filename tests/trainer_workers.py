@@ -233,3 +233,22 @@ def expert_grad_error(trainer) -> dict[str, float]:
         err[n] = float((num[0] / num[1]).sqrt())
     model.zero_grad()
     return err
+
+
+def auto_worker(rank: int, world: int, tmp: str) -> dict:
+    """``comm_compressor="auto"`` under FSDP2 (2 emulated nodes) with the plan pinned by
+    HFCOMPRESS_AUTO: save at step 3, resume with the pin moved to exact (the restored handle
+    must run the saved plan), compare with the uninterrupted run."""
+    setup(rank, world)
+    os.environ["HFCOMPRESS_AUTO"] = "weights=qwd,grad_inter=hs4"
+    d = os.path.join(tmp, "auto")
+    full, _ = train(d, "fsdp", "auto", steps=6, save_strategy="steps", save_steps=3,
+                    ranks_per_node=1)
+    os.environ["HFCOMPRESS_AUTO"] = "weights=exact,grad_inter=exact"
+    resumed, _ = train(os.path.join(tmp, "auto-resumed"), "fsdp", "auto", steps=6,
+                       resume=os.path.join(d, "checkpoint-3"), ranks_per_node=1)
+    os.environ.pop("HFCOMPRESS_AUTO")
+    return {"full": losses(full), "resumed": losses(resumed),
+            "plans": [t.compression.auto.choice.plan.label for t in (full, resumed)],
+            "config": resumed.compression.config.name,
+            "summary_keys": sorted(full.compression.auto.summary())}

@@ -84,10 +84,14 @@ def describe(trainer, model: dict, world: int, ranks_per_node: int, start_step: 
     ``model``: :func:`describe_model`."""
     args = trainer.args
     engine = "fsdp2" if trainer.is_fsdp_enabled else "ddp" if world > 1 else "single"
-    return {**model, "comm_compressor": args.comm_compressor, "engine": engine, "world_size": world,
-            "ranks_per_node": ranks_per_node, "nodes": world // ranks_per_node,
-            "resumed_from_step": start_step or None, "output_dir": args.output_dir,
-            "hfcompress_version": hfcompress.__version__}
+    out = {**model, "comm_compressor": args.comm_compressor, "engine": engine,
+           "world_size": world, "ranks_per_node": ranks_per_node, "nodes": world // ranks_per_node,
+           "resumed_from_step": start_step or None, "output_dir": args.output_dir,
+           "hfcompress_version": hfcompress.__version__}
+    handle = trainer.compression
+    if handle is not None and handle.auto is not None:   # the choice, its table, the probe
+        out["comm_auto"] = handle.auto.summary()
+    return out
 
 
 def link_note(summary: dict) -> str | None:

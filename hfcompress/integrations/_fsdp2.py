@@ -139,6 +139,13 @@ def all_gather_dtype_device(param_group) -> tuple[torch.dtype, torch.device]:
     return _get(param_group, "mp_policy").param_dtype or sharded.dtype, sharded.device
 
 
+def reduce_dtype(param_group) -> torch.dtype:
+    """The dtype of the group's gradient reduce-scatter (mixed-precision reduce dtype, else
+    the gradients' dtype: the param dtype under mixed precision, else the parameters')."""
+    policy = _get(param_group, "mp_policy")
+    return policy.reduce_dtype or all_gather_dtype_device(param_group)[0]
+
+
 def sharded_param_data(param_group) -> list:
     """This rank's shard of each parameter (what optimizer steps update in place)."""
     return [_get(p, "_sharded_param_data") for p in fsdp_params(param_group)]

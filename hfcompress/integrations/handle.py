@@ -9,7 +9,9 @@ It owns what was installed (``FSDPInstall``: every FSDP module's collectives; or
 - ``state_dict()`` / ``load_state_dict()``: every compressor's state (qWD references, LoCo
   errors, RNG streams, learned levels);
 - ``memory_report()``: the bytes of that state on this rank, and the parameter bytes;
-- ``remove()``: the framework's own exact collectives again (``disabled()`` for a block).
+- ``remove()``: the framework's own exact collectives again (``disabled()`` for a block);
+- ``auto``: with ``comm_compressor="auto"``, the choice (``hfcompress/auto``): stepped after
+  every optimizer step (re-probes), saved with the state, reported by ``auto.summary()``.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class Compression:
         self.comms = installed.comms if kind == "fsdp2" else {}
         self.all_reduce = installed if kind != "fsdp2" else None
         self.installed = False
+        self.auto: Any = None        # an auto.AutoController when the config was "auto"
 
     def install(self) -> "Compression":
         self.installed_parts.install()
@@ -102,6 +105,14 @@ class Compression:
         cannot unregister a comm hook, runs its default all-reduce)."""
         self.installed_parts.uninstall()
         self.installed = False
+
+    def adopt(self, config: CompressionConfig, installed: Installed) -> None:
+        """Install other collectives of the same kind (``auto`` switching plans; call
+        ``remove()`` first, so they record the framework's own ones to restore)."""
+        self.config, self.installed_parts = config, installed
+        self.comms = installed.comms if self.kind == "fsdp2" else {}
+        self.all_reduce = installed if self.kind != "fsdp2" else None
+        self.install()
 
     @contextlib.contextmanager
     def disabled(self) -> Iterator[None]:
@@ -122,12 +133,24 @@ class Compression:
         """End of an optimizer step: error-feedback reset clocks and the wire meter's step
         boundary. Returns the closed step's byte counts."""
         step_error_feedback(self.compressors())
-        return self.meter.step()
+        counts = self.meter.step()
+        if self.auto is not None:
+            self.auto.on_step(self)
+        return counts
 
     def state_dict(self) -> dict[str, Any]:
-        return self.installed_parts.state_dict()
+        state = self.installed_parts.state_dict()
+        if self.auto is not None:
+            state = {**state, "auto_plan": self.auto.plan_dict()}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the compressor state (an ``auto`` handle first switches to the plan the
+        state was saved under)."""
+        state = dict(state)
+        plan = state.pop("auto_plan", None)
+        if plan is not None and self.auto is not None:
+            self.auto.restore(self, plan)
         self.installed_parts.load_state_dict(state)
 
     @property

@@ -71,8 +71,8 @@ class CommCallback(TrainerCallback):
             st.handle, st.model = install(model, self.config, x), model
             st.stats = CommStats(st.handle.meter)
             st.settings = checkpoint.settings(self.config.to_dict(), st.handle.kind, world, x)
-            if is_rank0():
-                logger.warning(summary(self.config, st.handle.kind, world, x))
+            if is_rank0():     # "auto": the chosen config (its table was logged by apply)
+                logger.warning(summary(st.handle.config, st.handle.kind, world, x))
         self._bind_loco_optimizer()
         if resume_dir is not None:
             checkpoint.load(st.handle, st.settings, resume_dir, t.args.process_index,

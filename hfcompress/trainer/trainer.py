@@ -23,13 +23,16 @@ more argument, ``comm_compressor`` (a preset name or a ``CompressionConfig``)::
 - Checkpoints hold one ``hfcompress_rank{r}.pt`` per rank, restored by
   ``train(resume_from_checkpoint=...)``; other compression settings in the checkpoint raise,
   or with ``comm_state_mismatch="reset"`` warn and start fresh (``checkpoint``).
-- ``TrainingArguments`` adds ``comm_compressor``, ``ranks_per_node``, ``comm_log_every`` and
+- ``TrainingArguments`` adds ``comm_compressor`` (a preset or ``"auto"``), ``ranks_per_node``,
+  ``comm_auto_reprobe_steps``, ``comm_log_every`` and
   ``comm_state_mismatch`` (``HfArgumentParser``: ``--comm_compressor tlq_hs ...``).
 - ``trainer.compression``: the installed handle (``hfcompress.apply``'s: ``.meter``,
   ``.state_dict()``, ``.memory_report()``), after training started.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import logging
 import os
@@ -40,7 +43,7 @@ import transformers
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from ..comm.topology import resolve_ranks_per_node
-from ..config import CompressionConfig, get_config, list_presets
+from ..config import AUTO, CompressionConfig, get_config, list_presets
 from ..integrations.fsdp import hpz_reshard
 from ..optim import LoCoOptimizer, loco_optimizer_class
 from . import accelerate_cpu, checkpoint
@@ -56,8 +59,12 @@ class TrainingArguments(transformers.TrainingArguments):
 
     comm_compressor: str | None = field(default=None, metadata={
         "help": "Compress the data-parallel communication with this preset ('none' = exact "
-                "collectives, metered; unset = the plain Trainer's communication)",
-        "choices": list_presets()})
+                "collectives, metered; 'auto' = chosen per collective from a probe of the "
+                "links and this device; unset = the plain Trainer's communication)",
+        "choices": [*list_presets(), AUTO]})
+    comm_auto_reprobe_steps: int = field(default=0, metadata={
+        "help": "With comm_compressor 'auto' (FSDP2): probe and choose again every N "
+                "optimizer steps, switching at a step boundary (0: choose once)"})
     ranks_per_node: int | None = field(default=None, metadata={
         "help": "Ranks per node (default: LOCAL_WORLD_SIZE, i.e. one node per machine); a "
                 "smaller value emulates several nodes on one machine"})
@@ -71,6 +78,9 @@ class TrainingArguments(transformers.TrainingArguments):
     def __post_init__(self) -> None:
         if self.comm_compressor is not None:
             get_config(self.comm_compressor)       # unknown preset: ValueError listing them
+        if self.comm_auto_reprobe_steps and self.comm_compressor != AUTO:
+            raise ValueError(f"comm_auto_reprobe_steps={self.comm_auto_reprobe_steps} needs "
+                             f"comm_compressor='auto' (got {self.comm_compressor!r})")
         if self.ranks_per_node is not None and (isinstance(self.ranks_per_node, bool) or
                                                 not isinstance(self.ranks_per_node, int)
                                                 or self.ranks_per_node < 1):
@@ -98,6 +108,10 @@ class Trainer(transformers.Trainer):
         compressor = comm_compressor if comm_compressor is not None \
             else getattr(args, "comm_compressor", None)
         self.comm_config = get_config(compressor) if compressor is not None else None
+        every = getattr(args, "comm_auto_reprobe_steps", 0)
+        if self.comm_config is not None and self.comm_config.auto is not None and every:
+            self.comm_config = get_config(dataclasses.replace(self.comm_config.auto,
+                                                              reprobe_every=every))
         if self.comm_config is not None:
             warn_single_process(self.comm_config.name)
         self.ranks_per_node = getattr(args, "ranks_per_node", None)

@@ -1,0 +1,178 @@
+"""The choice of ``comm_compressor="auto"``: probe, predict every candidate plan, pick.
+
+Every rank probes (``probe.py``: the links on the real groups, the codecs on this device);
+the measurements are agreed (the slowest rank's), rank 0 predicts each candidate's exposed
+communication time per step (``cost_model.py``) and picks, and the choice is broadcast, so
+every rank installs the same collectives. Pins (``AutoSettings.pins``, ``HFCOMPRESS_AUTO``)
+fix some collective kinds; the others are still chosen.
+
+Rule: the cheapest predicted plan, except that a plan compressing more collective kinds must
+be predicted more than ``margin`` (default 5%) faster than one compressing fewer: when links
+are fast, compression that would save a little in the model is not worth its risk of costing
+time (the model's error is of that order).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..comm import Topology
+from ..config import AutoSettings
+from .candidates import OPTIONS, Plan, candidates, pins_from_env
+from .cost_model import (Layout, Unit, built, ddp_cost, ddp_needs, fsdp_cost, fsdp_needs)
+from .probe import CodecRate, agree, codec_rate, probe_links
+
+logger = logging.getLogger(__name__)
+CODEC_CAP = 1 << 22   # values timed per scheme at most (the rate per value is what counts)
+
+
+@dataclass
+class Choice:
+    """What ``auto`` decided and why: the plan, the predicted table, the probe's facts."""
+
+    kind: str
+    plan: Plan
+    table: list[dict[str, Any]]
+    links: dict[str, Any]
+    codecs: dict[str, Any]
+    layout: dict[str, Any]
+    pins: dict[str, str]
+    probe_s: float
+    overlap: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def predicted(self, plan: Plan | None = None) -> dict[str, Any]:
+        label = (plan or self.plan).label
+        return next(r for r in self.table if r["plan"] == label)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "chosen": self.plan.label, "plan": asdict(self.plan),
+                "evidence": self.plan.evidence(), "table": self.table, "links": self.links,
+                "codecs": self.codecs, "layout": self.layout, "pins": self.pins,
+                "probe_s": self.probe_s, "overlap": self.overlap, "history": self.history}
+
+    def lines(self) -> list[str]:
+        """The decision and the predicted table, for the log."""
+        out = [f"hfcompress auto ({self.kind}, {self.layout['nodes']} nodes x "
+               f"{self.layout['ranks_per_node']} ranks, probe {self.probe_s:.1f} s): chose "
+               f"{self.plan.label!r}" + (f" (pinned: {self.pins})" if self.pins else "")]
+        out.append(f"  {'plan':<44}{'wire ms':>9}{'codec ms':>10}{'exposed ms':>12}")
+        for r in self.table:
+            mark = "*" if r["plan"] == self.plan.label else " "
+            out.append(f" {mark}{r['plan']:<44}{1e3 * r['wire_s']:>9.1f}"
+                       f"{1e3 * r['codec_s']:>10.1f}{1e3 * r['exposed_s']:>12.1f}")
+        return out
+
+
+def _settings(settings: AutoSettings) -> dict[str, str]:
+    pins = dict(settings.pins)
+    pins.update(pins_from_env())            # the environment wins over the config
+    return pins
+
+
+def _codecs(needed: dict[str, tuple[str, int, torch.dtype]], world: int,
+            device: torch.device, reps: int) -> dict[str, CodecRate]:
+    """Codec rates of the options in ``needed`` (option -> (kind, numel, dtype)), agreed."""
+    rates = {opt: codec_rate(built(kind, opt, world), min(n, CODEC_CAP), dtype, device, reps)
+             for opt, (kind, n, dtype) in needed.items()}
+    flat = agree([v for r in rates.values() for v in (r.compress_s, r.decompress_s)], device)
+    return {opt: CodecRate(flat[2 * i], flat[2 * i + 1]) for i, opt in enumerate(rates)}
+
+
+def _pick(rows: list[dict[str, Any]], margin: float) -> str:
+    """The cheapest plan, unless one compressing fewer kinds is within ``margin`` of it."""
+    best = min(r["exposed_s"] for r in rows)
+    ok = [r for r in rows if r["exposed_s"] <= best * (1 + margin)]
+    return min(ok, key=lambda r: (r["compressed_kinds"], r["exposed_s"]))["plan"]
+
+
+def _decide(kind: str, plans: list[Plan], cost_of, margin: float, overlap: float,
+            compute_s: float | None) -> tuple[Plan, list[dict[str, Any]]]:
+    rows = []
+    for plan in plans:
+        cost = cost_of(plan)
+        exposed = cost.exposed(overlap)
+        rows.append({"plan": plan.label, "wire_s": cost.wire, "codec_s": cost.codec,
+                     "exposed_s": exposed, "compressed_kinds": len(plan.evidence()),
+                     "parts": {k: {"wire_s": v[0], "codec_s": v[1]}
+                               for k, v in cost.parts.items()},
+                     "step_s": None if compute_s is None else compute_s + exposed})
+    label = _pick(rows, margin) if dist.get_rank() == 0 else None
+    box = [label]
+    dist.broadcast_object_list(box, src=0)          # every rank installs rank 0's choice
+    return next(p for p in plans if p.label == box[0]), rows
+
+
+def fsdp_units(model: nn.Module, modules: list[tuple[str, nn.Module]], patterns, min_numel: int
+               ) -> tuple[list[Unit], torch.dtype, torch.dtype, torch.device]:
+    """The FSDP units as the cost model sees them, with the all-gather / reduce dtypes."""
+    from ..integrations import _fsdp2
+    from ..integrations.exact_params import GroupLayouts
+
+    units, wdt, gdt, device = [], torch.bfloat16, torch.float32, torch.device("cpu")
+    for name, module in modules:
+        for pg in _fsdp2.param_groups(module):
+            full = GroupLayouts(model, pg, patterns, min_numel).full
+            units.append(Unit(name, full.numel - full.exact_numel, full.exact_numel,
+                              backward_gather=module is not model))
+            wdt, device = _fsdp2.all_gather_dtype_device(pg)
+            gdt = _fsdp2.reduce_dtype(pg)
+    return units, wdt, gdt, device
+
+
+def choose_fsdp(model: nn.Module, modules: list[tuple[str, nn.Module]], topology: Topology,
+                settings: AutoSettings, exact_patterns=("norm", "bias"), min_numel: int = 0,
+                compute_s: float | None = None) -> Choice:
+    """Probe and choose the FSDP2 plan (weight all-gather, gradient hops) for ``model``."""
+    units, wdt, gdt, device = fsdp_units(model, modules, exact_patterns, min_numel)
+    x, y, w = topology.ranks_per_node, topology.num_nodes, topology.world_size
+    layout = Layout(w, x, wdt.itemsize, gdt.itemsize)
+    pins = _settings(settings)
+    plans = candidates("fsdp2", x, y, pins)
+    links = probe_links(topology, fsdp_needs(layout), device, settings.reps)
+    s = max(u.numel for u in units)
+    sizes = {"weights": (s, wdt), "grad_intra": (y * s, gdt), "grad_inter": (s, gdt)}
+    needed = {getattr(p, k): (k, *sizes[k]) for p in plans for k in sizes
+              if getattr(p, k) != "exact"}
+    codecs = _codecs(needed, w, device, settings.reps)
+    plan, rows = _decide("fsdp2", plans, lambda p: fsdp_cost(p, units, layout, links, codecs),
+                         settings.margin, settings.overlap, compute_s)
+    return Choice("fsdp2", plan, rows, links.to_dict(), _codec_dict(codecs),
+                  {**asdict(layout), "nodes": layout.nodes, "units": len(units),
+                   "values_per_rank": sum(u.numel + u.exact_numel for u in units)},
+                  pins, links.probe_s, settings.overlap)
+
+
+def choose_ddp(model: nn.Module, topology: Topology, group_size: int,
+               settings: AutoSettings, compute_s: float | None = None) -> Choice:
+    """Probe and choose the DDP all-reduce scheme for ``model``'s gradients."""
+    kind = "ddp"
+    params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device if params else torch.device("cpu")
+    numel = sum(p.numel() for p in params)
+    layout = Layout(group_size, topology.ranks_per_node, 4, 4)
+    pins = _settings(settings)
+    plans = candidates(kind, topology.ranks_per_node, topology.num_nodes, pins)
+    links = probe_links(topology, ddp_needs(layout), device, settings.reps)
+    needed = {p.all_reduce: ("all_reduce", numel, torch.float32) for p in plans
+              if p.all_reduce != "exact"}
+    codecs = _codecs(needed, group_size, device, settings.reps)
+    plan, rows = _decide(kind, plans, lambda p: ddp_cost(p, numel, layout, links, codecs),
+                         settings.margin, settings.overlap, compute_s)
+    return Choice(kind, plan, rows, links.to_dict(), _codec_dict(codecs),
+                  {**asdict(layout), "nodes": layout.nodes, "values": numel},
+                  pins, links.probe_s, settings.overlap)
+
+
+def _codec_dict(codecs: dict[str, CodecRate]) -> dict[str, Any]:
+    return {k: {"compress_ns_per_value": 1e9 * r.compress_s,
+                "decompress_ns_per_value": 1e9 * r.decompress_s} for k, r in codecs.items()}
+
+
+__all__ = ["Choice", "choose_ddp", "choose_fsdp", "OPTIONS"]

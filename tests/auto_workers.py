@@ -1,0 +1,111 @@
+"""Worker functions of the ``comm_compressor="auto"`` tests (``dist_utils.run_distributed``):
+a tiny LLaMA under FSDP2 (bf16 parameters, fp32 reduction) or DDP, ``hfcompress.apply(model,
+"auto")`` and a few AdamW steps; each returns what the test checks."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import hfcompress
+from hfcompress.config import AutoSettings, get_config
+
+from fsdp_workers import MP, batch, global_mean, setup, tiny_llama
+
+
+def train(model, handle, steps: int) -> list[float]:
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for step in range(steps):
+        ids = batch(step, dist.get_rank())
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        handle.step()
+        losses.append(global_mean(loss))
+    return losses
+
+
+def fsdp_auto(rank: int, world: int, ranks_per_node: int, settings: dict | None,
+              pin_env: str | None, steps: int) -> dict:
+    """apply("auto") (or AutoSettings(**settings)); the choice, the config that runs, the
+    losses, and the state round trip."""
+    setup()
+    if pin_env is not None:
+        os.environ["HFCOMPRESS_AUTO"] = pin_env
+    model = tiny_llama()
+    auto = "auto" if settings is None else AutoSettings(**settings)
+    handle = hfcompress.apply(model, auto, ranks_per_node=ranks_per_node, shard=True,
+                              mp_policy=MP)
+    first = handle.auto.choice.plan.label
+    losses = train(model, handle, steps)
+    state = handle.state_dict()
+    handle.load_state_dict(state)         # the saved plan is the running one: loads as is
+    return {"first": first, "chosen": handle.auto.choice.plan.label,
+            "config": handle.config.to_dict(), "summary": handle.auto.summary(),
+            "losses": losses, "auto_plan": state["auto_plan"],
+            "installed": type(handle.installed_parts).__name__}
+
+
+def fsdp_restore(rank: int, world: int, pin_save: str, pin_load: str) -> dict:
+    """Save a handle's state under one pinned plan, load it into an auto handle that chose
+    another: the handle switches to the saved plan and its qWD references load."""
+    setup()
+    results = {}
+    states = {}
+    for name, pin in (("save", pin_save), ("load", pin_load)):
+        os.environ["HFCOMPRESS_AUTO"] = pin
+        torch.manual_seed(0)
+        model = tiny_llama()
+        handle = hfcompress.apply(model, "auto", ranks_per_node=1, shard=True, mp_policy=MP)
+        if name == "save":
+            train(model, handle, 2)
+            states[name] = handle.state_dict()
+        else:
+            results["before"] = handle.auto.choice.plan.label
+            handle.load_state_dict(states["save"])
+            results["after"] = handle.auto.choice.plan.label
+            results["config"] = handle.config.name
+            results["references"] = handle.memory_report()["references"]
+    return results
+
+
+def ddp_auto(rank: int, world: int, pin_env: str | None) -> dict:
+    setup()
+    if pin_env is not None:
+        os.environ["HFCOMPRESS_AUTO"] = pin_env
+    torch.manual_seed(0)
+    model = DistributedDataParallel(tiny_llama())
+    handle = hfcompress.apply(model, "auto", ranks_per_node=1)
+    losses = train(model, handle, 3)
+    return {"chosen": handle.auto.choice.plan.label, "config": handle.config.to_dict(),
+            "losses": losses, "table": handle.auto.choice.table}
+
+
+def reprobe_switch(rank: int, world: int) -> dict:
+    """reprobe_every=2 with the first choice pinned by the environment, then released: the
+    re-probe chooses freely, and the history records the measured step and compute."""
+    setup()
+    os.environ["HFCOMPRESS_AUTO"] = "weights=qwd,grad_inter=hs4"
+    model = tiny_llama()
+    handle = hfcompress.apply(model, AutoSettings(reprobe_every=2), ranks_per_node=1,
+                              shard=True, mp_policy=MP)
+    first = handle.auto.choice.plan.label
+    os.environ["HFCOMPRESS_AUTO"] = "weights=exact,grad_inter=exact"
+    losses = train(model, handle, 5)
+    return {"first": first, "chosen": handle.auto.choice.plan.label,
+            "history": handle.auto.choice.history, "losses": losses,
+            "config": handle.config.name}
+
+
+def exact_losses(rank: int, world: int, steps: int) -> list[float]:
+    """The same training with exact collectives (preset none)."""
+    setup()
+    model = tiny_llama()
+    handle = hfcompress.apply(model, get_config("none"), ranks_per_node=1, shard=True,
+                              mp_policy=MP)
+    return train(model, handle, steps)

@@ -1,0 +1,216 @@
+"""``comm_compressor="auto"`` (``hfcompress/auto``): the candidates and pins, the probe's fit,
+the cost model's arithmetic and rule, and, on real gloo ranks, the choice (the same on every
+rank), its training, its re-probe switch and its checkpoint round trip."""
+
+import math
+
+import pytest
+
+from dist_utils import run_distributed
+from hfcompress.auto import OPTIONS, Plan, candidates, parse_pins
+from hfcompress.auto.choose import _pick
+from hfcompress.auto.cost_model import Layout, Unit, ddp_cost, fsdp_cost, payload_bytes, built
+from hfcompress.auto.probe import CodecRate, Fit, Links
+from hfcompress.config import AutoSettings, PRESETS, get_config
+import auto_workers as aw
+
+
+# -- candidates -----------------------------------------------------------------------------
+def test_candidates_follow_the_layout_and_the_pins():
+    """2x1: no intra-node hop to choose (4 plans); 2x2: 2 x 2 x 2 = 8; one node: no
+    inter-node hop; pins fix a kind; DDP chooses the all-reduce only."""
+    assert {p.grad_intra for p in candidates("fsdp2", 1, 2)} == {"exact"}
+    assert len(candidates("fsdp2", 1, 2)) == 4
+    assert len(candidates("fsdp2", 2, 2)) == 8
+    assert {p.grad_inter for p in candidates("fsdp2", 4, 1)} == {"exact"}
+    pinned = candidates("fsdp2", 2, 2, {"weights": "qwd"})
+    assert len(pinned) == 4 and {p.weights for p in pinned} == {"qwd"}
+    assert [p.all_reduce for p in candidates("ddp", 1, 2)] == list(OPTIONS["all_reduce"])
+
+
+def test_parse_pins_and_its_error():
+    assert parse_pins("weights=qwd, grad_inter=hs4") == {"weights": "qwd", "grad_inter": "hs4"}
+    assert parse_pins("") == {}
+    with pytest.raises(ValueError, match=r"HFCOMPRESS_AUTO.*weights=exact\|qwd"):
+        parse_pins("weights=int4")
+    with pytest.raises(ValueError, match="KIND=OPTION"):
+        parse_pins("qwd")
+
+
+def test_plans_run_the_loss_keeping_schemes_of_the_presets():
+    """The full plan is sdp4bit's collectives (qWD weights, 8-bit / 4-bit Hadamard 2-hop
+    gradients) with the base config's exact parameters and seed; no candidate uses qw's
+    4-bit weights or zeropp's int4 gradients, and each compressed option cites its
+    evidence."""
+    base = get_config("auto")
+    base.seed, base.exact_patterns = 7, ("norm",)
+    full = Plan("qwd", "hs8", "hs4").config(base)
+    sdp = get_config("sdp4bit")
+    assert (full.weights, full.grad_intra, full.grad_inter, full.two_hop) == \
+        (sdp.weights, sdp.grad_intra, sdp.grad_inter, True)
+    assert full.seed == 7 and full.exact_patterns == ("norm",) and full.auto is None
+    assert full.name == "auto: weights=qwd grad_intra=hs8 grad_inter=hs4"
+    assert not Plan().config(base).compresses_fsdp
+    schemes = [s for kind in OPTIONS.values() for s, _ in kind.values() if s is not None]
+    assert PRESETS["qw"]["weights"] not in schemes
+    assert PRESETS["zeropp"]["grad_inter"] not in schemes
+    for kind in OPTIONS.values():
+        for name, (scheme, evidence) in kind.items():
+            assert scheme is None or "%" in evidence, (name, evidence)
+
+
+def test_auto_config_and_settings_errors():
+    cfg = get_config("auto")
+    assert cfg.name == "auto" and cfg.auto == AutoSettings()
+    assert get_config(AutoSettings(reprobe_every=5)).auto.reprobe_every == 5
+    with pytest.raises(ValueError, match="'auto'"):
+        get_config("autoo")
+    for bad in ({"reprobe_every": -1}, {"overlap": 1.0}, {"reps": 0}):
+        with pytest.raises(ValueError):
+            AutoSettings(**bad)
+
+
+# -- the probe's fit and the cost model -------------------------------------------------------
+def test_fit_recovers_latency_and_bandwidth():
+    fit = Fit.from_points((4096, 1e-3 + 4096 / 1e8), (2 << 20, 1e-3 + (2 << 20) / 1e8))
+    assert math.isclose(fit.latency_s, 1e-3, rel_tol=1e-6)
+    assert math.isclose(fit.bytes_per_s, 1e8, rel_tol=1e-6)
+    jitter = Fit.from_points((4096, 2e-3), (2 << 20, 1.9e-3))     # large within small's noise
+    assert jitter.latency_s == 2e-3 and math.isclose(jitter.bytes_per_s, (2 << 20) / 1.9e-3)
+
+
+def links(inter_bw: float, intra_bw: float = 1e10, latency: float = 0.0) -> Links:
+    out = Links()
+    for prim in ("all_gather", "reduce_scatter", "all_to_all", "all_reduce"):
+        out.fits[f"{prim}@world"] = Fit(latency, inter_bw)
+        out.fits[f"{prim}@inter"] = Fit(latency, inter_bw)
+        out.fits[f"{prim}@intra"] = Fit(latency, intra_bw)
+    return out
+
+
+CODECS = {k: CodecRate(1e-9, 1e-9) for k in ("qwd", "hs8", "hs4", "global_qsgd_exp",
+                                              "global_qsgd_block")}
+
+
+def test_cost_model_bytes_are_the_collectives_bytes():
+    """2 nodes x 1 rank, 1 byte/s links, no latency, free codecs: the predicted seconds are
+    the bytes each collective sends: exact = bf16 gathers in forward and backward + fp32
+    reduce-scatter input; qWD sends its 4-bit payload once; the root unit gathers once."""
+    s = 1 << 16
+    units = [Unit("layer", s), Unit("root", s, backward_gather=False)]
+    lay = Layout(world=2, ranks_per_node=1)
+    free = {k: CodecRate(0.0, 0.0) for k in CODECS}
+    exact = fsdp_cost(Plan(), units, lay, links(1.0), free)
+    assert exact.wire == (2 * s * 2 + s * 2) + 2 * (2 * s * 4)
+    qwd = fsdp_cost(Plan(weights="qwd"), units, lay, links(1.0), free)
+    assert qwd.parts["weights"][0] == 2 * payload_bytes(built("weights", "qwd", 2), s, 2)
+    hs4 = fsdp_cost(Plan(grad_inter="hs4"), units, lay, links(1.0), free)
+    assert hs4.parts["grads"][0] == 2 * 2 * payload_bytes(built("grad_inter", "hs4", 2), s, 4)
+
+
+def test_cost_model_picks_compression_on_slow_links_only():
+    """A 12M-parameter model on 2 x 2 ranks: at 1 Gbit/s between nodes and 10 GB/s inside
+    them, qWD + 4-bit inter-node gradients with an exact intra-node hop is cheapest (the
+    per-hop choice); with 1 Gbit/s inside the nodes too, the 8-bit intra hop pays and qWD does
+    not (its node-sharded references gather bf16 slices inside the node twice a step); with
+    100 GB/s links and a codec costing 5 ns per value, exact; DDP at 1 Gbit/s picks a
+    Global-QSGD all-reduce."""
+    units = [Unit(f"l{i}", 3_000_000 // 4) for i in range(4)]
+    lay = Layout(world=4, ranks_per_node=2)
+    for intra, best in ((1e10, "weights=qwd grad_inter=hs4"),
+                        (125e6, "grad_intra=hs8 grad_inter=hs4")):
+        slow = {p.label: fsdp_cost(p, units, lay, links(125e6, intra), CODECS).exposed()
+                for p in candidates("fsdp2", 2, 2)}
+        assert min(slow, key=slow.get) == best, slow
+    costly = {k: CodecRate(5e-9, 5e-9) for k in CODECS}
+    fast = {p.label: fsdp_cost(p, units, lay, links(1e11, 1e11), costly).exposed()
+            for p in candidates("fsdp2", 2, 2)}
+    assert min(fast, key=fast.get) == "exact", fast
+    ddp = {p.label: ddp_cost(p, 12_000_000, Layout(4, 2), links(125e6), CODECS).exposed()
+           for p in candidates("ddp", 2, 2)}
+    assert min(ddp, key=ddp.get) != "exact", ddp
+
+
+def test_pick_prefers_fewer_compressed_kinds_within_the_margin():
+    rows = [{"plan": "exact", "exposed_s": 1.00, "compressed_kinds": 0},
+            {"plan": "weights=qwd", "exposed_s": 0.97, "compressed_kinds": 1},
+            {"plan": "all", "exposed_s": 0.96, "compressed_kinds": 3}]
+    assert _pick(rows, 0.05) == "exact"
+    assert _pick(rows, 0.0) == "all"
+    rows[1]["exposed_s"] = 0.5
+    assert _pick(rows, 0.05) == "weights=qwd"
+
+
+# -- on gloo ranks ------------------------------------------------------------------------------
+def test_auto_chooses_the_same_plan_on_every_rank_and_trains():
+    """2 nodes x 1 rank on the loopback, unpinned: all ranks install the same plan, the
+    summary holds a prediction for each of the 4 candidates and the probe's fits, and the
+    loss is within 0.05 of the exact run's at every step (every candidate keeps the loss)."""
+    res = run_distributed(aw.fsdp_auto, 2, 1, None, None, 6)
+    exact = run_distributed(aw.exact_losses, 2, 6)[0]
+    assert len({r["chosen"] for r in res}) == 1
+    s = res[0]["summary"]
+    assert {r["plan"] for r in s["table"]} == {p.label for p in candidates("fsdp2", 1, 2)}
+    assert s["chosen"] == res[0]["first"] and s["probe_s"] > 0
+    assert set(s["links"]) >= {"all_gather@world", "reduce_scatter@world"}
+    assert all(v["MB_per_s"] > 0 for v in s["links"].values())
+    assert max(abs(a - b) for a, b in zip(res[0]["losses"], exact)) < 0.05
+    assert res[0]["losses"][-1] < res[0]["losses"][0] - 0.3
+
+
+def test_pinned_plan_on_2x2_runs_the_pinned_collectives():
+    """HFCOMPRESS_AUTO pins the whole plan on 2 x 2 ranks (the probe still runs, on the
+    intra- and inter-node groups): the installed config is sdp4bit's collectives, the one
+    remaining candidate is predicted, and the saved state names the plan."""
+    pin = "weights=qwd,grad_intra=hs8,grad_inter=hs4"
+    res = run_distributed(aw.fsdp_auto, 4, 2, {"reps": 1}, pin, 3)
+    for r in res:
+        assert r["chosen"] == "weights=qwd grad_intra=hs8 grad_inter=hs4"
+        assert r["config"]["weights"]["name"] == "qwd" and r["config"]["two_hop"]
+        assert r["auto_plan"] == {"weights": "qwd", "grad_intra": "hs8", "grad_inter": "hs4",
+                                  "all_reduce": "exact"}
+        assert r["summary"]["pins"] == {"weights": "qwd", "grad_intra": "hs8",
+                                        "grad_inter": "hs4"}
+        assert all(math.isfinite(x) for x in r["losses"])
+    assert len(res[0]["summary"]["table"]) == 1
+
+
+def test_checkpoint_switches_to_the_saved_plan():
+    """State saved under qWD + 4-bit gradients loads into an auto handle that chose exact:
+    the handle switches to the saved plan and its qWD references are restored."""
+    res = run_distributed(aw.fsdp_restore, 2, "weights=qwd,grad_inter=hs4",
+                          "weights=exact,grad_inter=exact")
+    for r in res:
+        assert r["before"] == "exact"
+        assert r["after"] == "weights=qwd grad_inter=hs4"
+        assert r["config"] == "auto: weights=qwd grad_inter=hs4"
+        assert r["references"] > 0
+
+
+def test_reprobe_switches_at_a_step_boundary():
+    """reprobe_every=2: the first choice (pinned to qWD + 4-bit gradients) is probed again
+    after steps 3 and 5 with the pin moved to exact; the handle switches to exact at step 3,
+    training goes on, and the history has the measured step and compute times."""
+    res = run_distributed(aw.reprobe_switch, 2)
+    for r in res:
+        assert r["first"] == "weights=qwd grad_inter=hs4"
+        assert r["chosen"] == "exact" and r["config"] == "auto: exact"
+        steps = [h["step"] for h in r["history"]]
+        assert steps == [3, 5], r["history"]
+        h = r["history"][0]
+        assert h["was"] == "weights=qwd grad_inter=hs4" and h["chose"] == "exact"
+        assert h["measured_step_s"] > 0 and 0 <= h["compute_s"] <= h["measured_step_s"]
+        assert all(math.isfinite(x) for x in r["losses"])
+
+
+def test_ddp_auto_chooses_an_all_reduce():
+    """DDP: the pinned Global-QSGD exponential all-reduce is installed; unpinned, the table
+    predicts all three all-reduce options."""
+    pinned = run_distributed(aw.ddp_auto, 2, "all_reduce=global_qsgd_exp")
+    assert pinned[0]["config"]["all_reduce"]["name"] == "global_qsgd_exp"
+    free = run_distributed(aw.ddp_auto, 2, None)
+    assert len({r["chosen"] for r in free}) == 1
+    assert {r["plan"] for r in free[0]["table"]} == {
+        "exact", "all_reduce=global_qsgd_exp", "all_reduce=global_qsgd_block"}
+    for r in pinned + free:
+        assert all(math.isfinite(x) for x in r["losses"])
