@@ -30,13 +30,20 @@ busiest node's bytes per step / link rate; ``x ideal`` = measured / ideal. Each 
 records its process CPU time per step: the compute and compression cost, independent of
 the load other jobs put on the machine.
 
+``auto`` (``comm_compressor="auto"``) is built like the presets: its start-up probe runs in
+the same job, under the same link, and its choice and predicted table are reported; every
+variant that runs one of auto's plans also gets the cost model's predicted step time
+(``predictions``), next to the measured one.
+
 Writes ``slow_link.csv``, ``slow_link.md`` (a fragment for BENCHMARKS.md),
-``slow_link_meta.csv`` and ``slow_link.png`` under ``--out``.
+``slow_link_meta.csv``, ``slow_link_auto.json`` (auto's probe and table per topology and
+link) and ``slow_link.png`` under ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -345,8 +352,34 @@ def load_meta(path: Path) -> dict[str, str]:
         return {r["key"]: r["value"] for r in csv.DictReader(f)}
 
 
-def report(rows: list[dict], info: dict[str, str], out: Path) -> None:
-    """``slow_link.csv``, ``slow_link_meta.csv``, ``slow_link.md`` and ``slow_link.png``."""
+def auto_table(auto: dict | None) -> list[str]:
+    """auto's probe and predicted table at one topology and link, as markdown lines."""
+    if not auto:
+        return []
+    links = ", ".join(f"{k} {v['latency_us'] / 1e3:.2f} ms + {v['MB_per_s']:.0f} MB/s"
+                      for k, v in auto["links"].items())
+    codecs = ", ".join(f"{k} {v['ns_per_value']:.1f} ns" if "ns_per_value" in v else
+                       f"{k} {v['compress_ns_per_value']:.1f} / "
+                       f"{v['decompress_ns_per_value']:.1f} ns" for k, v in auto["codecs"].items())
+    body = [[("**" + r["plan"] + "**") if r["plan"] == auto["chosen"] else r["plan"],
+             f"{1e3 * r['wire_s']:.1f}", f"{1e3 * r['codec_s']:.1f}",
+             f"{1e3 * r['exposed_s']:.1f}"] for r in auto["table"]]
+    return [f"auto's probe ({auto['probe_s']:.1f} s): links {links}; codecs (compress / "
+            f"decompress per value; `weights:` / `grads:` the whole compressed collective's cost "
+            f"beyond the wire, per value per rank) {codecs}. Predicted communication per step:",
+            "",
+            dc.markdown_table(["plan", "wire ms", "codec ms", "exposed ms"], body), ""]
+
+
+def report(rows: list[dict], info: dict[str, str], out: Path,
+           autos: dict[str, dict] | None = None) -> None:
+    """``slow_link.csv``, ``slow_link_meta.csv``, ``slow_link.md`` and ``slow_link.png``;
+    ``autos``: auto's choice per ``"<topology> <link>"`` (kept in ``slow_link_auto.json``)."""
+    import json
+
+    autos = autos if autos is not None else (
+        json.loads((out / "slow_link_auto.json").read_text())
+        if (out / "slow_link_auto.json").exists() else {})
     lines = verdicts(rows) + auto_verdicts(rows)
     print("\n".join(lines))
     out.mkdir(parents=True, exist_ok=True)
@@ -372,6 +405,7 @@ def report(rows: list[dict], info: dict[str, str], out: Path) -> None:
         for link in dict.fromkeys(r["link"] for r in rows if r["topology"] == topo):
             sub = [r for r in rows if r["topology"] == topo and r["link"] == link]
             md += [f"**{topo} (nodes x ranks per node), link {link}**", "", table(sub), ""]
+            md += auto_table(autos.get(f"{topo} {link}"))
     md += [f"- {line}" for line in lines]
     if plotted:
         md += ["", "![slow link speedups](slow_link.png)"]
@@ -431,6 +465,7 @@ def main() -> None:
     payload = {"variants": names, "dims": DIMS, "warmup": a.warmup, "steps": a.steps,
                "powersgd_rank": a.powersgd_rank}
     rows: list[dict] = []
+    autos: dict[str, dict] = {}
     t_start = time.perf_counter()
     with Netns(nodes=2, prefix=a.netns_prefix, subnet=a.subnet) as net:
         for y, x in topos:
@@ -443,6 +478,8 @@ def main() -> None:
                 results = dc.launch("bench_slow_link", "worker", payload, y, x, netns=net,
                                     timeout=7200)
                 summary = summarize(results, names)
+                if summary.get("auto", {}).get("auto"):
+                    autos[f"{y}x{x} {link}"] = summary["auto"]["auto"]
                 if link == "none":
                     unthrottled = summary
                 sub = make_rows((y, x), link, summary, unthrottled)
@@ -454,7 +491,8 @@ def main() -> None:
                 info["load_average_end"] = dc.load_average()
                 dc.write_csv(a.out / "slow_link.csv", rows, FIELDS)   # kept if a later job fails
                 dc.write_meta(a.out / "slow_link_meta.csv", info)
-    report(rows, info, a.out)
+                (a.out / "slow_link_auto.json").write_text(json.dumps(autos, indent=1))
+    report(rows, info, a.out, autos)
 
 
 if __name__ == "__main__":

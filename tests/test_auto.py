@@ -9,7 +9,8 @@ import pytest
 from dist_utils import run_distributed
 from hfcompress.auto import OPTIONS, Plan, candidates, parse_pins
 from hfcompress.auto.choose import _pick
-from hfcompress.auto.cost_model import Layout, Unit, ddp_cost, fsdp_cost, payload_bytes, built
+from hfcompress.auto.cost_model import (Layout, Unit, built, calibrate, ddp_cost, fsdp_cost,
+                                        payload_bytes)
 from hfcompress.auto.probe import CodecRate, Fit, Links
 from hfcompress.config import AutoSettings, PRESETS, get_config
 import auto_workers as aw
@@ -72,11 +73,16 @@ def test_auto_config_and_settings_errors():
 
 # -- the probe's fit and the cost model -------------------------------------------------------
 def test_fit_recovers_latency_and_bandwidth():
-    fit = Fit.from_points((4096, 1e-3 + 4096 / 1e8), (2 << 20, 1e-3 + (2 << 20) / 1e8))
+    """A link with 1 ms latency, 1e8 B/s and a 256 KiB burst allowance (tc tbf: the first
+    256 KiB leave at once): the 1-4 MiB slope gives the bandwidth, the 4 KiB time the
+    latency; a large size lost in jitter falls back to its own time."""
+    def t(n):
+        return 1e-3 + max(n - (256 << 10), 0) / 1e8
+    fit = Fit.from_points((4096, t(4096)), (1 << 20, t(1 << 20)), (4 << 20, t(4 << 20)))
     assert math.isclose(fit.latency_s, 1e-3, rel_tol=1e-6)
     assert math.isclose(fit.bytes_per_s, 1e8, rel_tol=1e-6)
-    jitter = Fit.from_points((4096, 2e-3), (2 << 20, 1.9e-3))     # large within small's noise
-    assert jitter.latency_s == 2e-3 and math.isclose(jitter.bytes_per_s, (2 << 20) / 1.9e-3)
+    jitter = Fit.from_points((4096, 2e-3), (1 << 20, 2e-3), (4 << 20, 1.9e-3))
+    assert jitter.latency_s == 2e-3 and math.isclose(jitter.bytes_per_s, (4 << 20) / 1.9e-3)
 
 
 def links(inter_bw: float, intra_bw: float = 1e10, latency: float = 0.0) -> Links:
@@ -129,6 +135,23 @@ def test_cost_model_picks_compression_on_slow_links_only():
     ddp = {p.label: ddp_cost(p, 12_000_000, Layout(4, 2), links(125e6), CODECS).exposed()
            for p in candidates("ddp", 2, 2)}
     assert min(ddp, key=ddp.get) != "exact", ddp
+
+
+def test_calibrate_takes_what_the_wire_does_not_explain():
+    """A whole-collective time = its predicted wire time + 3 ms at 1000 values gives 3 us per
+    value of codec; a time below the wire's gives the kernels' own rate (the floor); the
+    calibrated rate then replaces the kernel rates in the plan's cost."""
+    lay, n = Layout(world=2, ranks_per_node=1), 1000
+    net = links(1e6, latency=1e-4)
+    unit = [Unit("probe", n, backward_gather=False)]
+    wire = fsdp_cost(Plan(grad_inter="hs4"), unit, lay, net, CODECS).parts["grads"][0]
+    got = calibrate({"grads:exact+hs4": wire + 3e-3, "weights:qwd": 0.0}, n, lay, net, CODECS)
+    assert math.isclose(got["grads:exact+hs4"], 3e-6, rel_tol=1e-9)
+    kernels = fsdp_cost(Plan(weights="qwd"), unit, lay, net, CODECS).parts["weights"][1]
+    assert math.isclose(got["weights:qwd"], kernels / n)
+    big = [Unit("l", 10 * n)]
+    c = fsdp_cost(Plan(grad_inter="hs4"), big, lay, net, CODECS, got)
+    assert math.isclose(c.parts["grads"][1], 3e-6 * 10 * n)
 
 
 def test_pick_prefers_fewer_compressed_kinds_within_the_margin():

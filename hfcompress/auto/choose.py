@@ -1,6 +1,8 @@
 """The choice of ``comm_compressor="auto"``: probe, predict every candidate plan, pick.
 
-Every rank probes (``probe.py``: the links on the real groups, the codecs on this device);
+Every rank probes (``probe.py``: the links on the real groups, the codecs on this device,
+the compressed collectives as a whole at a capped size, whose time beyond the wire is the
+model's codec cost: ``cost_model.calibrate``);
 the measurements are agreed (the slowest rank's), rank 0 predicts each candidate's exposed
 communication time per step (``cost_model.py``) and picks, and the choice is broadcast, so
 every rank installs the same collectives. Pins (``AutoSettings.pins``, ``HFCOMPRESS_AUTO``)
@@ -25,11 +27,13 @@ from torch import nn
 from ..comm import Topology
 from ..config import AutoSettings
 from .candidates import OPTIONS, Plan, candidates, pins_from_env
-from .cost_model import (Layout, Unit, built, ddp_cost, ddp_needs, fsdp_cost, fsdp_needs)
-from .probe import CodecRate, agree, codec_rate, probe_links
+from .cost_model import (Layout, Unit, built, calibrate, ddp_cost, ddp_needs, fsdp_cost,
+                         fsdp_needs)
+from .probe import CodecRate, agree, codec_rate, probe_collectives, probe_links
 
 logger = logging.getLogger(__name__)
 CODEC_CAP = 1 << 22   # values timed per scheme at most (the rate per value is what counts)
+CONTEXT_CAP = 1 << 20  # values per rank of the whole-collective timings
 
 
 @dataclass
@@ -141,9 +145,21 @@ def choose_fsdp(model: nn.Module, modules: list[tuple[str, nn.Module]], topology
     needed = {getattr(p, k): (k, *sizes[k]) for p in plans for k in sizes
               if getattr(p, k) != "exact"}
     codecs = _codecs(needed, w, device, settings.reps)
-    plan, rows = _decide("fsdp2", plans, lambda p: fsdp_cost(p, units, layout, links, codecs),
+    n = min(s, CONTEXT_CAP)
+    weights = {p.weights: OPTIONS["weights"][p.weights][0].build() for p in plans
+               if p.weights != "exact"}
+    grads = {f"{p.grad_intra}+{p.grad_inter}": tuple(
+        None if (o := OPTIONS[k][getattr(p, k)][0]) is None else o.build()
+        for k in ("grad_intra", "grad_inter")) for p in plans
+        if (p.grad_intra, p.grad_inter) != ("exact", "exact")}
+    measured = calibrate(probe_collectives(topology, weights, grads, n, wdt, gdt, device,
+                                           settings.reps), n, layout, links, codecs)
+    plan, rows = _decide("fsdp2", plans,
+                         lambda p: fsdp_cost(p, units, layout, links, codecs, measured),
                          settings.margin, settings.overlap, compute_s)
-    return Choice("fsdp2", plan, rows, links.to_dict(), _codec_dict(codecs),
+    return Choice("fsdp2", plan, rows, links.to_dict(),
+                  {**_codec_dict(codecs), **{k: {"ns_per_value": 1e9 * v}
+                                             for k, v in measured.items()}},
                   {**asdict(layout), "nodes": layout.nodes, "units": len(units),
                    "values_per_rank": sum(u.numel + u.exact_numel for u in units)},
                   pins, links.probe_s, settings.overlap)

@@ -119,8 +119,13 @@ def ddp_needs(layout: Layout) -> list[tuple[str, str]]:
 
 
 def fsdp_cost(plan: Plan, units: list[Unit], layout: Layout, links: Links,
-              codecs: dict[str, CodecRate]) -> Cost:
-    """Seconds per training step of the FSDP2 collectives under ``plan`` (module doc)."""
+              codecs: dict[str, CodecRate], measured: dict[str, float] | None = None) -> Cost:
+    """Seconds per training step of the FSDP2 collectives under ``plan`` (module doc).
+    ``measured``: codec seconds per value of a compressed collective as a whole
+    (``weights:<option>``, ``grads:<intra>+<inter>``, from ``calibrate``), used instead of
+    the kernels' rates."""
+    measured = measured or {}
+    grads_key = f"grads:{plan.grad_intra}+{plan.grad_inter}"
     w, x, y = layout.world, layout.ranks_per_node, layout.nodes
     wb, gb = layout.weight_bytes, layout.grad_bytes
     both = x > 1 and y > 1        # else the one non-trivial hop runs over the world group
@@ -142,7 +147,9 @@ def fsdp_cost(plan: Plan, units: list[Unit], layout: Layout, links: Links,
             if y > 1:
                 cost.add("weights", wire=links.seconds("all_gather", inter,
                                                        payload_bytes(qwd, s, wb)))
-            cost.add("weights", codec=codecs[plan.weights].seconds(s, rows * s))
+            key = f"weights:{plan.weights}"
+            cost.add("weights", codec=measured[key] * s if key in measured
+                     else codecs[plan.weights].seconds(s, rows * s))
             if x > 1:
                 cost.add("weights", wire=links.seconds("all_gather", intra,
                                                        gathers * y * s * wb, gathers))
@@ -152,14 +159,33 @@ def fsdp_cost(plan: Plan, units: list[Unit], layout: Layout, links: Links,
         if x > 1:   # hop 1: every row, X payloads of Y rows each way
             cost.add("grads", wire=links.seconds("all_to_all", intra,
                                                  x * payload_bytes(hop1, y * s, gb)))
-            if hop1 is not None:
+            if hop1 is not None and grads_key not in measured:
                 cost.add("grads", codec=codecs[plan.grad_intra].seconds(w * s, w * s))
         if y > 1:   # hop 2: the Y partial sums
             cost.add("grads", wire=links.seconds("all_to_all", inter,
                                                  y * payload_bytes(hop2, s, gb)))
-            if hop2 is not None:
+            if hop2 is not None and grads_key not in measured:
                 cost.add("grads", codec=codecs[plan.grad_inter].seconds(y * s, y * s))
+        if grads_key in measured:
+            cost.add("grads", codec=measured[grads_key] * s)
     return cost
+
+
+def calibrate(times: dict[str, float], numel: int, layout: Layout, links: Links,
+              codecs: dict[str, CodecRate]) -> dict[str, float]:
+    """Codec seconds per value of each compressed collective timed as a whole
+    (``probe_collectives`` at ``numel`` values per rank): its time minus the wire time the
+    links predict for it, at least what its kernels alone cost."""
+    unit = [Unit("probe", numel, backward_gather=False)]
+    out = {}
+    for key, seconds in times.items():
+        kind, option = key.split(":")
+        plan = Plan(weights=option) if kind == "weights" else \
+            Plan(grad_intra=option.split("+")[0], grad_inter=option.split("+")[1])
+        part = "weights" if kind == "weights" else "grads"
+        wire, kernels = fsdp_cost(plan, unit, layout, links, codecs).parts[part]
+        out[key] = max(seconds - wire, kernels) / numel
+    return out
 
 
 def ddp_cost(plan: Plan, numel: int, layout: Layout, links: Links,

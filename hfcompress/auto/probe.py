@@ -3,10 +3,14 @@
 - :func:`probe_links`: each collective primitive the candidates use (all-gather,
   reduce-scatter, all-to-all, all-reduce), on each process group it runs on (the world, the
   intra-node and the inter-node groups of :class:`~hfcompress.comm.Topology`), timed on the
-  real groups at a small and a large size with every rank taking part at once (so the ranks
-  of a node share its link as in training), and fitted as ``latency + bytes / bandwidth``;
-- :func:`probe_codecs`: this device's compress / decompress time per value of each scheme,
-  on the sizes the collectives will hand it (so compiled kernels are reused afterwards).
+  real groups at 4 KiB, 1 MiB and 4 MiB with every rank taking part at once (so the ranks of
+  a node share its link as in training), and fitted as ``latency + bytes / bandwidth``
+  (latency: the 4 KiB time; bandwidth: the slope between 1 and 4 MiB);
+- :func:`codec_rate`: this device's compress / decompress time per value of each scheme,
+  on the sizes the collectives will hand it (so compiled kernels are reused afterwards);
+- :func:`probe_collectives`: each compressed collective as training runs it (qWD all-gather,
+  2-hop reduce-scatter) on the real groups, whose time beyond the predicted wire time is the
+  cost model's codec cost (kernels, reference updates, copies, per-call overhead).
 
 Every rank measures; :func:`agree` takes the slowest rank's numbers, so every rank holds the
 same facts. Host syncs are fine here: the probe runs before training and at re-probes only.
@@ -25,9 +29,10 @@ from ..comm import Topology
 from ..comm.hop import all_gather_single, reduce_scatter_single
 from ..compressors import Compressor
 
-SMALL_BYTES = 4 << 10
-LARGE_BYTES = 2 << 20
-PRIMITIVES = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
+SMALL_BYTES = 4 << 10     # latency
+MID_BYTES = 1 << 20       # bandwidth: the slope from MID to LARGE (a shaped link's burst
+LARGE_BYTES = 4 << 20     # allowance, e.g. tc tbf's, cancels out of it)
+SIZES = (SMALL_BYTES, MID_BYTES, LARGE_BYTES)
 
 
 @dataclass
@@ -41,12 +46,14 @@ class Fit:
         return self.latency_s + nbytes / self.bytes_per_s
 
     @classmethod
-    def from_points(cls, small: tuple[int, float], large: tuple[int, float]) -> "Fit":
-        (b0, t0), (b1, t1) = small, large
-        if t1 <= 1.1 * t0:   # the large size within the small one's jitter: all bandwidth
-            return cls(latency_s=t0, bytes_per_s=b1 / max(t1, 1e-9))
-        slope = (t1 - t0) / (b1 - b0)
-        return cls(latency_s=max(t0 - b0 * slope, 0.0), bytes_per_s=1.0 / slope)
+    def from_points(cls, small: tuple[int, float], mid: tuple[int, float],
+                    large: tuple[int, float]) -> "Fit":
+        """Latency: the small size's time; bandwidth: the slope from ``mid`` to ``large``
+        (if jitter hides it, ``large`` alone: the conservative bound)."""
+        (_, t0), (b1, t1), (b2, t2) = small, mid, large
+        if t2 <= 1.1 * t1:
+            return cls(latency_s=t0, bytes_per_s=b2 / max(t2, 1e-9))
+        return cls(latency_s=t0, bytes_per_s=(b2 - b1) / (t2 - t1))
 
 
 @dataclass
@@ -126,15 +133,16 @@ def probe_links(topology: Topology, needed: list[tuple[str, str]], device: torch
     raw = []
     for prim, gname in needed:
         group = groups[gname]
-        small = _primitive(prim, SMALL_BYTES, group, device)
-        large = _primitive(prim, LARGE_BYTES, group, device)
-        small(), large()   # connection set-up, buffers of each size: not timed
-        raw += [_timed(small, 2 * reps + 1, device, world), _timed(large, reps, device, world)]
+        calls = [_primitive(prim, n, group, device) for n in SIZES]
+        for call in calls:   # connection set-up, buffers of each size: not timed
+            call()
+        raw += [_timed(call, r, device, world) for call, r in zip(calls, (2 * reps + 1, reps,
+                                                                          reps))]
     raw = agree(raw, device, world)
     links = Links(probe_s=time.perf_counter() - t_start)
     for i, (prim, gname) in enumerate(needed):
-        links.fits[f"{prim}@{gname}"] = Fit.from_points((SMALL_BYTES, raw[2 * i]),
-                                                        (LARGE_BYTES, raw[2 * i + 1]))
+        links.fits[f"{prim}@{gname}"] = Fit.from_points(
+            *zip(SIZES, raw[3 * i:3 * i + 3]))
     return links
 
 
@@ -151,14 +159,14 @@ class CodecRate:
 
 def codec_rate(compressor: Compressor, numel: int, dtype: torch.dtype, device: torch.device,
                reps: int = 3) -> CodecRate:
-    """Time ``compress`` and ``decompress`` of ``numel`` values of ``dtype`` (the median of
+    """Time ``compress`` and ``decompress`` of ``numel`` values of ``dtype`` (the fastest of
     ``reps`` after one untimed call, which compiles the kernels for this size)."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(numel, generator=gen).to(device=device, dtype=dtype)
     packed = compressor.compress(x)
     compressor.decompress(packed)
 
-    def median(fn: Callable[[], object]) -> float:
+    def fastest(fn: Callable[[], object]) -> float:   # the kernel's own cost, least noise
         times = []
         for _ in range(reps):
             _sync(device)
@@ -166,10 +174,10 @@ def codec_rate(compressor: Compressor, numel: int, dtype: torch.dtype, device: t
             fn()
             _sync(device)
             times.append(time.perf_counter() - t0)
-        return sorted(times)[len(times) // 2] / numel
+        return min(times) / numel
 
-    return CodecRate(median(lambda: compressor.compress(x)),
-                     median(lambda: compressor.decompress(packed)))
+    return CodecRate(fastest(lambda: compressor.compress(x)),
+                     fastest(lambda: compressor.decompress(packed)))
 
 
 def agree(values: list[float], device: torch.device,
@@ -179,3 +187,42 @@ def agree(values: list[float], device: torch.device,
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.tolist()
+
+
+def probe_collectives(topology: Topology, weights: dict[str, Compressor],
+                      grads: dict[str, tuple[Compressor | None, Compressor | None]],
+                      numel: int, weight_dtype: torch.dtype, grad_dtype: torch.dtype,
+                      device: torch.device, reps: int = 3) -> dict[str, float]:
+    """Seconds of one call of each compressed collective as training runs it, on the real
+    groups, for ``numel`` values per rank: the qWD all-gather (``weights``: option ->
+    compressor; its first, exact call untimed, then steady calls on changed weights) and the
+    2-hop reduce-scatter (``grads``: ``"<intra>+<inter>"`` -> the hops' compressors).
+    Besides the wire this holds what the kernels alone miss: reference updates, copies,
+    packing, per-call overhead. Agreed over the ranks; keys ``weights:<option>`` and
+    ``grads:<intra>+<inter>``."""
+    from ..comm import QuantizedAllGather, TwoHopReduceScatter
+
+    world, w = topology.group, topology.world_size
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    keys, times = [], []
+    for option, compressor in weights.items():
+        gather = QuantizedAllGather(compressor, topology)
+        x = torch.randn(numel, generator=gen).to(device=device, dtype=weight_dtype)
+        out = torch.empty(w * numel, dtype=weight_dtype, device=device)
+        gather(out, x)                        # the exact first send, kernels compiled
+
+        def step(gather=gather, x=x, out=out) -> None:
+            x.mul_(1.001)                     # an optimizer step changed the weights
+            gather(out, x)
+
+        step()
+        keys.append(f"weights:{option}")
+        times.append(_timed(step, reps, device, world))
+    for pair, (intra, inter) in grads.items():
+        scatter = TwoHopReduceScatter(topology, intra, inter)
+        g = torch.randn(w * numel, generator=gen).to(device=device, dtype=grad_dtype)
+        out = torch.empty(numel, dtype=grad_dtype, device=device)
+        scatter(out, g)
+        keys.append(f"grads:{pair}")
+        times.append(_timed(lambda s=scatter, g=g, o=out: s(o, g), reps, device, world))
+    return dict(zip(keys, agree(times, device, world)))
