@@ -24,6 +24,8 @@ def _cmd_list(args: argparse.Namespace) -> None:
         b = preset_bits(name)
         print(f"  {name:<16}{b['engine']:>7}{b['weights_fwd']:>8.2f}{b['weights_bwd']:>8.2f}"
               f"{b['grads']:>8.2f}{b['total']:>8.2f}{exact[b['engine']] / b['total']:>8.2f}")
+    print(f"  {'auto':<16}chosen per collective at start from a probe of the links and this "
+          f"device, among the loss-keeping schemes (HFCOMPRESS_AUTO pins a part)")
     print("Compressors (hfcompress.get_compressor(NAME, **params)): bits per value on the "
           "wire, steady state (qwd: its first send is exact, 32), and defaults")
     for name in list_compressors():

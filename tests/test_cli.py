@@ -16,7 +16,9 @@ def test_list_prints_presets_with_bits_per_parameter_and_compressors(capsys):
     main(["list"])
     out = capsys.readouterr().out.splitlines()
     presets = [line.split() for line in out if line.startswith("  ") and "bits/value" not in line]
-    assert [p[0] for p in presets[1:]] == list_presets()      # a header row, then each preset
+    # a header row, then each preset, then "auto" (chosen at start: no fixed bits)
+    assert [p[0] for p in presets[1:]] == list_presets() + ["auto"]
+    assert "probe of the links" in " ".join(presets[-1])
     rows = {p[0]: p for p in presets[1:]}
     # ZeRO++ Table 5 accounting, large-model limit: bf16 forward + backward all-gathers and
     # an fp32 reduce-scatter = 64 bits; SDP4Bit = 4 + 32/2048 (qWD) + a flag + 4 + 32/128
