@@ -355,10 +355,10 @@ def report(out: Path) -> None:
             for r in rows:
                 w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v)
                             for k, v in {"lr": lr, **r}.items()})
-    write_markdown(out, meta, runs, tables, main_lr,
-                   [r for r in all_runs if r.get("error")])
     by, rows = tables[main_lr]
     curves = [c for c in read_csv(out / "loss_curves.csv") if float(c["lr"]) == main_lr]
+    write_markdown(out, meta, runs, tables, main_lr,
+                   [r for r in all_runs if r.get("error")], time_to_loss(curves, measured))
     plot(out, curves, {r["preset"]: r for r in rows}, [r["preset"] for r in rows])
     print(f"wrote {out / 'loss.csv'}, loss.md, loss.png, loss_time.png")
 
@@ -460,8 +460,37 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def time_to_loss(curves: list[dict], measured: dict[str, float], seed: int = 0) -> list[str]:
+    """Time to reach ``none``'s final validation loss (seed ``seed``, the headline lr) at
+    1 Gbit/s: the first evaluated step at or below it x the preset's measured step time
+    (``slow_link.csv``); "never" when its run ends above it (issue 12: PowerSGD's faster steps
+    against the loss they do not reach)."""
+    by: dict[str, list[tuple[int, float]]] = {}
+    for c in curves:
+        if int(c["seed"]) == seed:
+            by.setdefault(c["preset"], []).append((int(c["step"]), float(c["val_loss"])))
+    if "none" not in by or not measured:
+        return []
+    target = max(by["none"])[1]
+    body = []
+    for preset, points in by.items():
+        if preset not in measured:
+            continue
+        hit = next((step for step, loss in sorted(points) if loss <= target), None)
+        final = max(points)[1]
+        body.append([f"`{preset}`", f"{final:.4f}", f"{final / target - 1:+.2%}",
+                     f"{measured[preset]:.3f}", "never" if hit is None else str(hit),
+                     "never" if hit is None else f"{hit * measured[preset]:.0f}"])
+    body.sort(key=lambda r: (r[4] == "never", float(r[5]) if r[5] != "never" else 0.0))
+    return [f"Time to reach `none`'s final validation loss ({target:.4f}, seed {seed}) at "
+            f"1 Gbit/s: the first evaluated step (every 25) at or below it x the step time "
+            f"`bench_slow_link.py` measured at 1 Gbit/s:", "",
+            dc.markdown_table(["preset", "final val loss", "vs none", "s/step at 1 Gbit/s",
+                               "steps to reach", "seconds to reach"], body)]
+
+
 def write_markdown(out: Path, meta: dict, runs: list[dict], tables: dict, main_lr: float,
-                   failed: list[dict]) -> None:
+                   failed: list[dict], reach: list[str] | None = None) -> None:
     r0 = runs[0]
     n_procs = int(r0["nodes"]) * int(r0["ranks_per_node"])
     by, rows = tables[main_lr]
@@ -529,6 +558,8 @@ def write_markdown(out: Path, meta: dict, runs: list[dict], tables: dict, main_l
         lines += ["", "The wall-clock plot uses the modelled step times (no slow-link results "
                   "for this layout): this small model is compute-bound at 1 Gbit/s, so "
                   "compression saves little time here."]
+    if reach:
+        lines += ["", *reach]
     if failed:
         lines += ["", "Failed runs: " + "; ".join(f"`{r['preset']}` seed {r['seed']} lr "
                                                    f"{r['lr']}: {r['error']}" for r in failed)]
