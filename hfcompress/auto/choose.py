@@ -26,7 +26,7 @@ from torch import nn
 
 from ..comm import Topology
 from ..config import AutoSettings
-from .candidates import OPTIONS, Plan, candidates, pins_from_env
+from .candidates import DDP_KINDS, FSDP_KINDS, OPTIONS, Plan, candidates, pins_from_env
 from .cost_model import (Layout, Unit, built, calibrate, ddp_cost, ddp_needs, fsdp_cost,
                          fsdp_needs)
 from .probe import CodecRate, agree, codec_rate, probe_collectives, probe_links
@@ -51,9 +51,11 @@ class Choice:
     overlap: float
     history: list[dict[str, Any]] = field(default_factory=list)
 
-    def predicted(self, plan: Plan | None = None) -> dict[str, Any]:
+    def predicted(self, plan: Plan | None = None) -> dict[str, Any] | None:
+        """The table's row of ``plan`` (default: the chosen one); None if not predicted
+        (a plan restored from a checkpoint that this probe's pins excluded)."""
         label = (plan or self.plan).label
-        return next(r for r in self.table if r["plan"] == label)
+        return next((r for r in self.table if r["plan"] == label), None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "chosen": self.plan.label, "plan": asdict(self.plan),
@@ -74,10 +76,14 @@ class Choice:
         return out
 
 
-def _settings(settings: AutoSettings) -> dict[str, str]:
+def _settings(settings: AutoSettings, kinds: tuple[str, ...]) -> dict[str, str]:
     pins = dict(settings.pins)
     pins.update(pins_from_env())            # the environment wins over the config
-    return pins
+    unused = sorted(set(pins) - set(kinds))
+    if unused and dist.get_rank() == 0:
+        logger.warning(f"hfcompress auto: pins {unused} do not apply here (this engine "
+                       f"chooses {', '.join(kinds)}); ignored")
+    return {k: v for k, v in pins.items() if k in kinds}
 
 
 def _codecs(needed: dict[str, tuple[str, int, torch.dtype]], world: int,
@@ -137,7 +143,7 @@ def choose_fsdp(model: nn.Module, modules: list[tuple[str, nn.Module]], topology
     units, wdt, gdt, device = fsdp_units(model, modules, exact_patterns, min_numel)
     x, y, w = topology.ranks_per_node, topology.num_nodes, topology.world_size
     layout = Layout(w, x, wdt.itemsize, gdt.itemsize)
-    pins = _settings(settings)
+    pins = _settings(settings, FSDP_KINDS)
     plans = candidates("fsdp2", x, y, pins)
     links = probe_links(topology, fsdp_needs(layout), device, settings.reps)
     s = max(u.numel for u in units)
@@ -173,7 +179,7 @@ def choose_ddp(model: nn.Module, topology: Topology, group_size: int,
     device = params[0].device if params else torch.device("cpu")
     numel = sum(p.numel() for p in params)
     layout = Layout(group_size, topology.ranks_per_node, 4, 4)
-    pins = _settings(settings)
+    pins = _settings(settings, DDP_KINDS)
     plans = candidates(kind, topology.ranks_per_node, topology.num_nodes, pins)
     links = probe_links(topology, ddp_needs(layout), device, settings.reps)
     needed = {p.all_reduce: ("all_reduce", numel, torch.float32) for p in plans

@@ -65,12 +65,14 @@ class AutoController:
         if (self.steps - self._mark[0]) % self.every:
             return
         step_s = (self._now(handle) - self._mark[1]) / (self.steps - self._mark[0])
-        compute = max(step_s - self.choice.predicted()["exposed_s"], 0.0)
         old = self.choice
+        exposed = (old.predicted() or {}).get("exposed_s", 0.0)
+        compute = max(step_s - exposed, 0.0)
         new = self._reprobe(compute)
         new.history = old.history + [{"step": self.steps, "measured_step_s": step_s,
                                       "compute_s": compute, "was": old.plan.label,
-                                      "predicted_was_s": compute + old.predicted()["exposed_s"],
+                                      "reprobed_was_s": (new.predicted(old.plan) or {}).get(
+                                          "step_s"),    # the new probe's view of that plan
                                       "chose": new.plan.label}]
         if new.plan != old.plan:
             self.switch(handle, new)
