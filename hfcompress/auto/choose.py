@@ -17,6 +17,7 @@ time (the model's error is of that order).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -102,8 +103,9 @@ def _pick(rows: list[dict[str, Any]], margin: float) -> str:
     return min(ok, key=lambda r: (r["compressed_kinds"], r["exposed_s"]))["plan"]
 
 
-def _decide(kind: str, plans: list[Plan], cost_of, margin: float, overlap: float,
+def _decide(plans: list[Plan], cost_of, margin: float, overlap: float,
             compute_s: float | None) -> tuple[Plan, list[dict[str, Any]]]:
+    """Every plan's predicted row; rank 0's pick (:func:`_pick`), broadcast to all ranks."""
     rows = []
     for plan in plans:
         cost = cost_of(plan)
@@ -140,6 +142,7 @@ def choose_fsdp(model: nn.Module, modules: list[tuple[str, nn.Module]], topology
                 settings: AutoSettings, exact_patterns=("norm", "bias"), min_numel: int = 0,
                 compute_s: float | None = None) -> Choice:
     """Probe and choose the FSDP2 plan (weight all-gather, gradient hops) for ``model``."""
+    t0 = time.perf_counter()
     units, wdt, gdt, device = fsdp_units(model, modules, exact_patterns, min_numel)
     x, y, w = topology.ranks_per_node, topology.num_nodes, topology.world_size
     layout = Layout(w, x, wdt.itemsize, gdt.itemsize)
@@ -152,44 +155,49 @@ def choose_fsdp(model: nn.Module, modules: list[tuple[str, nn.Module]], topology
               if getattr(p, k) != "exact"}
     codecs = _codecs(needed, w, device, settings.reps)
     n = min(s, CONTEXT_CAP)
-    weights = {p.weights: OPTIONS["weights"][p.weights][0].build() for p in plans
-               if p.weights != "exact"}
-    grads = {f"{p.grad_intra}+{p.grad_inter}": tuple(
-        None if (o := OPTIONS[k][getattr(p, k)][0]) is None else o.build()
-        for k in ("grad_intra", "grad_inter")) for p in plans
-        if (p.grad_intra, p.grad_inter) != ("exact", "exact")}
+    weights = {p.weights: fresh("weights", p.weights) for p in plans if p.weights != "exact"}
+    grads = {f"{p.grad_intra}+{p.grad_inter}": (fresh("grad_intra", p.grad_intra),
+                                                fresh("grad_inter", p.grad_inter))
+             for p in plans if (p.grad_intra, p.grad_inter) != ("exact", "exact")}
     measured = calibrate(probe_collectives(topology, weights, grads, n, wdt, gdt, device,
                                            settings.reps), n, layout, links, codecs)
-    plan, rows = _decide("fsdp2", plans,
-                         lambda p: fsdp_cost(p, units, layout, links, codecs, measured),
+    probe_s = time.perf_counter() - t0
+    plan, rows = _decide(plans, lambda p: fsdp_cost(p, units, layout, links, codecs, measured),
                          settings.margin, settings.overlap, compute_s)
     return Choice("fsdp2", plan, rows, links.to_dict(),
                   {**_codec_dict(codecs), **{k: {"ns_per_value": 1e9 * v}
                                              for k, v in measured.items()}},
                   {**asdict(layout), "nodes": layout.nodes, "units": len(units),
                    "values_per_rank": sum(u.numel + u.exact_numel for u in units)},
-                  pins, links.probe_s, settings.overlap)
+                  pins, probe_s, settings.overlap)
 
 
 def choose_ddp(model: nn.Module, topology: Topology, group_size: int,
                settings: AutoSettings, compute_s: float | None = None) -> Choice:
     """Probe and choose the DDP all-reduce scheme for ``model``'s gradients."""
-    kind = "ddp"
+    t0 = time.perf_counter()
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device if params else torch.device("cpu")
     numel = sum(p.numel() for p in params)
     layout = Layout(group_size, topology.ranks_per_node, 4, 4)
     pins = _settings(settings, DDP_KINDS)
-    plans = candidates(kind, topology.ranks_per_node, topology.num_nodes, pins)
+    plans = candidates("ddp", topology.ranks_per_node, topology.num_nodes, pins)
     links = probe_links(topology, ddp_needs(layout), device, settings.reps)
     needed = {p.all_reduce: ("all_reduce", numel, torch.float32) for p in plans
               if p.all_reduce != "exact"}
     codecs = _codecs(needed, group_size, device, settings.reps)
-    plan, rows = _decide(kind, plans, lambda p: ddp_cost(p, numel, layout, links, codecs),
+    probe_s = time.perf_counter() - t0
+    plan, rows = _decide(plans, lambda p: ddp_cost(p, numel, layout, links, codecs),
                          settings.margin, settings.overlap, compute_s)
-    return Choice(kind, plan, rows, links.to_dict(), _codec_dict(codecs),
+    return Choice("ddp", plan, rows, links.to_dict(), _codec_dict(codecs),
                   {**asdict(layout), "nodes": layout.nodes, "values": numel},
-                  pins, links.probe_s, settings.overlap)
+                  pins, probe_s, settings.overlap)
+
+
+def fresh(kind: str, option: str):
+    """A new compressor of one option as the collectives build it (None = exact)."""
+    scheme = OPTIONS[kind][option][0]
+    return None if scheme is None else scheme.build()
 
 
 def _codec_dict(codecs: dict[str, CodecRate]) -> dict[str, Any]:
@@ -197,4 +205,4 @@ def _codec_dict(codecs: dict[str, CodecRate]) -> dict[str, Any]:
                 "decompress_ns_per_value": 1e9 * r.decompress_s} for k, r in codecs.items()}
 
 
-__all__ = ["Choice", "choose_ddp", "choose_fsdp", "OPTIONS"]
+__all__ = ["Choice", "choose_ddp", "choose_fsdp"]

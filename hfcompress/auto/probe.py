@@ -61,7 +61,6 @@ class Links:
     """Fitted primitives, keyed ``"all_gather@inter"`` etc. (group: world, intra, inter)."""
 
     fits: dict[str, Fit] = field(default_factory=dict)
-    probe_s: float = 0.0
 
     def seconds(self, primitive: str, group: str, nbytes: float, calls: int = 1) -> float:
         """Time of ``calls`` calls moving ``nbytes`` in total; 0 when nothing is sent."""
@@ -129,7 +128,6 @@ def probe_links(topology: Topology, needed: list[tuple[str, str]], device: torch
     """Fit every ``(primitive, group)`` in ``needed`` on the real groups (see module doc)."""
     groups = groups_of(topology)
     world = topology.group
-    t_start = time.perf_counter()
     raw = []
     for prim, gname in needed:
         group = groups[gname]
@@ -139,7 +137,7 @@ def probe_links(topology: Topology, needed: list[tuple[str, str]], device: torch
         raw += [_timed(call, r, device, world) for call, r in zip(calls, (2 * reps + 1, reps,
                                                                           reps))]
     raw = agree(raw, device, world)
-    links = Links(probe_s=time.perf_counter() - t_start)
+    links = Links()
     for i, (prim, gname) in enumerate(needed):
         links.fits[f"{prim}@{gname}"] = Fit.from_points(
             *zip(SIZES, raw[3 * i:3 * i + 3]))
