@@ -45,7 +45,10 @@ def row(s: dict[str, Any]) -> dict[str, str]:
     if world is not None and s.get("ranks_per_node"):
         world = f"{world} ({world // s['ranks_per_node']}x{s['ranks_per_node']})"
     inter = s.get("comm_inter_node_bytes")
-    return {"run": s["run"], "preset": str(s.get("comm_compressor") or "-"),
+    preset = str(s.get("comm_compressor") or "-")
+    if s.get("comm_auto"):                     # "auto(weights=qwd,grad_inter=hs4)"
+        preset = f"auto({s['comm_auto']['chosen'].replace(' ', ',')})"
+    return {"run": s["run"], "preset": preset,
             "engine": str(s.get("engine") or "-"), "world": str(world or "-"),
             "steps": _num(s.get("steps"), "d"), "loss": _num(s.get("train_loss_last"), ".4f"),
             "eval loss": _num(s.get("eval_loss"), ".4f"),

@@ -105,3 +105,15 @@ def test_printed_summary_wording(tmp_path, capsys):
     # 8 MiB / 12 steps / 4 ranks = 0.1667 MiB per rank and step in 0.3 s: 4.66 Mbit/s
     assert "slower than ~0.0047 Gbit/s" in out
     assert out.count("note:") == 1          # exact collectives get no break-even note
+
+
+def test_auto_runs_show_their_choice(tmp_path, capsys):
+    """A ``comm_compressor="auto"`` run's row names the plan it chose (``comm_auto``)."""
+    run = write_run(tmp_path, "llama-auto", "auto", "fsdp2", [7.0, 6.0], SDP)
+    path = os.path.join(run, "summary.json")
+    summary = json.loads(open(path).read())
+    summary["comm_auto"] = {"chosen": "weights=qwd grad_inter=hs4"}
+    open(path, "w").write(json.dumps(summary))
+    main(["compare", run, "--no_plot"])
+    row = capsys.readouterr().out.splitlines()[1].split()
+    assert row[:2] == ["llama-auto", "auto(weights=qwd,grad_inter=hs4)"]
