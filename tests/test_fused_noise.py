@@ -185,16 +185,16 @@ def ptx(fn, sig, consts):
 
 block, groups = triton_tiles.tile_shape(1024)
 out = [ptx(Q._quantize_kernel, dict(x_ptr="*bf16", u_ptr="*i64", code_ptr="*u8",
-           scale_ptr="*fp32", n_buckets="i32", bucket_size="i32"),
-           dict(S=127, HASH=True, GROUPS=groups, BLOCK=block))]
+           scale_ptr="*fp32", n_buckets="i32", bucket_size="i32", noise_row="i64"),
+           dict(S=127, HASH=2, GROUPS=groups, BLOCK=block))]
 out.append(ptx(G._linear_quantize_kernel, dict(x_ptr="*fp16", inv_ptr="*fp32", noise_ptr="*i64",
-               out_ptr="*i8", n="i64", per="i64", levels="fp32"), dict(HASH=True, BLOCK=G.BLOCK)))
+               noise_row="i64", out_ptr="*i8", n="i64", per="i64", levels="fp32"), dict(HASH=True, BLOCK=G.BLOCK)))
 for bits in (8, 4):
     out.append(ptx(G._exp_quantize_kernel, dict(x_ptr="*bf16", inv_ptr="*fp32",
-                   noise_ptr="*i64", out_ptr="*u8", nbytes="i64", per="i64", levels="i32",
+                   noise_ptr="*i64", noise_row="i64", out_ptr="*u8", nbytes="i64", per="i64", levels="i32",
                    headroom="i32", sub_mult="fp32"), dict(HASH=True, BITS=bits, BLOCK=G.BLOCK)))
     out.append(ptx(G._exp_combine_kernel, dict(a_ptr="*u8", b_ptr="*u8", noise_ptr="*i64",
-                   out_ptr="*u8", nbytes="i64"), dict(HASH=True, BITS=bits, BLOCK=G.BLOCK)))
+                   noise_row="i64", out_ptr="*u8", nbytes="i64"), dict(HASH=True, BITS=bits, BLOCK=G.BLOCK)))
 ptx_all = "".join(out)
 assert not re.search(r"\bfma\.", ptx_all), "contracted multiply-add"
 assert "mul.lo.s64" in ptx_all, "no in-kernel hash"

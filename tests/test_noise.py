@@ -98,8 +98,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from hfcompress.kernels import triton_noise as mod
-sig = {"keys_ptr": "*i64", "out_ptr": "*fp32", "numel": "i32", "BLOCK": "constexpr"}
-src = ASTSource(mod._uniform_kernel, sig, {"BLOCK": mod.BLOCK})
+sig = {"keys_ptr": "*i64", "out_ptr": "*fp32", "numel": "i32", "row_len": "i64",
+       "HASH": "constexpr", "BLOCK": "constexpr"}
+src = ASTSource(mod._uniform_kernel, sig, {"HASH": mod.ROW_KEYS, "BLOCK": mod.BLOCK})
 k = triton.compile(src, target=GPUTarget("cuda", 80, 32), options={"num_warps": mod.NUM_WARPS,
                                                             "enable_fp_fusion": False})
 print("i64" in k.asm["ttir"], bool(k.asm["cubin"]))

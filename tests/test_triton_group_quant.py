@@ -166,16 +166,18 @@ def ptx(fn, sig, consts):
     return k.asm["ptx"]
 
 u8, f32 = "*u8", "*fp32"
-q = ptx(T._quantize_kernel, dict(x_ptr="*bf16", noise_ptr=f32, packed_ptr=u8, scale_ptr=f32,
-        n_groups="i32"), dict(GS=96, BITS=6, STOCHASTIC=True, HASH=False, **T._tile_consts(6, 96)))
-q += ptx(T._quantize_kernel, dict(x_ptr="*fp16", noise_ptr="*i64", packed_ptr=u8, scale_ptr=f32,
-         n_groups="i32"), dict(GS=128, BITS=4, STOCHASTIC=True, HASH=True,
-                               **T._tile_consts(4, 128)))
+q = ptx(T._quantize_kernel, dict(x_ptr="*bf16", noise_ptr=f32, noise_row="i64", packed_ptr=u8,
+        scale_ptr=f32, n_groups="i32"), dict(GS=96, BITS=6, STOCHASTIC=True, HASH=0,
+                                             **T._tile_consts(6, 96)))
+for hashed in (1, 2):   # one key pair, row keys
+    q += ptx(T._quantize_kernel, dict(x_ptr="*fp16", noise_ptr="*i64", noise_row="i64",
+             packed_ptr=u8, scale_ptr=f32, n_groups="i32"),
+             dict(GS=128, BITS=4, STOCHASTIC=True, HASH=hashed, **T._tile_consts(4, 128)))
 d = ptx(T._dequantize_sum_kernel, dict(packed_ptr=u8, scale_ptr=f32, out_ptr="*i16", numel="i64",
         n_peers="i32", peer_bytes="i64", peer_groups="i32"),
         dict(GS=128, BITS=4, CPU=2, BPU=1, BLOCK=T.BLOCK_ELEMS, OUT_BF16=True))
 s = ptx(T._dequantize_sum_quantize_kernel, dict(packed_ptr=u8, scale_ptr=f32, noise_ptr="*i64",
-        out_packed_ptr=u8, out_scale_ptr=f32, n_groups="i32", n_peers="i32", peer_bytes="i32",
+        noise_row="i64", out_packed_ptr=u8, out_scale_ptr=f32, n_groups="i32", n_peers="i32", peer_bytes="i32",
         peer_groups="i32"), dict(GS=128, BITS=8, CPU=1, BPU=1, OGS=32, OBITS=2, STOCHASTIC=True,
         HASH=True,
         **{"O" + k if k in ("CPU", "BPU") else k: v for k, v in T._tile_consts(2, 32).items()}))

@@ -64,7 +64,10 @@ class Compressor:
     - ``reduce(packeds)``: the float32 sum of several peers' payloads. The default
       dequantizes and sums; schemes with a compressed-domain sum override it.
     - ``state_dict``/``load_state_dict`` for stateful schemes (default: no state);
-    - ``state_bytes()``: bytes of persistent state by kind (default: none).
+    - ``state_bytes()``: bytes of persistent state by kind (default: none);
+    - ``compress_rows(x)`` / ``reduce_rows(wire, shape, dtype)``: a hop's sends and receives
+      as one ``[rows, nbytes]`` uint8 tensor, the numbers of one call per row (defaults loop
+      over the rows; stateless schemes with row kernels override them).
     """
 
     name: ClassVar[str] = ""
@@ -95,6 +98,33 @@ class Compressor:
         for p in packeds[1:]:
             total = total + self.decompress(p).float()
         return total
+
+    def compress_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Every row of 2-D ``x`` compressed: a uint8 ``[rows, nbytes]`` tensor whose row r is
+        ``compress(x[r]).flat()``, the numbers of ``rows`` successive ``compress`` calls (the
+        RNG advances as they would). This default calls ``compress`` per row; a stateless
+        scheme overrides it with one kernel over all rows (launches independent of the
+        number of peers a collective sends to)."""
+        return stack_payloads([self.compress(r) for r in x])
+
+    def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
+                    dtype: torch.dtype) -> torch.Tensor:
+        """``reduce`` of the payloads in the rows of ``wire`` (uint8 ``[rows, nbytes]``, each
+        row a ``Packed.flat()`` of a ``shape`` / ``dtype`` tensor): float32, ``shape``. This
+        default rebuilds each row's payload; schemes whose ``reduce`` stacks the payloads'
+        fields override it (the fields are the wire's column ranges, same numbers)."""
+        return self.reduce([self.unflatten(w, shape, dtype) for w in wire])
+
+    def payload_rows(self, wire: torch.Tensor, numel: int) -> list[torch.Tensor]:
+        """The payload fields of every row of ``wire`` (uint8 ``[rows, nbytes]``, rows made by
+        :meth:`Packed.flat` for ``numel`` values), each ``[rows, count]`` of its dtype, in
+        ``payload_spec`` order: what ``reduce`` would stack from the unflattened rows."""
+        fields, offset = [], 0
+        for dt, n in self.payload_spec(numel).values():
+            nbytes = dt.itemsize * n
+            fields.append(aligned(wire[:, offset:offset + nbytes].contiguous()).view(dt))
+            offset += nbytes
+        return fields
 
     def compress_difference(self, x: torch.Tensor, ref: torch.Tensor) -> Packed:
         """``compress`` of the float32 difference ``x - ref`` (qWD's sender step, SDP4Bit
@@ -189,6 +219,27 @@ def check_group_size(scheme: str, group_size: Any, multiple: int, param: str = "
                          f"{multiple} (e.g. {multiple}, {4 * multiple}, 2048)")
 
 
+def stack_payloads(packeds: Sequence[Packed]) -> torch.Tensor:
+    """The ``Packed.flat()`` buffers of several payloads as the rows of one uint8 tensor."""
+    bufs = [p.flat() for p in packeds]
+    if any(b.numel() != bufs[0].numel() for b in bufs):
+        raise RuntimeError(f"payload sizes differ between parts: {[b.numel() for b in bufs]}")
+    return torch.stack(bufs)
+
+
+def pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Every row of 2-D ``x`` zero-padded to a multiple of ``multiple`` values (as
+    :func:`pad_to` does to one row), flattened."""
+    pad = (-x.shape[1]) % multiple
+    return (torch.nn.functional.pad(x, (0, pad)) if pad else x).reshape(-1)
+
+
+def pad_edge_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Every row of 2-D ``x`` padded as :func:`pad_edge` pads one row, flattened."""
+    pad = (-x.shape[1]) % multiple
+    return (torch.cat([x, x[:, -1:].expand(x.shape[0], pad)], dim=1) if pad else x).reshape(-1)
+
+
 def aligned(buf: torch.Tensor, align: int = 16) -> torch.Tensor:
     """``buf`` (uint8), copied if its start is not ``align``-byte aligned (a payload field
     can only be viewed as a wider dtype at a multiple of its size)."""
@@ -235,7 +286,8 @@ def resolve_inner(scheme: str, inner: Compressor | str | None, default: Compress
 class RotatedDomain(Protocol):
     """Quantizes in an orthogonal rotated domain (SDP4Bit 3.3, TLq-HS): a 2-hop reduce-scatter
     whose two hops share ``hadamard_size`` rotates each row once, compresses and sums in the
-    rotated domain, and applies one inverse ``rotate`` after the final sum."""
+    rotated domain, and applies one inverse ``rotate`` after the final sum (``*_rows``: every
+    peer's row in one call, as ``Compressor.compress_rows`` / ``reduce_rows``)."""
 
     hadamard_size: int
 
@@ -244,6 +296,11 @@ class RotatedDomain(Protocol):
     def compress_rotated(self, y: torch.Tensor) -> Packed: ...
 
     def reduce_rotated(self, packeds: Sequence[Packed]) -> torch.Tensor: ...
+
+    def compress_rotated_rows(self, y: torch.Tensor) -> torch.Tensor: ...
+
+    def reduce_rotated_rows(self, wire: torch.Tensor, shape: Sequence[int],
+                            dtype: torch.dtype) -> torch.Tensor: ...
 
 
 @runtime_checkable

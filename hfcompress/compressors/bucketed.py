@@ -4,9 +4,13 @@
 A subclass names its kernels (``twin`` module and ``triton_module``, both with
 ``quantize`` / ``dequantize`` / ``dequantize_sum``) and its per-bucket payload tensors
 (``bucket_params``, float32 unless ``bucket_dtypes`` says otherwise, e.g. an MX-style
-uint8 shared exponent), and writes its own ``compress`` (noise, shift or rounding: the scheme).
-The parameter checks, the payload layout, ``decompress`` and ``reduce`` (the peers stacked,
-one ``dequantize_sum``, trimmed to numel) and the RNG state are here.
+uint8 shared exponent), and its ``_quantize(flat, rows)`` (noise, shift or rounding: the
+scheme) of one padded row or of ``rows`` padded rows side by side, drawing the randomness of
+``rows`` successive calls. ``compress`` pads and quantizes one tensor, ``compress_rows`` every
+row of a 2-D tensor in one kernel (a bucket never spans two rows, so the fields of row r are
+a slice of each output). The parameter checks, the payload layout, ``decompress`` and
+``reduce`` / ``reduce_rows`` (the peers stacked, one ``dequantize_sum``, trimmed to numel)
+and the RNG state are here.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import torch
 
 from ..kernels import dispatch
 from ..kernels.packing import SUPPORTED_BITS, packed_nbytes
-from .base import Compressor, Packed, aligned, check_choice, check_group_size
+from .base import (Compressor, Packed, aligned, check_choice, check_float_input, check_group_size,
+                   pad_edge, pad_edge_rows, pad_rows, pad_to)
 from .rng import SeededRNG
 
 BUCKET_MULTIPLE = 32
@@ -38,6 +43,8 @@ class BucketQuantizer(Compressor):
     #: the constructor's name for the bucket size
     size_param: ClassVar[str] = "bucket_size"
     codes_nbytes: ClassVar[Callable[[int, int], int]] = staticmethod(packed_nbytes)
+    #: the last bucket is padded with zeros, or with its last value (keeping a min-max range)
+    edge_padded: ClassVar[bool] = False
 
     def __init__(self, bits: int = 8, bucket_size: int = 1024, seed: int = 0,
                  backend: str = "auto") -> None:
@@ -63,6 +70,28 @@ class BucketQuantizer(Compressor):
     def _packed(self, x: torch.Tensor, tensors: Sequence[torch.Tensor]) -> Packed:
         """The kernel's outputs as x's payload (payload_spec's order)."""
         return Packed(dict(zip(self.payload_spec(0), tensors, strict=True)), x.shape, x.dtype)
+
+    def _quantize(self, flat: torch.Tensor, rows: int | None) -> Sequence[torch.Tensor]:
+        """The kernel's outputs for ``flat`` (padded to whole buckets): one tensor's values
+        (``rows`` None), or ``rows`` equal rows side by side, each rounded with the
+        randomness its own call would draw."""
+        raise NotImplementedError
+
+    def compress(self, x: torch.Tensor) -> Packed:
+        check_float_input(self.name, x)
+        flat = (pad_edge if self.edge_padded else pad_to)(x.detach(), self._size)
+        return self._packed(x, self._quantize(flat, None))
+
+    def compress_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Every row in one ``quantize`` (see the module docstring); a stateful scheme row by
+        row."""
+        if self.stateful:
+            return super().compress_rows(x)
+        check_float_input(self.name, x)
+        rows = x.shape[0]
+        flat = (pad_edge_rows if self.edge_padded else pad_rows)(x.detach(), self._size)
+        fields = [t.reshape(rows, -1).view(torch.uint8) for t in self._quantize(flat, rows)]
+        return torch.cat(fields, dim=1)
 
     def decompress(self, packed: Packed) -> torch.Tensor:
         p = [packed.payload[k] for k in self.payload_spec(0)]
@@ -91,8 +120,18 @@ class BucketQuantizer(Compressor):
         if not packeds:
             raise ValueError("reduce() needs at least one payload")
         p = [torch.stack([q.payload[k] for q in packeds]) for k in self.payload_spec(0)]
-        total = self._impl(p[0]).dequantize_sum(*p, self.bits, self._size)
-        return total[:packeds[0].numel].reshape(packeds[0].shape)
+        return self._sum(p, packeds[0].shape)
+
+    def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
+                    dtype: torch.dtype) -> torch.Tensor:
+        """``reduce`` of the rows' payloads: the fields are the wire's column ranges."""
+        shape = torch.Size(shape)
+        return self._sum(self.payload_rows(wire, shape.numel()), shape)
+
+    def _sum(self, fields: Sequence[torch.Tensor], shape: torch.Size) -> torch.Tensor:
+        """One ``dequantize_sum`` of the peers' stacked fields, trimmed to ``shape``."""
+        total = self._impl(fields[0]).dequantize_sum(*fields, self.bits, self._size)
+        return total[:shape.numel()].reshape(shape)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self.rng.state_dict()}

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..kernels import group_quant as _twin
-from .base import Packed, check_choice, check_float_input, pad_to
+from .base import Packed, check_choice, check_float_input
 from .bucketed import BUCKET_MULTIPLE, BucketQuantizer
 from .registry import register_compressor
 
@@ -37,11 +37,9 @@ class GroupQuantizer(BucketQuantizer):
     def unbiased(self) -> bool:  # type: ignore[override]
         return self.rounding == "stochastic"
 
-    def compress(self, x: torch.Tensor) -> Packed:
-        check_float_input(self.name, x)
-        flat = pad_to(x, self.group_size)
-        noise = self.rng.next_keys(flat.device) if self.rounding == "stochastic" else None
-        return self._packed(x, self._impl(flat).quantize(flat, self.bits, self.group_size, noise))
+    def _quantize(self, flat: torch.Tensor, rows: int | None) -> tuple[torch.Tensor, ...]:
+        noise = self.rng.next_keys(flat.device, rows) if self.rounding == "stochastic" else None
+        return self._impl(flat).quantize(flat, self.bits, self.group_size, noise)
 
     def compress_difference(self, x: torch.Tensor, ref: torch.Tensor) -> Packed:
         """``compress(x - ref)``, the subtraction and padding fused into the kernel."""

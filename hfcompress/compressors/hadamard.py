@@ -14,6 +14,10 @@ The transform on any numel: whole blocks are rotated, an incomplete last block o
 ``numel % hadamard_size`` values is left as is (identity), so ``rotate`` keeps the shape and
 stays self-inverse, and ``compress(x)`` equals ``compress_rotated(rotate(x))`` for every numel.
 
+``compress_rows`` / ``compress_rotated_rows`` quantize every row of a 2-D tensor in one kernel
+(row keys: each row rounds as its own call would) and ``reduce_rows`` /
+``reduce_rotated_rows`` sum the peers' rows of a received wire tensor in one kernel.
+
 Rounding defaults to stochastic: SDP4Bit's convergence result for gradients assumes an unbiased
 gradient compressor (Remark 4.2), and the rotation is linear, so stochastic rounding in the
 rotated domain keeps ``E[decompress(compress(g))] = g``.
@@ -29,7 +33,7 @@ from ..kernels import hadamard as _twin
 from ..kernels.dispatch import BACKENDS, pick
 from ..kernels.packing import SUPPORTED_BITS
 from .base import (Compressor, Packed, check_choice, check_float_input, check_group_size,
-                   pad_to)
+                   pad_rows, pad_to)
 from .group_quant import GROUP_MULTIPLE, ROUNDINGS, GroupQuantizer
 from .registry import register_compressor
 
@@ -81,6 +85,14 @@ class HadamardQuantizer(Compressor):
             out = torch.cat([out, flat[whole:].float()])
         return out.reshape(x.shape)
 
+    def rotate_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``rotate`` of every row of 2-D ``x`` (blocks never cross a row end), one call."""
+        rows, n = x.shape
+        whole = n - n % self.hadamard_size
+        head = x[:, :whole].reshape(-1)
+        out = self._impl(head).rotate(head, self.hadamard_size).view(rows, whole)
+        return torch.cat([out, x[:, whole:].float()], dim=1) if whole < n else out
+
     # -- Compressor contract --------------------------------------------------------------
     def compress(self, x: torch.Tensor) -> Packed:
         check_float_input(self.name, x)
@@ -101,6 +113,21 @@ class HadamardQuantizer(Compressor):
             return self.rotate(self._sum(packeds, False))
         return self._sum(packeds, True)
 
+    def compress_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Every row of 2-D x compressed in one kernel, the numbers of one ``compress`` per row."""
+        check_float_input(self.name, x)
+        if not self._fused(x.shape[1]):
+            return self._quantize_rows(self.rotate_rows(x), 1)
+        return self._quantize_rows(x, self.hadamard_size)
+
+    def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
+                    dtype: torch.dtype) -> torch.Tensor:
+        """``reduce`` of the payloads in the rows of ``wire`` (fields: its column ranges)."""
+        shape = torch.Size(shape)
+        if not self._fused(shape.numel()):
+            return self.rotate(self._sum_rows(wire, shape, False))
+        return self._sum_rows(wire, shape, True)
+
     # -- rotated-domain steps of the 2-hop all-to-all (SDP4Bit 3.3) -----------------------
     def compress_rotated(self, y: torch.Tensor) -> Packed:
         """Quantize values already in the Hadamard domain (no transform)."""
@@ -117,6 +144,16 @@ class HadamardQuantizer(Compressor):
             raise ValueError("reduce_rotated() needs at least one payload")
         return self._sum(packeds, False)
 
+    def compress_rotated_rows(self, y: torch.Tensor) -> torch.Tensor:
+        """``compress_rotated`` of every row of 2-D y in one kernel (see ``compress_rows``)."""
+        check_float_input(self.name, y)
+        return self._quantize_rows(y, 1)
+
+    def reduce_rotated_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
+                            dtype: torch.dtype) -> torch.Tensor:
+        """``reduce_rotated`` of the payloads in the rows of ``wire``."""
+        return self._sum_rows(wire, torch.Size(shape), False)
+
     # -- kernels --------------------------------------------------------------------------
     def _quantize(self, x: torch.Tensor, hadamard_size: int, shape: torch.Size,
                   dtype: torch.dtype) -> Packed:
@@ -127,6 +164,17 @@ class HadamardQuantizer(Compressor):
                                                   hadamard_size, noise)
         return Packed({"codes": codes, "scales": scales}, shape, dtype)
 
+    def _quantize_rows(self, x: torch.Tensor, hadamard_size: int) -> torch.Tensor:
+        """Every row of 2-D x padded to whole groups and quantized in one kernel, each row
+        with its own call's noise keys: uint8 ``[rows, nbytes]``, row r its ``Packed.flat()``."""
+        rows = x.shape[0]
+        flat = pad_rows(x, self.group_size)
+        noise = self._q.rng.next_keys(flat.device, rows) if self.rounding == "stochastic" \
+            else None
+        codes, scales = self._impl(flat).quantize(flat, self.bits, self.group_size,
+                                                  hadamard_size, noise)
+        return torch.cat([codes.view(rows, -1), scales.view(rows, -1).view(torch.uint8)], dim=1)
+
     def _dequantize(self, packed: Packed, inverse: bool, dtype: torch.dtype) -> torch.Tensor:
         codes, scales = packed.payload["codes"], packed.payload["scales"]
         out = self._impl(codes).dequantize(codes, scales, self.bits, self.group_size,
@@ -136,9 +184,18 @@ class HadamardQuantizer(Compressor):
     def _sum(self, packeds: Sequence[Packed], inverse: bool) -> torch.Tensor:
         codes = torch.stack([p.payload["codes"] for p in packeds])
         scales = torch.stack([p.payload["scales"] for p in packeds])
+        return self._sum_fields(codes, scales, packeds[0].shape, inverse)
+
+    def _sum_rows(self, wire: torch.Tensor, shape: torch.Size, inverse: bool) -> torch.Tensor:
+        codes, scales = self.payload_rows(wire, shape.numel())
+        return self._sum_fields(codes, scales, shape, inverse)
+
+    def _sum_fields(self, codes: torch.Tensor, scales: torch.Tensor, shape: torch.Size,
+                    inverse: bool) -> torch.Tensor:
+        """One ``dequantize_sum`` of the peers' stacked codes and scales, trimmed to shape."""
         total = self._impl(codes).dequantize_sum(codes, scales, self.bits, self.group_size,
                                                  self.hadamard_size, inverse)
-        return total[:packeds[0].numel].reshape(packeds[0].shape)
+        return total[:shape.numel()].reshape(shape)
 
     def state_dict(self) -> dict[str, Any]:
         return self._q.state_dict()

@@ -33,7 +33,7 @@ import torch
 from ..kernels import learned_levels as _twin
 from .base import Packed, check_float_input
 from .bucketed import BucketQuantizer
-from .random_shift import pad_edge
+from .base import pad_edge
 from .registry import register_compressor
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from ..kernels import qsgd as _twin
-from .base import Packed, check_float_input, pad_to
 from .bucketed import BucketQuantizer
 from .registry import register_compressor
 
@@ -26,8 +25,6 @@ class QSGD(BucketQuantizer):
     unbiased = True
     twin, triton_module = _twin, "triton_qsgd"
 
-    def compress(self, x: torch.Tensor) -> Packed:
-        check_float_input(self.name, x)
-        flat = pad_to(x.detach(), self.bucket_size)
-        noise = self.rng.next_keys(flat.device)  # the kernel expands them (noise.py)
-        return self._packed(x, self._impl(flat).quantize(flat, self.bits, self.bucket_size, noise))
+    def _quantize(self, flat: torch.Tensor, rows: int | None) -> tuple[torch.Tensor, ...]:
+        noise = self.rng.next_keys(flat.device, rows)  # the kernel expands them (noise.py)
+        return self._impl(flat).quantize(flat, self.bits, self.bucket_size, noise)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 
 from ..kernels import random_shift as _twin
-from .base import Packed, check_float_input, pad_edge
 from .bucketed import BucketQuantizer
 from .registry import register_compressor
 
@@ -33,11 +32,12 @@ class RandomShift(BucketQuantizer):
     unbiased = True
     twin, triton_module = _twin, "triton_random_shift"
     bucket_params = ("base", "step")
+    edge_padded = True
 
-    def compress(self, x: torch.Tensor) -> Packed:
-        check_float_input(self.name, x)
-        flat = pad_edge(x.detach(), self.bucket_size)
+    def _quantize(self, flat: torch.Tensor, rows: int | None) -> tuple[torch.Tensor, ...]:
+        """One shift per bucket, drawn in bucket order: ``rows`` rows draw what ``rows``
+        successive calls would (on CPU; a CUDA generator's offsets may differ, same law)."""
         nb = flat.numel() // self.bucket_size
         shift = torch.rand(nb, generator=self.rng.generator(flat.device), device=flat.device,
                            dtype=torch.float32)
-        return self._packed(x, self._impl(flat).quantize(flat, self.bits, self.bucket_size, shift))
+        return self._impl(flat).quantize(flat, self.bits, self.bucket_size, shift)

@@ -5,7 +5,9 @@ Global-QSGD Alg. 1) is the counter-based hash of ``kernels/noise.py``: call ``n`
 the ``n``-th output of a splitmix64 stream seeded from ``seed``, so the state is just
 ``(seed, n)`` and the numbers are the same on every device and backend. ``next_keys`` draws
 the same call's keys only: the quantize kernels take them in place of the noise and the
-Triton ones hash each value's index themselves (no noise tensor in memory), same numbers. ``generator(device)``
+Triton ones hash each value's index themselves (no noise tensor in memory), same numbers;
+``next_keys(device, rows)`` draws the keys of ``rows`` successive calls at once, as row keys
+(``kernels/noise.py``), so one kernel over ``rows`` rows rounds each row as its own call would. ``generator(device)``
 is a ``torch.Generator`` per device, seeded from a mix of ``seed`` (not the stream of
 ``torch.manual_seed(seed)``), for small draws (random shifts, level initialization). Both
 states go into the compressor's ``state_dict`` so a resumed run draws the same noise.
@@ -38,11 +40,14 @@ class SeededRNG:
             self._gens[key] = gen
         return self._gens[key]
 
-    def next_keys(self, device: torch.device | str) -> torch.Tensor:
+    def next_keys(self, device: torch.device | str, rows: int | None = None) -> torch.Tensor:
         """The int64 hash keys ``(k1, k2)`` of the next call, on ``device``: what a quantize
-        kernel's ``noise`` argument takes to round with ``uniform_like``'s numbers."""
-        keys = torch.tensor(call_keys(self.seed, self.calls), dtype=torch.int64)
-        self.calls += 1
+        kernel's ``noise`` argument takes to round with ``uniform_like``'s numbers. With
+        ``rows``: the ``(rows, 2)`` keys of the next ``rows`` calls (row keys, one per row)."""
+        n = 1 if rows is None else rows
+        pairs = [call_keys(self.seed, self.calls + r) for r in range(n)]
+        keys = torch.tensor(pairs[0] if rows is None else pairs, dtype=torch.int64)
+        self.calls += n
         if torch.device(device).type == "cpu":
             return keys
         # a pinned source copied non_blocking, so the host does not wait for the kernels

@@ -23,6 +23,12 @@ stochastic rounding ``floor(y + u)`` (in exact arithmetic) rounds up with probab
 
 ``SeededRNG`` (``compressors/rng.py``) draws fresh ``(k1, k2)`` per call.
 
+Row keys: an int64 ``(rows, 2)`` keys tensor splits the flat values into ``rows`` equal rows,
+and value ``j`` of row ``r`` gets the noise of index ``j`` under keys ``r``: one call over the
+``[rows, n]`` values a collective sends to ``rows`` peers draws exactly the noise of ``rows``
+separate calls, one per row, keyed by successive calls' keys (``SeededRNG.next_keys(device,
+rows)``).
+
 Every quantize kernel taking a ``noise`` argument accepts either the float32 values, one per
 value it rounds, or just the int64 keys ``(k1, k2)``: element ``i`` then gets the noise of
 flat index ``i``. The torch twins expand the keys with :func:`uniform_like`
@@ -70,7 +76,9 @@ def noise_values(noise: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def uniform_like(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """float32 U[0, 1) of ``x``'s shape on ``x``'s device (``x`` itself is never read);
-    ``keys`` int64 ``(k1, k2)`` on ``x``'s device, each in ``[0, 2**32)``."""
-    i = torch.arange(x.numel(), dtype=torch.int64, device=x.device)
-    h = hash_index(i, keys[0], keys[1])
+    ``keys`` int64 ``(k1, k2)`` on ``x``'s device, each in ``[0, 2**32)``, or ``(rows, 2)``
+    row keys (``x.numel()`` a multiple of ``rows``; see the module docstring)."""
+    keys = keys.reshape(-1, 2)
+    i = torch.arange(x.numel() // keys.shape[0], dtype=torch.int64, device=x.device)
+    h = hash_index(i, keys[:, 0:1], keys[:, 1:2])
     return ((h >> (32 - BITS)).to(torch.float32) * (1.0 / (1 << BITS))).reshape(x.shape)

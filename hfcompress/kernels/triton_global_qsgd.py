@@ -52,12 +52,12 @@ def _unit(x, inv):
 
 # -- linear dithering -------------------------------------------------------------------
 @triton.jit
-def _linear_quantize_kernel(x_ptr, inv_ptr, noise_ptr, out_ptr, n, per, levels,
+def _linear_quantize_kernel(x_ptr, inv_ptr, noise_ptr, noise_row, out_ptr, n, per, levels,
                             HASH: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    u = noise_at(noise_ptr, offs, mask, HASH)
+    u = noise_at(noise_ptr, offs, mask, HASH, noise_row)
     y = x * tl.load(inv_ptr + offs // per, mask=mask, other=0.0)
     y = tl.where(y != y, 0.0, y)
     y = tl.minimum(tl.maximum(y, -1.0), 1.0) * levels
@@ -81,8 +81,8 @@ def linear_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, noise: to
     n = x.numel()
     out = torch.empty(n, dtype=wire_dtype, device=x.device)
     if n:
-        u, hashed = noise_operand(noise, n, x)
-        _linear_quantize_kernel[_grid(n)](x, scale_inverse(scale), u, out, n,
+        u, hashed, row = noise_operand(noise, n, x)
+        _linear_quantize_kernel[_grid(n)](x, scale_inverse(scale), u, row, out, n,
                                           _per(block_size, n), float(levels), HASH=hashed,
                                           BLOCK=BLOCK, enable_fp_fusion=False)
     return out
@@ -117,21 +117,21 @@ def _exp_code(x, u, inv, levels, headroom, sub_mult, BITS: tl.constexpr):
 
 
 @triton.jit
-def _exp_quantize_kernel(x_ptr, inv_ptr, noise_ptr, out_ptr, nbytes, per, levels, headroom,
+def _exp_quantize_kernel(x_ptr, inv_ptr, noise_ptr, noise_row, out_ptr, nbytes, per, levels, headroom,
                          sub_mult, HASH: tl.constexpr, BITS: tl.constexpr,
                          BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < nbytes
     if BITS == 8:
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        u = noise_at(noise_ptr, offs, mask, HASH)
+        u = noise_at(noise_ptr, offs, mask, HASH, noise_row)
         inv = tl.load(inv_ptr + offs // per, mask=mask, other=0.0)
         code = _exp_code(x, u, inv, levels, headroom, sub_mult, BITS)
     else:
         x0 = tl.load(x_ptr + 2 * offs, mask=mask, other=0.0).to(tl.float32)
         x1 = tl.load(x_ptr + 2 * offs + 1, mask=mask, other=0.0).to(tl.float32)
-        u0 = noise_at(noise_ptr, 2 * offs, mask, HASH)
-        u1 = noise_at(noise_ptr, 2 * offs + 1, mask, HASH)
+        u0 = noise_at(noise_ptr, 2 * offs, mask, HASH, noise_row)
+        u1 = noise_at(noise_ptr, 2 * offs + 1, mask, HASH, noise_row)
         inv0 = tl.load(inv_ptr + (2 * offs) // per, mask=mask, other=0.0)
         inv1 = tl.load(inv_ptr + (2 * offs + 1) // per, mask=mask, other=0.0)
         code = _exp_code(x0, u0, inv0, levels, headroom, sub_mult, BITS) \
@@ -188,18 +188,18 @@ def _exp_reduce(ca, cb, p, BITS: tl.constexpr):
 
 
 @triton.jit
-def _exp_combine_kernel(a_ptr, b_ptr, noise_ptr, out_ptr, nbytes, HASH: tl.constexpr,
+def _exp_combine_kernel(a_ptr, b_ptr, noise_ptr, noise_row, out_ptr, nbytes, HASH: tl.constexpr,
                         BITS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < nbytes
     ca = tl.load(a_ptr + offs, mask=mask, other=0).to(tl.int32)
     cb = tl.load(b_ptr + offs, mask=mask, other=0).to(tl.int32)
     if BITS == 8:
-        p = noise_at(noise_ptr, offs, mask, HASH)
+        p = noise_at(noise_ptr, offs, mask, HASH, noise_row)
         code = _exp_reduce(ca, cb, p, BITS)
     else:
-        p0 = noise_at(noise_ptr, 2 * offs, mask, HASH)
-        p1 = noise_at(noise_ptr, 2 * offs + 1, mask, HASH)
+        p0 = noise_at(noise_ptr, 2 * offs, mask, HASH, noise_row)
+        p1 = noise_at(noise_ptr, 2 * offs + 1, mask, HASH, noise_row)
         code = _exp_reduce(ca & 0xF, cb & 0xF, p0, BITS) \
             | (_exp_reduce(ca >> 4, cb >> 4, p1, BITS) << 4)
     tl.store(out_ptr + offs, code.to(tl.uint8), mask=mask)
@@ -210,9 +210,9 @@ def exp_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, headroom: in
     nbytes = x.numel() * bits // 8
     out = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
     if nbytes:
-        u, hashed = noise_operand(noise, x.numel(), x)
+        u, hashed, row = noise_operand(noise, x.numel(), x)
         _exp_quantize_kernel[_grid(nbytes)](
-            x.contiguous(), scale_inverse(scale), u, out, nbytes,
+            x.contiguous(), scale_inverse(scale), u, row, out, nbytes,
             _per(block_size, x.numel()), levels, headroom, float(2.0 ** (levels - 1)),
             HASH=hashed, BITS=bits, BLOCK=BLOCK, enable_fp_fusion=False)
     return out
@@ -235,8 +235,8 @@ def exp_dequantize(codes: torch.Tensor, scale: torch.Tensor, headroom: int, bits
 def exp_combine(a: torch.Tensor, b: torch.Tensor, bits: int, noise: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(a)
     if a.numel():
-        u, hashed = noise_operand(noise, a.numel() * 8 // bits, a)
-        _exp_combine_kernel[_grid(a.numel())](a.contiguous(), b.contiguous(), u, out, a.numel(),
+        u, hashed, row = noise_operand(noise, a.numel() * 8 // bits, a)
+        _exp_combine_kernel[_grid(a.numel())](a.contiguous(), b.contiguous(), u, row, out, a.numel(),
                                               HASH=hashed, BITS=bits, BLOCK=BLOCK,
                                               enable_fp_fusion=False)
     return out

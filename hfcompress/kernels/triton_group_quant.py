@@ -53,7 +53,7 @@ def _tile(pid, n_groups, GS: tl.constexpr, BLOCK_G: tl.constexpr, U_P2: tl.const
 
 
 @triton.jit
-def _quantize_tile(y, e, mask, g, u, umask, noise_ptr, packed_ptr, scale_ptr, n_groups,
+def _quantize_tile(y, e, mask, g, u, umask, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups,
                    GS: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
                    BPU: tl.constexpr, STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
     """Quantize a float32 tile (masked values 0) and store its scales and packed codes."""
@@ -68,7 +68,7 @@ def _quantize_tile(y, e, mask, g, u, umask, noise_ptr, packed_ptr, scale_ptr, n_
     inv = tl.where(ok, tl.math.div_rn(one, tl.where(ok, absmax, 1.0)) * QMAX, 0.0)
     t = y * inv[:, None, None]
     if STOCHASTIC:
-        q = tl.floor(t + noise_at(noise_ptr, e, mask, HASH))
+        q = tl.floor(t + noise_at(noise_ptr, e, mask, HASH, noise_row))
     else:
         q = tl.floor(t + 0.5)
     q = tl.where(q == q, tl.minimum(tl.maximum(q, -QMAX), QMAX), 0.0)
@@ -96,13 +96,13 @@ def _dequantize_at(packed_ptr, scale_ptr, e, mask, GS: tl.constexpr, BITS: tl.co
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, noise_ptr, packed_ptr, scale_ptr, n_groups,
+def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups,
                      GS: tl.constexpr, BLOCK_G: tl.constexpr, U_P2: tl.constexpr,
                      BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
                      STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
     g, u, e, umask, mask = _tile(tl.program_id(0), n_groups, GS, BLOCK_G, U_P2, CPU)
     y = tl.load(x_ptr + e, mask=mask, other=0.0).to(tl.float32)
-    _quantize_tile(y, e, mask, g, u, umask, noise_ptr, packed_ptr, scale_ptr, n_groups,
+    _quantize_tile(y, e, mask, g, u, umask, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups,
                    GS, BITS, CPU, BPU, STOCHASTIC, HASH)
 
 
@@ -127,7 +127,8 @@ def _dequantize_sum_kernel(packed_ptr, scale_ptr, out_ptr, numel, n_peers, peer_
 
 
 @triton.jit
-def _dequantize_sum_quantize_kernel(packed_ptr, scale_ptr, noise_ptr, out_packed_ptr,
+def _dequantize_sum_quantize_kernel(packed_ptr, scale_ptr, noise_ptr, noise_row,
+                                    out_packed_ptr,
                                     out_scale_ptr, n_groups, n_peers, peer_bytes, peer_groups,
                                     GS: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
                                     BPU: tl.constexpr, OGS: tl.constexpr,
@@ -142,7 +143,7 @@ def _dequantize_sum_quantize_kernel(packed_ptr, scale_ptr, noise_ptr, out_packed
         packed_ptr += peer_bytes
         scale_ptr += peer_groups
         y = y + _dequantize_at(packed_ptr, scale_ptr, e, mask, GS, BITS, CPU, BPU)
-    _quantize_tile(y, e, mask, g, u, umask, noise_ptr, out_packed_ptr, out_scale_ptr, n_groups,
+    _quantize_tile(y, e, mask, g, u, umask, noise_ptr, noise_row, out_packed_ptr, out_scale_ptr, n_groups,
                    OGS, OBITS, OCPU, OBPU, STOCHASTIC, HASH)
 
 
@@ -161,9 +162,9 @@ def quantize(x: torch.Tensor, bits: int, group_size: int,
     scale = torch.empty(n_groups, dtype=torch.float32, device=x.device)
     if n_groups:
         k = _tile_consts(bits, group_size)
-        u, hashed = noise_operand(noise, x.numel(), x)
+        u, hashed, row = noise_operand(noise, x.numel(), x)
         _quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
-            x, u, packed, scale, n_groups, GS=group_size, BITS=bits,
+            x, u, row, packed, scale, n_groups, GS=group_size, BITS=bits,
             STOCHASTIC=noise is not None, HASH=hashed, **k, enable_fp_fusion=False)
     return packed, scale
 
@@ -212,9 +213,9 @@ def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int
     if n_groups and n_peers:
         cpu, bpu = _UNIT[bits]
         k = _tile_consts(out_bits, out_group_size)
-        u, hashed = noise_operand(noise, numel, scale)
+        u, hashed, row = noise_operand(noise, numel, scale)
         _dequantize_sum_quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
-            packed, scale, u, out_packed,
+            packed, scale, u, row, out_packed,
             out_scale, n_groups, n_peers, packed.shape[1], n_in_groups, GS=group_size,
             BITS=bits, CPU=cpu, BPU=bpu, OGS=out_group_size, BLOCK_G=k["BLOCK_G"],
             U_P2=k["U_P2"], OBITS=out_bits, OCPU=k["CPU"], OBPU=k["BPU"],

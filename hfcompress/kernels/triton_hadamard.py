@@ -112,7 +112,7 @@ def _rotate_kernel(x_ptr, out_ptr, n_rows, ROWS: tl.constexpr, N: tl.constexpr,
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, noise_ptr, packed_ptr, scale_ptr, n_groups,
+def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups,
                      GS: tl.constexpr, GS_P2: tl.constexpr, BLOCK_G: tl.constexpr,
                      N: tl.constexpr, LOG2N: tl.constexpr, SCALE: tl.constexpr,
                      BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
@@ -132,7 +132,7 @@ def _quantize_kernel(x_ptr, noise_ptr, packed_ptr, scale_ptr, n_groups,
     inv = tl.where(ok, tl.math.div_rn(one, tl.where(ok, absmax, 1.0)) * QMAX, 0.0)
     t = y * inv[:, None]
     if STOCHASTIC:
-        q = tl.floor(t + noise_at(noise_ptr, offs, mask, HASH))
+        q = tl.floor(t + noise_at(noise_ptr, offs, mask, HASH, noise_row))
     else:
         q = tl.floor(t + 0.5)
     q = tl.minimum(tl.maximum(tl.where(q != q, 0.0, q), -QMAX), QMAX)
@@ -198,9 +198,9 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
     scale = torch.empty(n_groups, dtype=torch.float32, device=x.device)
     if n_groups:
         k = _consts(bits, group_size, hadamard_size)
-        u, hashed = noise_operand(noise, x.numel(), x)
+        u, hashed, row = noise_operand(noise, x.numel(), x)
         _quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
-            x, u, packed, scale, n_groups, **k, STOCHASTIC=noise is not None, HASH=hashed,
+            x, u, row, packed, scale, n_groups, **k, STOCHASTIC=noise is not None, HASH=hashed,
             enable_fp_fusion=False)
     return packed, scale
 

@@ -18,7 +18,7 @@ from .triton_noise import noise_at, noise_operand
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, u_ptr, code_ptr, scale_ptr, n_buckets, bucket_size,
+def _quantize_kernel(x_ptr, u_ptr, code_ptr, scale_ptr, n_buckets, bucket_size, noise_row,
                      S: tl.constexpr, HASH: tl.constexpr, GROUPS: tl.constexpr,
                      BLOCK: tl.constexpr):
     rows, row_ok, mask, offs = tile(n_buckets, bucket_size, GROUPS, BLOCK)
@@ -29,7 +29,7 @@ def _quantize_kernel(x_ptr, u_ptr, code_ptr, scale_ptr, n_buckets, bucket_size,
     s = tl.full([GROUPS], S, tl.float32)
     scale = tl.where(bad, float("nan"), tl.math.div_rn(norm, s))
     inv = tl.where(bad | (norm == 0.0), 0.0, tl.math.div_rn(s, tl.where(norm == 0.0, 1.0, norm)))
-    u = noise_at(u_ptr, offs, mask, HASH)
+    u = noise_at(u_ptr, offs, mask, HASH, noise_row)
     level = tl.floor(ax * inv[:, None] + u)
     level = tl.where(level != level, 0.0, level)
     level = tl.minimum(tl.maximum(level, 0.0), S)
@@ -62,8 +62,8 @@ def _dequantize_kernel(code_ptr, scale_ptr, out_ptr, n_buckets, bucket_size, n_p
 def quantize(x: torch.Tensor, bits: int, bucket_size: int,
              noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """1-D x -> (packed uint8 codes, float32 scales ``norm / s`` of shape (buckets,))."""
-    u, hashed = noise_operand(noise, x.numel(), x)
-    return quantize_buckets(_quantize_kernel, x, u, 1, bits, bucket_size,
+    u, hashed, row = noise_operand(noise, x.numel(), x)
+    return quantize_buckets(_quantize_kernel, x, u, 1, bits, bucket_size, noise_row=row,
                             S=(1 << (bits - 1)) - 1, HASH=hashed)
 
 

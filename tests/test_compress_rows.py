@@ -1,0 +1,97 @@
+"""``compress_rows`` / ``reduce_rows``: one call over a ``[rows, S]`` tensor gives exactly the
+bytes (and the RNG state) of ``rows`` successive ``compress`` calls, on the torch twin and the
+Triton kernels (interpreted), for sizes that are not a multiple of the group size; and the
+row-keyed noise of ``kernels/noise.py`` is the noise of one call per row."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hfcompress.compressors.registry import get_compressor as build_compressor
+from hfcompress.kernels import dispatch, noise, triton_noise  # noqa: F401
+from hfcompress.compressors.rng import SeededRNG
+
+SCHEMES = [
+    ("int", {"bits": 4, "group_size": 128, "rounding": "stochastic"}),
+    ("int", {"bits": 8, "group_size": 64, "rounding": "nearest"}),
+    ("qsgd", {"bits": 8, "bucket_size": 64}),
+    ("random_shift", {"bits": 4, "bucket_size": 32}),
+    ("hadamard", {"bits": 4, "group_size": 128, "hadamard_size": 32}),
+    ("hadamard", {"bits": 8, "group_size": 64, "hadamard_size": 32, "rounding": "nearest"}),
+]
+BACKENDS = ["torch", "auto", "triton"]   # auto on CPU: the compiled twin
+
+
+def _rows(rows: int, s: int, dtype=torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(rows * 1000 + s)
+    x = torch.randn(rows, s, generator=g) * torch.logspace(-2, 2, s)
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name,params", SCHEMES)
+@pytest.mark.parametrize("rows,s", [(4, 256), (3, 200), (2, 33), (5, 7)])
+def test_compress_rows_is_one_compress_per_row(name, params, rows, s, backend):
+    """Bit-identical wire and the same RNG state afterwards (the next call draws the same)."""
+    batched = build_compressor(name, backend=backend, seed=3, **params)
+    single = build_compressor(name, backend=backend, seed=3, **params)
+    x = _rows(rows, s, torch.bfloat16 if s == 200 else torch.float32)
+    wire = batched.compress_rows(x)
+    want = torch.stack([single.compress(r).flat() for r in x])
+    assert wire.dtype == torch.uint8 and wire.shape == want.shape
+    assert torch.equal(wire, want)
+    assert torch.equal(batched.compress(x[0]).flat(), single.compress(x[0]).flat())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name,params", SCHEMES)
+def test_reduce_rows_is_reduce_of_the_rows(name, params, backend):
+    c = build_compressor(name, backend=backend, seed=1, **params)
+    x = _rows(3, 200)
+    wire = c.compress_rows(x)
+    got = c.reduce_rows(wire, (200,), torch.float32)
+    want = c.reduce([c.unflatten(w, (200,), torch.float32) for w in wire])
+    assert got.dtype == torch.float32 and got.shape == (200,)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rotated_rows_are_the_rotated_calls(backend):
+    h = build_compressor("hadamard", backend=backend, bits=4, group_size=128, hadamard_size=32)
+    g = build_compressor("hadamard", backend=backend, bits=4, group_size=128, hadamard_size=32)
+    for s in (256, 100):   # whole blocks; an incomplete last block (identity)
+        x = _rows(3, s)
+        assert torch.equal(h.rotate_rows(x), torch.stack([g.rotate(r) for r in x]))
+        y = h.rotate_rows(x)
+        wire = h.compress_rotated_rows(y)
+        assert torch.equal(wire, torch.stack([g.compress_rotated(r).flat() for r in y]))
+        want = g.reduce_rotated([g.unflatten(w, (s,), torch.float32) for w in wire])
+        assert torch.equal(h.reduce_rotated_rows(wire, (s,), torch.float32), want)
+
+
+def test_loco_rows_fall_back_to_one_call_per_row():
+    """A stateful scheme's default ``compress_rows``: one ``compress`` per row, in order."""
+    a = build_compressor("loco", inner="int")
+    b = build_compressor("loco", inner="int")
+    x = _rows(3, 256)
+    assert torch.equal(a.compress_rows(x), torch.stack([b.compress(r).flat() for r in x]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_row_keys_are_one_call_per_row(backend):
+    """``(rows, 2)`` keys: row r of the noise is the noise of one call keyed by row r; the
+    Triton noise kernel and the twin agree."""
+    rng, ref = SeededRNG(7), SeededRNG(7)
+    keys = rng.next_keys("cpu", 3)
+    assert keys.shape == (3, 2) and rng.calls == 3
+    x = torch.empty(3, 1000)
+    impl = dispatch.pick(x, backend, noise, "triton_noise")
+    got = impl.uniform_like(x, keys)
+    want = torch.stack([noise.uniform_like(x[0], ref.next_keys("cpu")) for _ in range(3)])
+    assert torch.equal(got, want)
+
+
+def test_bad_row_keys_are_refused():
+    with pytest.raises(ValueError, match="rows dividing"):
+        triton_noise.noise_operand(torch.zeros(3, 2, dtype=torch.int64), 100, torch.empty(1))
