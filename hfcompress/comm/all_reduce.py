@@ -14,8 +14,9 @@ declared capability (``compressors/base.py``):
   (rank k gets chunk k from everyone), a pairwise ``combine`` tree of depth ceil(log2 n) on
   rank k, then an all-gather of the combined chunks. Only codes travel (the scale is known).
   With ``block_size`` the blocks are counted within each chunk (none straddles two owners).
-- any other compressor (``int`` 8/4 bit groups, ``loco`` wrapping one): compress chunks ->
-  all-to-all -> fp32 sum on the chunk's owner -> compress -> all-gather (LoCo 3.2, A.1).
+- any other compressor (``int`` 8/4 bit groups, ``loco`` wrapping one): compress chunks (one
+  ``compress_rows`` call when stateless) -> all-to-all -> fp32 sum on the chunk's owner (one
+  ``reduce_rows``) -> compress -> all-gather -> one ``decompress_slots`` (LoCo 3.2, A.1).
   A stateful compressor keeps one stream per chunk sent and one for the gathered chunk, so
   LoCo error feedback applies to the local gradient before it is sent, and to the owner's
   reduced chunk.
@@ -35,7 +36,7 @@ from torch.futures import Future
 
 from ..compressors.base import Compressor, ErrorFeedback, GloballyScaled, Packed, TreeCombined
 from .futures import chain, completed, devices_of
-from .hop import Exchange, all_gather_single
+from .hop import Exchange, all_gather_single, compress_rows
 from .reduce_scatter import check_op
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
@@ -186,17 +187,14 @@ class QuantizedAllReduce(StreamOwner):
         """compress -> all-to-all -> fp32 sum on the owner -> compress -> all-gather."""
         rows = _rows(flat, world)
         width = rows.shape[1]
-        packeds = [streams[("send", k)].compress(rows[k]) for k in range(world)]
+        send = compress_rows(streams, rows, lambda k: ("send", k))
         recv = streams["recv"]
-        ex = Exchange(packeds, recv.unflatten, group, None, self.tag, [False] * world,
-                      async_op=True)
+        ex = Exchange(send, group, None, self.tag, [False] * world, async_op=True)
         bufs: dict[str, torch.Tensor] = {}
 
         def reduce_and_gather(_: Any) -> Future:
             m = ex.nbytes
-            got = [recv.unflatten(ex.recv[k * m:(k + 1) * m], ex.shape, ex.dtype)
-                   for k in range(world)]
-            part = recv.reduce(got).reshape(-1).float()
+            part = recv.reduce_rows(ex.received(), (width,), rows.dtype).reshape(-1).float()
             buf = streams["gather"].compress(part).flat()
             n = buf.numel()
             self._record([(m + n) * (k != me) for k in range(world)], group, me)
@@ -207,10 +205,9 @@ class QuantizedAllReduce(StreamOwner):
 
         def decode(_: Any) -> torch.Tensor:
             gathered = bufs["gathered"]
-            n = gathered.numel() // world
-            out = [recv.decompress(recv.unflatten(gathered[k * n:(k + 1) * n], (width,),
-                                                  torch.float32)) for k in range(world)]
-            return torch.cat(out)[:flat.numel()]
+            out = torch.empty(world, width, dtype=torch.float32, device=gathered.device)
+            recv.decompress_slots(gathered.view(world, -1), width, out)
+            return out.reshape(-1)[:flat.numel()]
         return chain(chain(ex.work.get_future(), reduce_and_gather, dev), decode, dev)
 
     def _record(self, per_peer: list[int], group: dist.ProcessGroup, me: int) -> None:

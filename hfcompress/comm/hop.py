@@ -1,5 +1,11 @@
 """One all-to-all hop on compressed payloads (ZeRO++ B.3.1): compress one part per peer,
-``all_to_all_single`` the flat uint8 buffers, rebuild the received payloads.
+``all_to_all_single`` the flat uint8 buffers, sum the received payloads.
+
+The parts are the rows of one ``[peers, n]`` tensor: a stateless compressor compresses them
+in one call (``Compressor.compress_rows``, the numbers of one call per row) and the receiver
+sums the ``[peers, nbytes]`` received rows in one call (``reduce_rows``), so the torch ops /
+kernel launches of a hop do not grow with the number of peers. A stateful compressor (LoCo
+error feedback) keeps one stream per destination and compresses row by row.
 
 ``RawCodec`` stands in for "compression off": the values in their own dtype, exactly what
 torch's collectives would send.
@@ -7,12 +13,13 @@ torch's collectives would send.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from ..compressors.base import Compressor, Packed
+from ..compressors.base import Compressor, Packed, stack_payloads
+from .streams import Streams
 from .wire_meter import WireMeter
 
 # torch 2.13 renamed the flat collectives (the old names warn); torch < 2.13 has only those
@@ -41,28 +48,51 @@ class RawCodec(Compressor):
             total = total + p.payload["values"].float()
         return total.reshape(packeds[0].shape)
 
+    def compress_rows(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous().view(torch.uint8)
+
+    def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
+                    dtype: torch.dtype) -> torch.Tensor:
+        """The float32 sum of the rows in order (as ``reduce``: one add per peer)."""
+        values = wire.contiguous().view(dtype)
+        total = values[0].float()
+        for k in range(1, values.shape[0]):
+            total = total + values[k].float()
+        return total.reshape(shape)
+
+
+def compress_rows(streams: Streams, rows: torch.Tensor, key: Callable[[int], Hashable],
+                  rotated: bool = False) -> torch.Tensor:
+    """The uint8 ``[peers, nbytes]`` send buffer of a hop: row k of 2-D ``rows`` compressed for
+    peer k. Stateless: one ``compress_rows`` (``compress_rotated_rows`` if ``rotated``) call;
+    stateful: row k through its own stream ``streams[key(k)]``."""
+    if not streams.stateful:
+        c = streams.compressor
+        return c.compress_rotated_rows(rows) if rotated else c.compress_rows(rows)
+    return stack_payloads([
+        (streams[key(k)].compress_rotated if rotated else streams[key(k)].compress)(rows[k])
+        for k in range(rows.shape[0])])
+
 
 class Exchange:
-    """An all-to-all of one payload per group rank; ``wait()`` returns the received ones."""
+    """An all-to-all of one payload row per group rank: ``send`` is uint8 ``[ranks, nbytes]``
+    (row k goes to rank k); ``wait()`` returns the received ``[ranks, nbytes]`` (row k came
+    from rank k)."""
 
-    def __init__(self, packeds: Sequence[Packed], unflatten: Callable[..., Packed],
-                 group: dist.ProcessGroup, meter: WireMeter | None, tag: str,
-                 remote: Sequence[bool], async_op: bool = False) -> None:
-        bufs = [p.flat() for p in packeds]
-        self.nbytes = bufs[0].numel()
-        if any(b.numel() != self.nbytes for b in bufs):
-            raise RuntimeError(f"payload sizes differ between parts: {[b.numel() for b in bufs]}")
-        self.count = len(bufs)
-        self.shape, self.dtype, self.unflatten = packeds[0].shape, packeds[0].dtype, unflatten
-        self.send = torch.cat(bufs)  # kept alive until the asynchronous exchange is done
+    def __init__(self, send: torch.Tensor, group: dist.ProcessGroup, meter: WireMeter | None,
+                 tag: str, remote: Sequence[bool], async_op: bool = False) -> None:
+        self.count, self.nbytes = send.shape
+        self.send = send.contiguous().reshape(-1)  # kept alive until the exchange is done
         self.recv = torch.empty_like(self.send)
         self.work = dist.all_to_all_single(self.recv, self.send, group=group, async_op=async_op)
         if meter is not None:
-            meter.record_sends(tag, [self.nbytes] * len(bufs), remote, dist.get_rank(group))
+            meter.record_sends(tag, [self.nbytes] * self.count, remote, dist.get_rank(group))
 
-    def wait(self) -> list[Packed]:
+    def received(self) -> torch.Tensor:
+        """The received rows (valid once the exchange is done)."""
+        return self.recv.view(self.count, self.nbytes)
+
+    def wait(self) -> torch.Tensor:
         if self.work is not None:
             self.work.wait()
-        n = self.nbytes
-        return [self.unflatten(self.recv[k * n:(k + 1) * n], self.shape, self.dtype)
-                for k in range(self.count)]
+        return self.received()

@@ -1,9 +1,10 @@
 """Quantized reduce-scatter as a 1-hop all-to-all (ZeRO++ B.3.1, Fig. 7).
 
 ``input`` is flat ``world * S`` values, logically ``[world, S]`` (row r goes to rank r);
-``output`` gets this rank's S values. Each rank compresses the ``world`` rows, the uint8
-payloads go through one ``all_to_all_single``, and the receiver sums what it got with
-``compressor.reduce`` (float32; a compressed-domain sum where the scheme has one).
+``output`` gets this rank's S values. Each rank compresses the ``world`` rows (one
+``compress_rows`` call for a stateless scheme), the uint8 payloads go through one
+``all_to_all_single``, and the receiver sums what it got with ``compressor.reduce_rows``
+(float32; a compressed-domain sum where the scheme has one).
 With ``compressor=None`` this is torch's ``reduce_scatter_single`` (``reduce_scatter_tensor``).
 A group of one rank sends nothing and compresses nothing.
 """
@@ -16,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..compressors.base import Compressor
-from .hop import Exchange, reduce_scatter_single
+from .hop import Exchange, compress_rows, reduce_scatter_single
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
 from .wire_meter import WireMeter, peer_is_remote
@@ -101,10 +102,9 @@ class QuantizedReduceScatter(StreamOwner):
             return
         streams = self.streams["hop"]
         streams.check_layout((world, s))
-        packeds = [streams[("send", k)].compress(rows[k]) for k in range(world)]
-        recv = streams["recv"]
-        got = Exchange(packeds, recv.unflatten, group, self.meter, self.tag, remote).wait()
-        write_result(output, recv.reduce(got), op, world)
+        send = compress_rows(streams, rows, lambda k: ("send", k))
+        got = Exchange(send, group, self.meter, self.tag, remote).wait()
+        write_result(output, streams["recv"].reduce_rows(got, (s,), input.dtype), op, world)
 
     def check_saved_layout(self, layout: Any) -> None:
         """The saved layout is ``(world, S)``: the world size must match the topology's."""

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..compressors.base import Compressor, RotatedDomain
-from .hop import Exchange, RawCodec
+from .hop import Exchange, RawCodec, compress_rows
 from .reduce_scatter import check_scatter_op, check_sizes, write_result
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
@@ -108,34 +108,35 @@ class TwoHopReduceScatter(StreamOwner):
     def _hop1(self, rows: torch.Tensor, bounds: list[tuple[int, int]], c: int):
         """Start the intra-node all-to-all of chunk c; returns a function giving the node's
         partial sums of this local rank's Y rows, flat ``(Y * width,)``. Local rank l gets
-        rows ``l, X + l, ..`` (positions ``l*Y ..`` of :func:`slice_order`): a strided view."""
-        x = self.topology.ranks_per_node
+        rows ``l, X + l, ..`` (positions ``l*Y ..`` of :func:`slice_order`): row l of the
+        ``[X, Y * width]`` parts, one transposed copy of the chunk's columns."""
+        x, y = self.topology.ranks_per_node, self.topology.num_nodes
         a, b = bounds[c]
-        parts = [rows[l::x, a:b].reshape(-1) for l in range(x)]
         if x == 1:
-            return lambda: parts[0]
+            part = rows[:, a:b].reshape(-1)
+            return lambda: part
+        parts = rows[:, a:b].reshape(y, x, b - a).transpose(0, 1).reshape(x, y * (b - a))
         return self._exchange("intra", parts, c, self.topology.intra_group)
 
     def _hop2(self, partial: torch.Tensor, width: int, c: int, dtype: torch.dtype):
         """Start the inter-node all-to-all of chunk c; returns a function giving its sum."""
         if self.raw_inter:  # compression off sends the input's dtype, as torch's collective
             partial = partial.to(dtype)
-        parts = list(partial.reshape(self.topology.num_nodes, width))
-        if len(parts) == 1:
+        parts = partial.reshape(self.topology.num_nodes, width)
+        if parts.shape[0] == 1:
             return lambda: parts[0].float()
         return self._exchange("inter", parts, c, self.topology.inter_group)
 
-    def _exchange(self, hop: str, parts: list[torch.Tensor], c: int, group: dist.ProcessGroup):
+    def _exchange(self, hop: str, parts: torch.Tensor, c: int, group: dist.ProcessGroup):
+        """Row k of 2-D ``parts`` to group rank k (one compress over the rows when stateless);
+        returns a function giving the float32 sum of the rows received."""
         streams = self.streams[hop]
-        if self.rotated:
-            packeds = [streams[(k, c)].compress_rotated(t) for k, t in enumerate(parts)]
-        else:
-            packeds = [streams[(k, c)].compress(t) for k, t in enumerate(parts)]
+        send = compress_rows(streams, parts, lambda k: (k, c), self.rotated)
+        ex = Exchange(send, group, self.meter, self.tag, self._remote[hop], async_op=True)
         recv = streams[("recv", c)]
-        ex = Exchange(packeds, recv.unflatten, group, self.meter, self.tag,
-                      self._remote[hop], async_op=True)
-        reduce = recv.reduce_rotated if self.rotated else recv.reduce
-        return lambda: reduce(ex.wait()).reshape(-1).float()
+        reduce = recv.reduce_rotated_rows if self.rotated else recv.reduce_rows
+        shape, dtype = (parts.shape[1],), parts.dtype
+        return lambda: reduce(ex.wait(), shape, dtype).reshape(-1).float()
 
 
 def _chunk_bounds(s: int, chunks: int) -> list[tuple[int, int]]:

@@ -75,11 +75,14 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int,
                    group_size: int) -> torch.Tensor:
     """Sum over peers: ``packed`` (P, nbytes), ``scale`` (P, groups) -> float32 sum (numel,).
 
-    Peers are added in order 0..P-1 in float32 (the Triton kernel adds in the same order).
+    Every peer decoded in one :func:`dequantize` (a group never spans two peers), then the
+    peers added in order 0..P-1 in float32 (the Triton kernel adds in the same order).
     """
-    total = dequantize(packed[0], scale[0], bits, group_size)
-    for p in range(1, packed.shape[0]):
-        total = total + dequantize(packed[p], scale[p], bits, group_size)
+    values = dequantize(packed.reshape(-1), scale.reshape(-1), bits,
+                        group_size).view(scale.shape[0], -1)
+    total = values[0]
+    for p in range(1, values.shape[0]):
+        total = total + values[p]
     return total
 
 

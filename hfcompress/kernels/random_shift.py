@@ -63,9 +63,12 @@ def dequantize_sum(packed: torch.Tensor, base: torch.Tensor, step: torch.Tensor,
                    bucket_size: int) -> torch.Tensor:
     """Sum over peers: packed (P, nbytes), base and step (P, buckets) -> float32 (numel,).
 
-    Peers are added in order 0..P-1 in float32 (the Triton kernel adds in the same order).
+    Every peer decoded in one :func:`dequantize`, then the peers added in order 0..P-1 in
+    float32 (the Triton kernel adds in the same order).
     """
-    total = dequantize(packed[0], base[0], step[0], bits, bucket_size)
-    for p in range(1, packed.shape[0]):
-        total = total + dequantize(packed[p], base[p], step[p], bits, bucket_size)
+    values = dequantize(packed.reshape(-1), base.reshape(-1), step.reshape(-1), bits,
+                        bucket_size).view(base.shape[0], -1)
+    total = values[0]
+    for p in range(1, values.shape[0]):
+        total = total + values[p]
     return total

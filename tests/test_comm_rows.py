@@ -1,0 +1,96 @@
+"""The collectives' one-call-per-hop path (``compress_rows`` / ``reduce_rows``) against the
+per-destination path (one ``compress`` per peer, ``reduce`` of the unflattened payloads):
+bitwise equal with stochastic rounding, over several calls (the RNG streams stay in step),
+for the 1-hop and 2-hop reduce-scatters (1, 2 and 4 emulated nodes, pipelined chunks,
+TLq-HS in the rotated domain) and the chunked all-reduce, on 4 real gloo ranks."""
+
+from __future__ import annotations
+
+import os
+import types
+
+import torch
+
+from dist_utils import run_distributed
+from hfcompress import get_compressor
+from hfcompress.comm import QuantizedReduceScatter, Topology, TwoHopReduceScatter
+from hfcompress.comm.all_reduce import QuantizedAllReduce
+from hfcompress.compressors.base import Compressor, stack_payloads
+
+SIZES = (37, 300)   # S: none a multiple of a group size
+
+
+def per_destination(c: Compressor) -> Compressor:
+    """``c`` with the row methods replaced by one call per row (the per-destination path)."""
+    c.compress_rows = types.MethodType(Compressor.compress_rows, c)
+    c.reduce_rows = types.MethodType(Compressor.reduce_rows, c)
+    if hasattr(c, "compress_rotated"):
+        c.compress_rotated_rows = lambda y: stack_payloads([c.compress_rotated(r) for r in y])
+        c.reduce_rotated_rows = lambda w, shape, dt: c.reduce_rotated(
+            [c.unflatten(r, shape, dt) for r in w])
+    return c
+
+
+def schemes():
+    return {
+        "int4": lambda: get_compressor("int", bits=4, group_size=128, rounding="stochastic",
+                                       seed=1),
+        "int8": lambda: get_compressor("int", bits=8, group_size=64, rounding="stochastic",
+                                       seed=2),
+        "qsgd": lambda: get_compressor("qsgd", bits=8, bucket_size=64, seed=3),
+        "hs4": lambda: get_compressor("hadamard", bits=4, group_size=128, hadamard_size=32,
+                                      seed=4),
+        "hs8": lambda: get_compressor("hadamard", bits=8, group_size=128, hadamard_size=32,
+                                      seed=5),
+    }
+
+
+def inputs(world, numel, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(numel, generator=g) for _ in range(world)]
+
+
+def worker(rank, world):
+    os.environ.pop("LOCAL_WORLD_SIZE", None)
+    os.environ["HFCOMPRESS_COMPILE"] = "0"   # eager kernels (the compiled twin: same numbers)
+    make = schemes()
+    checked = 0
+    for x in (world, 2, 1):
+        topo = Topology(ranks_per_node=x)
+        cases = []
+        if x == world:   # the 1-hop collectives need one layout only
+            for name in ("int4", "qsgd"):
+                cases.append((f"1hop-{name}", lambda c: QuantizedReduceScatter(c(), topo),
+                              make[name]))
+            cases.append(("all_reduce-int8", lambda c: QuantizedAllReduce(c(), topo),
+                          make["int8"]))
+        for intra, inter in (("int8", "int4"), ("hs8", "hs4")):
+            for chunks in (1, 2):
+                def build(wrap, intra=intra, inter=inter, chunks=chunks):
+                    return TwoHopReduceScatter(topo, wrap(make[intra]), wrap(make[inter]),
+                                               chunks=chunks)
+                cases.append((f"2hop-{intra}-{inter}-{chunks}", build, None))
+        for name, build, factory in cases:
+            if factory is None:
+                fast, slow = build(lambda f: f()), build(lambda f: per_destination(f()))
+            else:
+                fast, slow = build(factory), build(lambda: per_destination(factory()))
+            for s in SIZES:
+                for step in range(2):
+                    xs = inputs(world, world * s, seed=100 * s + step)
+                    if name.startswith("all_reduce"):
+                        a, b = xs[rank].clone(), xs[rank].clone()
+                        fast(a)
+                        slow(b)
+                    else:
+                        a, b = torch.empty(s), torch.empty(s)
+                        fast(a, xs[rank])
+                        slow(b, xs[rank])
+                    assert torch.equal(a, b), (name, x, s, step)
+                    checked += 1
+    return checked
+
+
+def test_one_compress_per_hop_is_the_per_destination_path():
+    counts = run_distributed(worker, 4)
+    assert counts[0] == counts[-1] > 0
