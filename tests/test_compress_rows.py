@@ -95,3 +95,17 @@ def test_row_keys_are_one_call_per_row(backend):
 def test_bad_row_keys_are_refused():
     with pytest.raises(ValueError, match="rows dividing"):
         triton_noise.noise_operand(torch.zeros(3, 2, dtype=torch.int64), 100, torch.empty(1))
+
+
+def test_compiled_twins_take_row_keys():
+    """The CPU path (``torch.compile`` of the twins, ``backend="auto"`` without
+    ``HFCOMPRESS_COMPILE=0``): row keys give the eager twin's numbers."""
+    from hfcompress.kernels import group_quant, qsgd
+    keys = SeededRNG(5).next_keys("cpu", 3)
+    x = _rows(3, 256).reshape(-1)
+    for twin in (group_quant, qsgd):
+        want = twin.quantize(x, 4, 128, keys)
+        fn = dispatch.compiled(twin).quantize
+        got = fn(x, 4, 128, keys)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), twin.__name__
+        assert fn.graphs and None not in fn.graphs.values()   # compiled, not the eager fallback
