@@ -7,14 +7,17 @@ TLq-HS in the rotated domain) and the chunked all-reduce, on 4 real gloo ranks."
 from __future__ import annotations
 
 import os
+import sys
 import types
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dist_utils import run_distributed
 from hfcompress import get_compressor
 from hfcompress.comm import QuantizedReduceScatter, Topology, TwoHopReduceScatter
 from hfcompress.comm.all_reduce import QuantizedAllReduce
+from hfcompress.comm.futures import completed
 from hfcompress.compressors.base import Compressor, stack_payloads
 
 SIZES = (37, 300)   # S: none a multiple of a group size
@@ -94,3 +97,60 @@ def worker(rank, world):
 def test_one_compress_per_hop_is_the_per_destination_path():
     counts = run_distributed(worker, 4)
     assert counts[0] == counts[-1] > 0
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _inline_chain(fut, fn, devices=None):
+    """``futures.chain`` run on the caller's thread (the dispatch-mode count is per thread;
+    the all-reduce's later stages otherwise run on gloo's completion thread)."""
+    nxt = fn(fut.wait())
+    return completed(nxt.wait() if isinstance(nxt, torch._C.Future) else nxt)
+
+
+def ops_worker(rank, world):
+    """Torch ops of one call (after a warm-up call) of each collective."""
+    # the module (``hfcompress.comm.all_reduce`` as an attribute is the function)
+    sys.modules[QuantizedAllReduce.__module__].chain = _inline_chain
+    os.environ.pop("LOCAL_WORLD_SIZE", None)
+    os.environ["HFCOMPRESS_COMPILE"] = "0"
+    make = schemes()
+    s = 1000
+    one_node, per_rank = Topology(ranks_per_node=world), Topology(ranks_per_node=1)
+    cases = {
+        "reduce_scatter": QuantizedReduceScatter(make["int4"](), per_rank),
+        "2hop_intra": TwoHopReduceScatter(one_node, make["hs8"](), make["hs4"]()),
+        "2hop_inter": TwoHopReduceScatter(per_rank, make["int8"](), make["int4"]()),
+        "all_reduce": QuantizedAllReduce(make["int8"](), per_rank),
+    }
+    out = {}
+    for name, coll in cases.items():
+        for step in range(2):
+            x = inputs(world, world * s, seed=step)[rank]
+            mode = _CountOps()
+            with mode:
+                if name == "all_reduce":
+                    coll(x)
+                else:
+                    coll(torch.empty(s), x)
+        out[name] = mode.count
+    return out
+
+
+def test_collective_ops_do_not_grow_with_world_size():
+    """One compress per hop: from 2 to 4 ranks a collective's torch ops grow only by the
+    receiver's in-order float32 adds of the peers (one select + one add per extra peer and
+    receive; the exact sum of the per-destination path), not by a compress per peer."""
+    two = run_distributed(ops_worker, 2)[0]
+    four = run_distributed(ops_worker, 4)[0]
+    print("2 ranks:", two, "4 ranks:", four)
+    for name in two:
+        assert 0 <= four[name] - two[name] <= 2 * 2, (name, two[name], four[name])

@@ -71,7 +71,7 @@ class TwoHopReduceScatter(StreamOwner):
         check_scatter_op(op)
         rows = input.reshape(p, s)
         if self.rotated:  # SDP4Bit 3.3: H once per row, before the first quantization
-            rows = self._rotate_rows(rows)
+            rows = self.streams["intra"].compressor.rotate_rows(rows)
         bounds = _chunk_bounds(s, self.chunks)
         for name in self.streams:
             self.streams[name].check_layout((p, x, s, len(bounds)))
@@ -97,13 +97,6 @@ class TwoHopReduceScatter(StreamOwner):
         self.refuse_layout({"world_size": layout[0], "ranks_per_node": layout[1]},
                            {"world_size": self.topology.world_size,
                             "ranks_per_node": self.topology.ranks_per_node})
-
-    def _rotate_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """H on every row: one call over all rows when no Hadamard block crosses a row end."""
-        h = self.streams["intra"].compressor
-        if rows.shape[1] % h.hadamard_size == 0:
-            return h.rotate(rows)
-        return torch.stack([h.rotate(r) for r in rows])
 
     def _hop1(self, rows: torch.Tensor, bounds: list[tuple[int, int]], c: int):
         """Start the intra-node all-to-all of chunk c; returns a function giving the node's

@@ -287,11 +287,13 @@ class RotatedDomain(Protocol):
     """Quantizes in an orthogonal rotated domain (SDP4Bit 3.3, TLq-HS): a 2-hop reduce-scatter
     whose two hops share ``hadamard_size`` rotates each row once, compresses and sums in the
     rotated domain, and applies one inverse ``rotate`` after the final sum (``*_rows``: every
-    peer's row in one call, as ``Compressor.compress_rows`` / ``reduce_rows``)."""
+    row of a 2-D tensor in one call, as ``Compressor.compress_rows`` / ``reduce_rows``)."""
 
     hadamard_size: int
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def rotate_rows(self, x: torch.Tensor) -> torch.Tensor: ...
 
     def compress_rotated(self, y: torch.Tensor) -> Packed: ...
 
