@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hfcompress import get_compressor
+from hfcompress.compressors.base import Packed
 from hfcompress.compressors.registry import get_compressor as build_compressor
 from hfcompress.kernels import dispatch, noise, triton_noise  # noqa: F401
 from hfcompress.compressors.rng import SeededRNG
@@ -109,3 +111,32 @@ def test_compiled_twins_take_row_keys():
         got = fn(x, 4, 128, keys)
         assert all(torch.equal(a, b) for a, b in zip(got, want)), twin.__name__
         assert fn.graphs and None not in fn.graphs.values()   # compiled, not the eager fallback
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bits,block,width", [(8, None, 37), (4, None, 37), (8, 32, 64),
+                                              (4, 32, 64), (4, 32, 50)])
+def test_exponential_rows_are_the_per_row_calls(bits, block, width, backend):
+    """Global-QSGD's exponential all-reduce steps over all chunks at once: the numbers of the
+    per-chunk calls (compress, the ``reduce_packed`` tree, decompress), the RNG in step."""
+    n = 5
+    make = lambda: get_compressor("global_qsgd_exp", num_peers=n, bits=bits, seed=2,  # noqa: E731
+                                  backend=backend, block_size=block)
+    fast, slow = make(), make()
+    rows = _rows(n, width)
+    local = fast.local_scale_rows(rows)
+    assert torch.equal(local, torch.cat([slow.local_scale(r) for r in rows]))
+    scale = local.view(n, -1).amax(0).repeat(n) if block else rows.abs().amax().reshape(1)
+    per = scale.view(n, -1) if block else scale.expand(n, 1)
+    codes = fast.quantize_rows(rows, scale)
+    want = [slow.compress(r, scale=s) for r, s in zip(rows, per)]
+    assert torch.equal(codes, torch.stack([p.payload["codes"] for p in want]))
+    mine = per[0]
+    got = [Packed({"scale": mine, "codes": c}, torch.Size([width]), torch.float32)
+           for c in codes]
+    assert torch.equal(fast.combine_rows(codes), slow.reduce_packed(got).payload["codes"])
+    values = fast.dequantize_rows(codes, scale, width)
+    assert torch.equal(values, torch.stack([slow.decompress(
+        Packed({"scale": s, "codes": p.payload["codes"]}, torch.Size([width]), torch.float32))
+        for s, p in zip(per, want)]))
+    assert fast.rng.calls == slow.rng.calls

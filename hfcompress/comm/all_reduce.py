@@ -12,7 +12,8 @@ declared capability (``compressors/base.py``):
 - :class:`TreeCombined` (``global_qsgd_exp``, exponential dithering, 4.3): the ``C_nat`` exponent reduce (Alg. 2),
   which no stock all-reduce runs. After the MAX of the scales: an all-to-all of code chunks
   (rank k gets chunk k from everyone), a pairwise ``combine`` tree of depth ceil(log2 n) on
-  rank k, then an all-gather of the combined chunks. Only codes travel (the scale is known).
+  rank k, then an all-gather of the combined chunks; the chunks are quantized, combined (per
+  tree level) and decoded in one call each (``*_rows`` methods, same numbers). Only codes travel (the scale is known).
   With ``block_size`` the blocks are counted within each chunk (none straddles two owners).
 - any other compressor (``int`` 8/4 bit groups, ``loco`` wrapping one): compress chunks (one
   ``compress_rows`` call when stateless) -> all-to-all -> fp32 sum on the chunk's owner (one
@@ -115,12 +116,11 @@ class QuantizedAllReduce(StreamOwner):
         return chain(fut, write_back, dev)
 
     # -- Global-QSGD ----------------------------------------------------------------------
-    def _global_scale(self, parts: list[torch.Tensor], group: dist.ProcessGroup, world: int,
+    def _global_scale(self, scale: torch.Tensor, group: dist.ProcessGroup, world: int,
                       me: int) -> tuple[torch.Tensor, list[int], Future]:
-        """Alg. 1 line 1: the MAX over the group of the local ℓ∞ norms of ``parts`` (per
-        block with ``block_size``; +Inf where one is not finite), concatenated, reduced in
-        place once the returned future completes; and the bytes it sends to each peer."""
-        scale = torch.cat([self.compressor.local_scale(p) for p in parts])
+        """Alg. 1 line 1: the MAX over the group of the local ℓ∞ norms ``scale`` (per block
+        with ``block_size``; +Inf where one is not finite), reduced in place once the returned
+        future completes; and the bytes it sends to each peer."""
         fut = dist.all_reduce(scale, op=dist.ReduceOp.MAX, group=group,
                               async_op=True).get_future()
         return scale, stock_all_reduce_bytes(scale.numel(), scale.element_size(), world, me), fut
@@ -128,7 +128,7 @@ class QuantizedAllReduce(StreamOwner):
     def _linear(self, flat, group, world, me, dev) -> Future:
         """Linear dithering: exact integer sum by a stock all_reduce(SUM) (4.2)."""
         c = self.compressor
-        scale, sent, fut = self._global_scale([flat], group, world, me)
+        scale, sent, fut = self._global_scale(c.local_scale(flat), group, world, me)
         codes: list[torch.Tensor] = []
 
         def sum_codes(_: Any) -> Future:
@@ -149,37 +149,27 @@ class QuantizedAllReduce(StreamOwner):
         c = self.compressor
         rows = _rows(flat, world)
         width = rows.shape[1]
-        if c.block_size is None:      # one scale for the tensor, shared by every chunk
-            scale, sent, fut = self._global_scale([flat], group, world, me)
-            scales = scale.expand(world, 1)
-        else:                         # the blocks of each chunk
-            scale, sent, fut = self._global_scale(list(rows), group, world, me)
-            scales = scale.view(world, -1)
+        # one scale for the tensor, shared by every chunk; or the blocks of each chunk
+        local = c.local_scale(flat) if c.block_size is None else c.local_scale_rows(rows)
+        scale, sent, fut = self._global_scale(local, group, world, me)
         bufs: dict[str, torch.Tensor] = {}
 
         def exchange(_: Any) -> Future:
-            send = bufs["send"] = torch.cat([c.compress(r, scale=s).payload["codes"]
-                                             for r, s in zip(rows, scales)])
-            n = bufs["n"] = send.numel() // world
+            send = bufs["send"] = c.quantize_rows(rows, scale)
+            n = send.shape[1]
             recv = bufs["recv"] = torch.empty_like(send)
             self._record([b + 2 * n * (k != me) for k, b in enumerate(sent)], group, me)
-            return dist.all_to_all_single(recv, send, group=group, async_op=True).get_future()
+            return dist.all_to_all_single(recv.view(-1), send.view(-1), group=group,
+                                          async_op=True).get_future()
 
         def combine_and_gather(_: Any) -> Future:
-            n, recv, mine = bufs["n"], bufs["recv"], scales[me]
-            got = [Packed({"scale": mine, "codes": recv[k * n:(k + 1) * n]},
-                          torch.Size([width]), torch.float32) for k in range(world)]
-            combined = c.reduce_packed(got).payload["codes"]
-            gathered = bufs["gathered"] = torch.empty_like(recv)
-            return all_gather_single(gathered, combined.contiguous(), group=group,
+            combined = c.combine_rows(bufs["recv"])
+            gathered = bufs["gathered"] = torch.empty_like(bufs["recv"])
+            return all_gather_single(gathered.view(-1), combined.contiguous(), group=group,
                                      async_op=True).get_future()
 
         def decode(_: Any) -> torch.Tensor:
-            n, gathered = bufs["n"], bufs["gathered"]
-            out = [c.decompress(Packed({"scale": scales[k], "codes": gathered[k * n:(k + 1) * n]},
-                                       torch.Size([width]), torch.float32))
-                   for k in range(world)]
-            return torch.cat(out)[:flat.numel()]
+            return c.dequantize_rows(bufs["gathered"], scale, width).reshape(-1)[:flat.numel()]
         return chain(chain(chain(fut, exchange, dev), combine_and_gather, dev), decode, dev)
 
     # -- any other compressor -------------------------------------------------------------

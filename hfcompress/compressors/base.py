@@ -343,9 +343,19 @@ class GloballyScaled(Protocol):
 @runtime_checkable
 class TreeCombined(GloballyScaled, Protocol):
     """Globally scaled codes that no stock all-reduce sums (Global-QSGD 4.3, exponential
-    dithering): peers' payloads are merged pairwise by ``combine`` along a tree."""
+    dithering): peers' payloads are merged pairwise by ``combine`` along a tree. The
+    ``*_rows`` methods do a chunked all-reduce's per-chunk steps over all chunks at once."""
 
     def combine(self, a: Packed, b: Packed, noise: torch.Tensor | None = None) -> Packed: ...
+
+    def local_scale_rows(self, rows: torch.Tensor) -> torch.Tensor: ...
+
+    def quantize_rows(self, rows: torch.Tensor, scale: torch.Tensor) -> torch.Tensor: ...
+
+    def combine_rows(self, codes: torch.Tensor) -> torch.Tensor: ...
+
+    def dequantize_rows(self, codes: torch.Tensor, scale: torch.Tensor,
+                        width: int) -> torch.Tensor: ...
 
 
 @runtime_checkable

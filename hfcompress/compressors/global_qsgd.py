@@ -14,6 +14,12 @@ carries ``ceil(numel / block_size)`` floats. How a collective uses it (Alg. 1)::
     # global_qsgd_exp: p = comp.combine(p, peer_p) along a tree of depth <= comp.headroom
     total = comp.decompress(p)               # the sum over peers (divide by n for the mean)
 
+For the exponential all-reduce (4.3), whose chunk k goes to rank k, the ``*_rows`` methods
+take the ``[peers, width]`` chunks at once: ``local_scale_rows``, ``quantize_rows`` (the codes
+of one ``compress`` per row, row-keyed noise), ``combine_rows`` (the ``reduce_packed`` tree,
+one kernel per tree level) and ``dequantize_rows``: the numbers of the per-row calls, with
+launches that do not grow with the number of peers (per row only when blocks straddle rows).
+
 ``compress(x)`` without a scale uses the local one (single-process use). ``scale`` must be at
 least ``local_scale(x)`` (the MAX guarantees it); values above it are clipped; one value
 serves every block. Non-finite input makes its block's global scale Inf, and every peer then
@@ -29,7 +35,8 @@ import torch
 
 from .. import kernels
 from ..kernels import global_qsgd as _twin
-from .base import Compressor, Packed, check_choice, check_float_input, check_group_size
+from .base import (Compressor, Packed, check_choice, check_float_input, check_group_size,
+                   pad_rows)
 from .registry import register_compressor
 from .rng import SeededRNG
 
@@ -117,6 +124,17 @@ class _GlobalScaled(Compressor):
             a = torch.nn.functional.pad(a, (0, k * width - n))
         m = a.view(k, width).amax(1).float()
         return torch.where(torch.isfinite(m), m, torch.full_like(m, float("inf")))
+
+    def local_scale_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """``local_scale`` of every row of 2-D ``rows``, concatenated (same numbers)."""
+        check_float_input(self.name, rows)
+        if self.block_size is None or rows.shape[1] == 0:
+            return torch.cat([self.local_scale(r) for r in rows])
+        k = self.num_scales(rows.shape[1])
+        a = pad_rows(rows.detach().abs(), self.block_size).view(-1, self.block_size)
+        m = a.amax(1).float()
+        return torch.where(torch.isfinite(m), m, torch.full_like(m, float("inf"))) \
+            .view(rows.shape[0] * k)
 
     def _scale(self, x: torch.Tensor, scale: Any) -> torch.Tensor:
         if scale is None:
@@ -290,3 +308,56 @@ class GlobalQSGDExp(_GlobalScaled):
             nxt = [self.combine(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
             level = nxt + level[len(level) - len(level) % 2:]
         return level[0]
+
+    # -- the exponential all-reduce's chunks, all rows at once (same numbers) -------------
+    def _rows_fuse(self, width: int) -> bool:
+        """One kernel over the rows: no block straddles two rows."""
+        return self.block_size is None or width % self.block_size == 0
+
+    def quantize_rows(self, rows: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """uint8 ``[n, nbytes]``: row k the codes of ``compress(rows[k], scale=<row k's
+        scales>)``, in one kernel (row keys: the noise of n successive calls). ``scale``:
+        the one global scale, or the rows' block scales concatenated (``local_scale_rows``)."""
+        check_float_input(self.name, rows)
+        n, width = rows.shape
+        s = scale.reshape(-1)
+        if not self._rows_fuse(width):
+            per = s.view(n, -1)
+            return torch.stack([self.compress(r, scale=per[k]).payload["codes"]
+                                for k, r in enumerate(rows)])
+        flat = pad_rows(rows, 8 // self.bits)
+        s = self._scale(flat, s) if self.block_size is not None else s.expand(1).clone()
+        codes = self._impl(flat).exp_quantize(flat, s, self.levels, self.headroom, self.bits,
+                                              self.rng.next_keys(flat.device, n),
+                                              self.block_size)
+        return codes.view(n, -1)
+
+    def combine_rows(self, codes: torch.Tensor) -> torch.Tensor:
+        """The codes of ``reduce_packed`` of the rows' payloads (one scale): the same pairwise
+        tree, each level's combines in one kernel with their calls' row keys."""
+        if codes.shape[0] > self.num_peers:
+            raise ValueError(f"{self.name}: {codes.shape[0]} payloads but num_peers="
+                             f"{self.num_peers}: the compressed sum could overflow")
+        level = codes
+        while level.shape[0] > 1:
+            pairs = level.shape[0] // 2
+            a, b = level[0:2 * pairs:2].reshape(-1), level[1:2 * pairs:2].reshape(-1)
+            keys = self.rng.next_keys(level.device, pairs)
+            merged = self._impl(a).exp_combine(a, b, self.bits, keys).view(pairs, -1)
+            level = torch.cat([merged, level[2 * pairs:]]) if level.shape[0] % 2 else merged
+        return level[0]
+
+    def dequantize_rows(self, codes: torch.Tensor, scale: torch.Tensor,
+                        width: int) -> torch.Tensor:
+        """float32 ``[n, width]``: row k ``decompress`` of the codes in row k of ``codes``
+        with its scales (as ``quantize_rows`` takes them), in one kernel."""
+        n = codes.shape[0]
+        s = scale.reshape(-1)
+        if not self._rows_fuse(width):
+            per = s.view(n, -1)
+            return torch.stack([self.decompress(Packed({"scale": per[k], "codes": c},
+                                                       torch.Size([width]), torch.float32))
+                                for k, c in enumerate(codes)])
+        out = self._impl(codes).exp_dequantize(codes.reshape(-1), s, self.headroom, self.bits,
+                                               torch.float32, self.block_size)
+        return out.view(n, -1)[:, :width]
