@@ -13,7 +13,8 @@ declared capability (``compressors/base.py``):
   which no stock all-reduce runs. After the MAX of the scales: an all-to-all of code chunks
   (rank k gets chunk k from everyone), a pairwise ``combine`` tree of depth ceil(log2 n) on
   rank k, then an all-gather of the combined chunks; the chunks are quantized, combined (per
-  tree level) and decoded in one call each (``*_rows`` methods, same numbers). Only codes travel (the scale is known).
+  tree level) and decoded in one call each (``*_rows`` methods, same numbers). Only codes
+  travel (the scale is known).
   With ``block_size`` the blocks are counted within each chunk (none straddles two owners).
 - any other compressor (``int`` 8/4 bit groups, ``loco`` wrapping one): compress chunks (one
   ``compress_rows`` call when stateless) -> all-to-all -> fp32 sum on the chunk's owner (one
