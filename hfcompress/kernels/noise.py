@@ -79,6 +79,15 @@ def uniform_like(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     ``keys`` int64 ``(k1, k2)`` on ``x``'s device, each in ``[0, 2**32)``, or ``(rows, 2)``
     row keys (``x.numel()`` a multiple of ``rows``; see the module docstring)."""
     keys = keys.reshape(-1, 2)
-    i = torch.arange(x.numel() // keys.shape[0], dtype=torch.int64, device=x.device)
-    h = hash_index(i, keys[:, 0:1], keys[:, 1:2])
+    rows = keys.shape[0]
+    if rows > 1 and x.dim() == 2 and x.shape[0] % rows == 0:
+        # (groups, width) rows of whole groups: the index within a row as (group, column),
+        # so compiled code finds a row per group, not a division per value (vectorizes)
+        per, width = x.shape[0] // rows, x.shape[1]
+        i = (torch.arange(per, dtype=torch.int64, device=x.device)[:, None] * width
+             + torch.arange(width, dtype=torch.int64, device=x.device))
+        h = hash_index(i, keys[:, 0, None, None], keys[:, 1, None, None])
+    else:
+        i = torch.arange(x.numel() // rows, dtype=torch.int64, device=x.device)
+        h = hash_index(i, keys[:, 0:1], keys[:, 1:2])
     return ((h >> (32 - BITS)).to(torch.float32) * (1.0 / (1 << BITS))).reshape(x.shape)
