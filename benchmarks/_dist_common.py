@@ -5,7 +5,9 @@
   their node's network namespace when given a ``Netns``, rank ``node * ranks_per_node +
   local``; returns every rank's return value. A failing or hung rank stops them all, with
   every rank's log in the error.
-- ``Variant``: one way to train the model: plain FSDP2 (``fsdp2``: bf16 parameters, fp32
+- ``Variant``: one way to train the model (``prefetch=True``: FSDP2 explicit prefetching,
+  each decoder layer's all-gather issued asynchronously during the previous layer's forward /
+  the next layer's backward): plain FSDP2 (``fsdp2``: bf16 parameters, fp32
   reduction; ``fsdp2_bf16_reduce``), an hfcompress FSDP preset (``hfcompress.apply``), or DDP
   (``ddp``, ``ddp_fp16``: torch's ``fp16_compress_hook``, ``ddp_powersgd``: torch's
   ``powerSGD_hook``, and the hfcompress all-reduce presets ``global_qsgd`` /
@@ -86,7 +88,7 @@ class Variant:
     meter's closed step (a dict) or None for torch's own collectives."""
 
     def __init__(self, name: str, dims: dict, ranks_per_node: int, *, metered_ddp: bool = False,
-                 powersgd_rank: int = 4, lr: float = 1e-3) -> None:
+                 powersgd_rank: int = 4, lr: float = 1e-3, prefetch: bool = False) -> None:
         import torch
         import torch.distributed as dist
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -128,11 +130,17 @@ class Variant:
                                          start_powerSGD_iter=2)
                 self.net.register_comm_hook(state, serialized_powersgd_hook)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        self.layers = list(self.model.model.layers) if prefetch and not self.ddp else []
+        for a, b in zip(self.layers, self.layers[1:]):     # FSDP2 explicit prefetching
+            a.set_modules_to_forward_prefetch([b])
+            b.set_modules_to_backward_prefetch([a])
 
     def step(self, i: int) -> dict | None:
         import torch
 
         ids = batch(i, self.rank, self.dims)
+        if self.layers:
+            self.layers[0].unshard(async_op=True)   # the first layer's gather overlaps embedding
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.ddp):
             loss = self.net(input_ids=ids, labels=ids).loss
         loss.backward()

@@ -102,7 +102,8 @@ def worker(payload: dict) -> dict:
     def tx() -> int:
         return int(nic.read_text()) if counts else 0
 
-    variants = {n: dc.Variant(n, payload["dims"], x, powersgd_rank=payload["powersgd_rank"])
+    variants = {n: dc.Variant(n, payload["dims"], x, powersgd_rank=payload["powersgd_rank"],
+                              prefetch=payload.get("prefetch", False))
                 for n in names}
     rec = {n: {"times": [], "cpu": [], "tx": [], "meter_inter": [], "comm": []} for n in names}
     rounds = payload["warmup"] + payload["steps"]
@@ -423,6 +424,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=7, help="timed rounds")
     ap.add_argument("--no-ideal", action="store_true", help="skip the unthrottled run")
     ap.add_argument("--powersgd-rank", type=int, default=4)
+    ap.add_argument("--prefetch", action="store_true",
+                    help="FSDP2 explicit prefetching of the next decoder layer (asynchronous "
+                         "all-gathers overlap the previous layer's compute)")
     ap.add_argument("--quick", action="store_true",
                     help="2x1 at 1gbit (+ unthrottled), headline variants, 2 + 5 rounds")
     ap.add_argument("--report-only", action="store_true",
@@ -461,9 +465,10 @@ def main() -> None:
                        f"topologies {a.topologies}, rates {','.join(rates)} (+ unthrottled: "
                        f"{'no' if a.no_ideal else 'yes'}), {a.warmup} warm-up + {a.steps} timed "
                        f"interleaved rounds, PowerSGD rank {a.powersgd_rank}, "
+                       f"FSDP2 prefetching {'on' if a.prefetch else 'off'}, "
                        f"HFCOMPRESS_COMPILE=1, one torch thread per rank")
     payload = {"variants": names, "dims": DIMS, "warmup": a.warmup, "steps": a.steps,
-               "powersgd_rank": a.powersgd_rank}
+               "powersgd_rank": a.powersgd_rank, "prefetch": a.prefetch}
     rows: list[dict] = []
     autos: dict[str, dict] = {}
     t_start = time.perf_counter()
