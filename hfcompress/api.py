@@ -87,9 +87,8 @@ def _apply_ddp(model: DistributedDataParallel, compressor: str | CompressionConf
         auto = AutoController(choice, config)
         config = auto.config
     state = register_ddp_hook(model, config, topology=topology, meter=meter)
-    handle = Compression("ddp", model.module, config, topology, state.meter, state)
-    handle.auto = auto
-    return handle.install()
+    return Compression("ddp", model.module, config, topology, state.meter, state,
+                       auto).install()
 
 
 def _apply_hsdp(model: nn.Module, compressor: str | CompressionConfig,
@@ -169,6 +168,4 @@ def _apply_fsdp(model: nn.Module, compressor: str | CompressionConfig,
 
         auto = AutoController(probe(), requested, reprobe=probe, rebuild=build)
         config = auto.config
-    handle = Compression("fsdp2", model, config, topology, meter, build(config))
-    handle.auto = auto
-    return handle.install()
+    return Compression("fsdp2", model, config, topology, meter, build(config), auto).install()

@@ -7,22 +7,19 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import hfcompress
 from hfcompress.config import AutoSettings, get_config
 
-from fsdp_workers import MP, batch, global_mean, setup, tiny_llama
+from fsdp_workers import MP, global_mean, setup, tiny_llama, train_step
 
 
 def train(model, handle, steps: int) -> list[float]:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
     for step in range(steps):
-        ids = batch(step, dist.get_rank())
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
+        loss = train_step(model, step)
         opt.step()
         opt.zero_grad()
         handle.step()

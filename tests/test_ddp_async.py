@@ -97,10 +97,14 @@ def ddp_worker(rank, world):
     return report
 
 
+def assert_no_host_syncs(report: dict, what: str) -> None:
+    synced = {name: s for name, s in report.items() if s}
+    assert not synced, f"host syncs from hfcompress code in a steady-state {what} step: {synced}"
+
+
 def test_ddp_chained_future_same_numbers_and_no_host_sync():
     report = run_distributed(ddp_worker, 2, timeout=900)[0]
-    synced = {name: s for name, s in report.items() if s}
-    assert not synced, f"host syncs from hfcompress code in a steady-state DDP step: {synced}"
+    assert_no_host_syncs(report, "DDP")
     assert {"global_qsgd", "global_qsgd_exp", "loco", "int8", "global_qsgd_b1024"} <= \
         set(report)
 
@@ -129,5 +133,4 @@ def hsdp_worker(rank, world):
 
 def test_hsdp_replica_hook_no_host_sync():
     report = run_distributed(hsdp_worker, 4, timeout=900)[0]
-    synced = {name: s for name, s in report.items() if s}
-    assert not synced, f"host syncs from hfcompress code in a steady-state HSDP step: {synced}"
+    assert_no_host_syncs(report, "HSDP")

@@ -12,6 +12,7 @@ the weights exactly (SDP4Bit Alg. 4 line 2), so references are re-initialised ex
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import asdict
@@ -98,7 +99,7 @@ class AutoController:
         """A checkpoint's plan: switch to it if it differs, so its state can load."""
         saved = Plan(**plan)
         if saved != self.choice.plan:
-            self.switch(handle, Choice(**{**self.choice.__dict__, "plan": saved}))
+            self.switch(handle, dataclasses.replace(self.choice, plan=saved))
 
     def plan_dict(self) -> dict[str, str]:
         return asdict(self.choice.plan)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..compressors import Compressor
+from ..compressors import Compressor, get_compressor
 from .candidates import OPTIONS, Plan
 from .probe import CodecRate, Links
 
@@ -97,7 +97,6 @@ def built(kind: str, option: str, world: int) -> Compressor | None:
     params = dict(scheme.params)
     if scheme.name.startswith("global_qsgd"):
         params["num_peers"] = world
-    from ..compressors import get_compressor
     c = get_compressor(scheme.name, **params)
     return getattr(c, "inner", c) if scheme.name == "qwd" else c
 

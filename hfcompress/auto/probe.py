@@ -88,18 +88,27 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn: Callable[[], object], reps: int, device: torch.device,
-           world: dist.ProcessGroup) -> float:
-    """Median seconds of ``fn`` over ``reps`` runs, every rank starting together."""
+def _times(fn: Callable[[], object], reps: int, device: torch.device,
+           world: dist.ProcessGroup | None = None) -> list[float]:
+    """Seconds of ``reps`` runs of ``fn`` (device synced around each); with ``world``,
+    every rank starts each run together (a barrier first)."""
     times = []
     for _ in range(reps):
-        dist.barrier(group=world)
+        if world is not None:
+            dist.barrier(group=world)
         _sync(device)
         t0 = time.perf_counter()
         fn()
         _sync(device)
         times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    return times
+
+
+def _timed(fn: Callable[[], object], reps: int, device: torch.device,
+           world: dist.ProcessGroup) -> float:
+    """Median seconds of ``fn`` over ``reps`` runs, every rank starting together."""
+    times = sorted(_times(fn, reps, device, world))
+    return times[len(times) // 2]
 
 
 def _primitive(name: str, nbytes: int, group: dist.ProcessGroup,
@@ -165,14 +174,7 @@ def codec_rate(compressor: Compressor, numel: int, dtype: torch.dtype, device: t
     compressor.decompress(packed)
 
     def fastest(fn: Callable[[], object]) -> float:   # the kernel's own cost, least noise
-        times = []
-        for _ in range(reps):
-            _sync(device)
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            times.append(time.perf_counter() - t0)
-        return min(times) / numel
+        return min(_times(fn, reps, device)) / numel
 
     return CodecRate(fastest(lambda: compressor.compress(x)),
                      fastest(lambda: compressor.decompress(packed)))

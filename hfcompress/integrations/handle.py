@@ -81,19 +81,19 @@ class Compression:
     """Compressed communication installed on a model (see the module docstring).
 
     ``kind``: ``"fsdp2"``, ``"ddp"`` or ``"hsdp"``. ``comms`` (FSDP2): the collectives per
-    FSDP module name; ``all_reduce`` (DDP, HSDP): the hook state.
+    FSDP module name; ``all_reduce`` (DDP, HSDP): the hook state; ``auto``: the
+    ``AutoController`` of a ``comm_compressor="auto"`` handle, else None.
     """
 
     def __init__(self, kind: str, model: nn.Module, config: CompressionConfig,
-                 topology: Topology | None, meter: WireMeter, installed: Installed) -> None:
+                 topology: Topology | None, meter: WireMeter, installed: Installed,
+                 auto: Any = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind={kind!r}; allowed: {KINDS}")
-        self.kind, self.model, self.config = kind, model, config
-        self.topology, self.meter, self.installed_parts = topology, meter, installed
-        self.comms = installed.comms if kind == "fsdp2" else {}
-        self.all_reduce = installed if kind != "fsdp2" else None
+        self.kind, self.model, self.topology, self.meter = kind, model, topology, meter
+        self._parts(config, installed)
         self.installed = False
-        self.auto: Any = None        # an auto.AutoController when the config was "auto"
+        self.auto = auto             # an auto.AutoController when the config was "auto"
 
     def install(self) -> "Compression":
         self.installed_parts.install()
@@ -106,12 +106,15 @@ class Compression:
         self.installed_parts.uninstall()
         self.installed = False
 
-    def adopt(self, config: CompressionConfig, installed: Installed) -> None:
-        """Install other collectives of the same kind (``auto`` switching plans; call
-        ``remove()`` first, so they record the framework's own ones to restore)."""
+    def _parts(self, config: CompressionConfig, installed: Installed) -> None:
         self.config, self.installed_parts = config, installed
         self.comms = installed.comms if self.kind == "fsdp2" else {}
         self.all_reduce = installed if self.kind != "fsdp2" else None
+
+    def adopt(self, config: CompressionConfig, installed: Installed) -> None:
+        """Install other collectives of the same kind (``auto`` switching plans; call
+        ``remove()`` first, so they record the framework's own ones to restore)."""
+        self._parts(config, installed)
         self.install()
 
     @contextlib.contextmanager
