@@ -5,6 +5,8 @@ variant, unthrottled loopback, ``cProfile`` on rank 0 over the timed steps.
 
 Prints the median step time of every rank and rank 0's functions sorted by own time
 (``--sort cumulative`` for inclusive time); ``--out`` also saves the ``pstats`` file.
+``--ops`` profiles torch operators instead (``torch.profiler``, self CPU time: the eager tensor
+ops that ``cProfile`` folds into their Python caller).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def worker(payload: dict) -> dict:
 
     variant = dc.Variant(payload["variant"], DIMS, dc.ranks_per_node())
     times = []
-    prof = cProfile.Profile()
+    ops = payload["ops"] and dist.get_rank() == 0
+    prof = _OpProfile() if ops else cProfile.Profile()
     for i in range(payload["warmup"] + payload["steps"]):
         timed = i >= payload["warmup"]
         dist.barrier()
@@ -42,7 +45,9 @@ def worker(payload: dict) -> dict:
             times.append(time.perf_counter() - t0)
     variant.close()
     out = {"median": statistics.median(times)}
-    if dist.get_rank() == 0:
+    if ops:
+        out["profile"] = prof.table(payload["top"])
+    elif dist.get_rank() == 0:
         text = io.StringIO()
         stats = pstats.Stats(prof, stream=text)
         if payload["out"]:
@@ -50,6 +55,33 @@ def worker(payload: dict) -> dict:
         stats.sort_stats(payload["sort"]).print_stats(payload["top"])
         out["profile"] = text.getvalue()
     return out
+
+
+class _OpProfile:
+    """``torch.profiler`` with ``cProfile``'s enable / disable, over the timed steps."""
+
+    def __init__(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self.prof = profile(activities=[ProfilerActivity.CPU])
+        self.started = self.active = False
+
+    def enable(self) -> None:
+        if not self.started:
+            self.prof.start()
+            self.started = True
+        self.active = True
+
+    def disable(self) -> None:
+        if self.active:   # no dedicated pause: the untimed gaps are barriers only
+            self.active = False
+
+    def table(self, top: int) -> str:
+        self.prof.stop()
+        rows = sorted(self.prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+        lines = [f"{'self ms':>9} {'calls':>6}  operator"]
+        lines += [f"{e.self_cpu_time_total / 1e3:9.1f} {e.count:6d}  {e.key[:90]}" for e in rows]
+        return "\n".join(lines)
 
 
 def main() -> None:
@@ -61,10 +93,12 @@ def main() -> None:
     ap.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"])
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--out", default="", help="also write rank 0's pstats file here")
+    ap.add_argument("--ops", action="store_true",
+                    help="torch operators' self CPU time (torch.profiler) instead of cProfile")
     args = ap.parse_args()
     nodes, per_node = (int(v) for v in args.topology.split("x"))
     payload = {"variant": args.variant, "warmup": args.warmup, "steps": args.steps,
-               "sort": args.sort, "top": args.top, "out": args.out}
+               "sort": args.sort, "top": args.top, "out": args.out, "ops": args.ops}
     results = dc.launch("profile_step", "worker", payload, nodes, per_node)
     print(f"{args.variant} {args.topology}: median step (s) per rank: "
           + ", ".join(f"{r['median']:.3f}" for r in results))

@@ -65,6 +65,8 @@ def test_rotated_rows_are_the_rotated_calls(backend):
     for s in (256, 100):   # whole blocks; an incomplete last block (identity)
         x = _rows(3, s)
         assert torch.equal(h.rotate_rows(x), torch.stack([g.rotate(r) for r in x]))
+        strided = _rows(3, s + 64)[:, 32:s + 32]   # column slices of wider rows
+        assert torch.equal(h.rotate_rows(strided), torch.stack([g.rotate(r) for r in strided]))
         y = h.rotate_rows(x)
         wire = h.compress_rotated_rows(y)
         assert torch.equal(wire, torch.stack([g.compress_rotated(r).flat() for r in y]))

@@ -271,6 +271,10 @@ def test_compiled_kernels_equal_eager(monkeypatch):
                        twin.quantize_difference(w, ref, 4, 128)))
         assert _same(mod.dequantize_add(codes, scales, 4, 128, ref),
                      twin.dequantize_add(codes, scales, 4, 128, ref))
+        for width in (n // 5, n // 5 - 3):   # qWD's 5 rows: whole groups, then padded rows
+            rows = torch.randn(5, width, generator=g).bfloat16()
+            assert _same(mod.dequantize_add_rows(codes, scales, 4, 128, rows),
+                         twin.dequantize_add_rows(codes, scales, 4, 128, rows))
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[0] == graphs[1], "the second size recompiled"  # dynamic shapes
 

@@ -403,3 +403,6 @@ def test_compiled_cpu_path_same_numbers(rounding, monkeypatch):
     assert torch.equal(eager.decompress(pe), compiled.decompress(pc))
     assert torch.equal(eager.reduce([pe, pe]), compiled.reduce([pc, pc]))
     assert torch.equal(eager.rotate(x), compiled.rotate(x))
+    rows = x[:2 * 512].view(2, 512)[:, :320]   # strided rows (a mixed layout's columns)
+    assert torch.equal(eager.rotate_rows(rows), compiled.rotate_rows(rows))
+    assert torch.equal(compiled.rotate_rows(rows), torch.stack([eager.rotate(r) for r in rows]))

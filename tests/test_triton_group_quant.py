@@ -132,6 +132,14 @@ def test_difference_kernels_equal_twin(tt, dtype):
     out = tt.dequantize_add(codes, scales, 4, gs, ref)
     assert same(out, twin.dequantize_add(codes, scales, 4, gs, ref)) and out.dtype == dtype
     assert same(out, (ref.float() + twin.dequantize(codes, scales, 4, gs)[:n]).to(dtype))
+    for width in (gs, gs - 77):   # qWD's rows of a gather: whole groups, then padded rows
+        rows = ref[:3 * width].reshape(3, width)
+        got = tt.dequantize_add_rows(codes[:3 * gs // 2], scales[:3], 4, gs, rows)
+        want = twin.dequantize_add_rows(codes[:3 * gs // 2], scales[:3], 4, gs, rows)
+        assert same(got, want) and got.dtype == dtype
+        assert same(want, torch.stack([twin.dequantize_add(codes[r * gs // 2:(r + 1) * gs // 2],
+                                                           scales[r:r + 1], 4, gs, rows[r])
+                                       for r in range(3)]))
 
 
 def test_empty_inputs(tt):

@@ -64,13 +64,15 @@ def check_sizes(name: str, output: torch.Tensor, input: torch.Tensor, world: int
 def write_result(output: torch.Tensor, total: torch.Tensor, op: Any, world: int) -> None:
     """``output <- total`` (float32 sum), divided by ``world`` for AVG, multiplied by the
     factor for PREMUL_SUM (after the sum: the compressed payloads carry the raw values), in
-    output's dtype."""
+    output's dtype, written straight into ``output`` (one pass, no temporary)."""
     factor = premul_factor(op)
+    total = total.reshape(output.shape)
     if factor is not None:
-        total = total * factor
+        torch.mul(total, factor, out=output)
     elif op == dist.ReduceOp.AVG:
-        total = total / world
-    output.copy_(total.reshape(output.shape))
+        torch.div(total, world, out=output)
+    else:
+        output.copy_(total)
 
 
 class QuantizedReduceScatter(StreamOwner):

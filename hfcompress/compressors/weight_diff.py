@@ -150,10 +150,8 @@ class WeightDifferenceQuantizer(Compressor):
             codes = wire[:, :ncodes].reshape(-1)
             scales = wire[:, ncodes:].contiguous().view(torch.float32).reshape(-1)
             inner = self.inner
-            diff = inner._impl(codes).dequantize(codes, scales, inner.bits, inner.group_size,
-                                                 torch.float32)
-            diff = diff.view(rows, -1)[:, :numel]
-            ref.copy_((ref.float() + diff).to(dtype))   # kernels' add_to, all rows at once
+            ref.copy_(inner._impl(codes).dequantize_add_rows(codes, scales, inner.bits,
+                                                             inner.group_size, ref))
             return self.reference
         for r in range(rows):  # another inner: its own decode per row
             packed = self.inner.unflatten(wire[r], (numel,), torch.float32)

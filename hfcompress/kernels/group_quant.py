@@ -23,7 +23,7 @@ from .packing import pack_codes, unpack_codes
 
 #: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU
 COMPILE_ON_CPU = ("quantize", "dequantize", "dequantize_sum", "dequantize_sum_quantize",
-                  "quantize_difference", "dequantize_add")
+                  "quantize_difference", "dequantize_add", "add_rows")
 #: Inductor stores a pointwise expression of more than a few dozen ops (here ``y + u`` with
 #: the noise hash of keys inlined) instead of fusing it into its consumer: a float32 pass
 #: through memory. A higher limit keeps the hash in the rounding loop (int4 stochastic
@@ -116,3 +116,21 @@ def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
     """``add_to(ref, dequantize(...))``: qWD's update ``w~ + deq(C(w - w~))`` (SDP4Bit Alg. 2)
     in one kernel on CPU."""
     return add_to(ref, dequantize(packed, scale, bits, group_size))
+
+
+def add_rows(ref: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """:func:`add_to` of 2-D ``ref`` and ``y`` (its rows may be strided views)."""
+    return (ref.float() + y).to(ref.dtype)
+
+
+def dequantize_add_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
+                        ref: torch.Tensor) -> torch.Tensor:
+    """:func:`dequantize_add` of every row of ``ref`` ``(rows, numel)`` at once (the payload
+    rows each padded to whole groups, in order): qWD's update of all gathered slots
+    (SDP4Bit Alg. 2). Rows of whole groups lie back to back: one fused kernel; otherwise the
+    decode, then :func:`add_rows` over the padded rows' views (a fused kernel would index
+    every value through a division by the row length, measured ~10x slower on CPU)."""
+    rows, numel = ref.shape
+    if numel % group_size == 0:
+        return dequantize_add(packed, scale, bits, group_size, ref.reshape(-1)).view(rows, numel)
+    return add_rows(ref, dequantize(packed, scale, bits, group_size).view(rows, -1)[:, :numel])

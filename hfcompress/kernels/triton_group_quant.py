@@ -233,3 +233,11 @@ def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
                    ref: torch.Tensor) -> torch.Tensor:
     """:func:`dequantize`, then the twin's ``add_to`` (torch ops)."""
     return _twin.add_to(ref, dequantize(packed, scale, bits, group_size))
+
+
+def dequantize_add_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
+                        ref: torch.Tensor) -> torch.Tensor:
+    """:func:`dequantize` of every row, then the twin's ``add_rows`` (torch ops)."""
+    rows, numel = ref.shape
+    y = dequantize(packed, scale, bits, group_size).view(rows, -1)[:, :numel]
+    return _twin.add_rows(ref, y)
