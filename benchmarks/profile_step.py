@@ -31,13 +31,14 @@ def worker(payload: dict) -> dict:
 
     variant = dc.Variant(payload["variant"], DIMS, dc.ranks_per_node())
     times = []
-    ops = payload["ops"] and dist.get_rank() == 0
+    rank0 = dist.get_rank() == 0
+    ops = payload["ops"] and rank0
     prof = _OpProfile() if ops else cProfile.Profile()
     for i in range(payload["warmup"] + payload["steps"]):
         timed = i >= payload["warmup"]
         dist.barrier()
         t0 = time.perf_counter()
-        if timed and dist.get_rank() == 0:
+        if timed and rank0:
             prof.enable()
         variant.step(i)
         prof.disable()
@@ -47,7 +48,7 @@ def worker(payload: dict) -> dict:
     out = {"median": statistics.median(times)}
     if ops:
         out["profile"] = prof.table(payload["top"])
-    elif dist.get_rank() == 0:
+    elif rank0:
         text = io.StringIO()
         stats = pstats.Stats(prof, stream=text)
         if payload["out"]:
@@ -58,23 +59,23 @@ def worker(payload: dict) -> dict:
 
 
 class _OpProfile:
-    """``torch.profiler`` with ``cProfile``'s enable / disable, over the timed steps."""
+    """``torch.profiler`` behind ``cProfile``'s enable / disable: started at the first timed
+    step and left running (the timed steps follow each other; between them run only the
+    barriers)."""
 
     def __init__(self) -> None:
         from torch.profiler import ProfilerActivity, profile
 
         self.prof = profile(activities=[ProfilerActivity.CPU])
-        self.started = self.active = False
+        self.started = False
 
     def enable(self) -> None:
         if not self.started:
             self.prof.start()
             self.started = True
-        self.active = True
 
     def disable(self) -> None:
-        if self.active:   # no dedicated pause: the untimed gaps are barriers only
-            self.active = False
+        """Keeps recording (see the class docstring)."""
 
     def table(self, top: int) -> str:
         self.prof.stop()
