@@ -1,4 +1,4 @@
-"""Shipped offline eval data (eval/make_data.py, hfcompress/eval/tasks.py): deterministic, checkable
+"""Shipped offline eval data (eval/make_data.py, hfcompress/eval/task_registry.py): deterministic, checkable
 answers, no test leakage into few-shot rows, paths independent of the working directory, and
 shipped in a non-editable install (the wheel)."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from eval_tools import make_data
-from hfcompress.eval import tasks
+from hfcompress.eval import task_registry as tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ["arith_mmlu_test.jsonl", "arith_mmlu_dev.jsonl", "arith_gsm8k_test.jsonl",
@@ -105,4 +105,4 @@ def test_wheel_ships_the_data(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for f in FILES:
         assert f"hfcompress/eval/data/{f}" in names
-    assert "hfcompress/eval/tasks.py" in names
+    assert "hfcompress/eval/task_registry.py" in names

@@ -12,7 +12,7 @@ import pytest
 from eval_tools import toy
 from hfcompress.eval import EvalError, TaskError, compare_models, evaluate
 from hfcompress.eval.harness import check_checkpoint
-from hfcompress.eval.tasks import check_names
+from hfcompress.eval.task_registry import check_names
 
 pytest.importorskip("lm_eval", reason="the eval harness needs pip install 'hfcompress[eval]'")
 

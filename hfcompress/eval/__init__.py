@@ -7,7 +7,8 @@ checkpoint comparison tables, and a Trainer callback. Needs ``pip install 'hfcom
 
 from .compare import compare_models, comparison_rows, format_table, save, score_rows
 from .harness import evaluate
-from .tasks import CHANCE, OFFICIAL_NAMES, OFFLINE_TASKS, EvalError, TaskError, offline_config
+from .errors import EvalError, TaskError
+from .task_registry import CHANCE, OFFICIAL_NAMES, OFFLINE_TASKS, offline_config
 
 __all__ = ["CHANCE", "OFFICIAL_NAMES", "OFFLINE_TASKS", "EvalError", "TaskError",
            "offline_config", "evaluate", "compare_models", "comparison_rows", "format_table",

@@ -18,7 +18,7 @@ from transformers import TrainerCallback
 
 from .compare import score_rows
 from .harness import evaluate
-from .tasks import OFFLINE_TASKS, check_names
+from .task_registry import OFFLINE_TASKS, check_names
 
 
 class LMEvalCallback(TrainerCallback):

