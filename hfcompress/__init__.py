@@ -10,14 +10,17 @@ from .config import list_presets
 from .integrations.handle import Compression
 
 __version__ = "0.1.0"
-__all__ = ["Compression", "Compressor", "Packed", "Trainer", "TrainingArguments", "apply",
-           "get_compressor", "list_compressors", "list_presets", "optim", "register_compressor"]
+__all__ = ["Compression", "CompressionMixin", "Compressor", "Packed", "Trainer",
+           "TrainingArguments", "apply", "get_compressor", "list_compressors", "list_presets",
+           "optim", "register_compressor"]
 
-_LAZY = {"Trainer": ".trainer", "TrainingArguments": ".trainer", "optim": ".optim"}
+_LAZY = {"CompressionMixin": ".trainer", "Trainer": ".trainer", "TrainingArguments": ".trainer",
+         "optim": ".optim"}
 
 
 def __getattr__(name: str):
-    """``Trainer``, ``TrainingArguments`` and ``optim`` import transformers: loaded on use."""
+    """``Trainer``, ``TrainingArguments``, ``CompressionMixin`` and ``optim`` import
+    transformers: loaded on use."""
     if name not in _LAZY:
         raise AttributeError(f"module 'hfcompress' has no attribute {name!r}")
     import importlib

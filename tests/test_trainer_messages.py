@@ -5,7 +5,7 @@ import logging
 
 import hfcompress
 from hfcompress.config import get_config
-from hfcompress.trainer import trainer as trainer_module
+from hfcompress.trainer import mixin as trainer_module
 from hfcompress.trainer.install import summary
 
 from trainer_workers import tiny_llama
