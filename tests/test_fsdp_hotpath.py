@@ -57,16 +57,20 @@ def test_custom_gradient_divide_factor(force_sum):
     compressed (sdp4bit: 2-hop, qsdp: 1-hop) gradients are the default run's (AVG, i.e.
     divided by 2) times 2/3 up to float32 rounding (the compressed sum is the same, its
     rounding seeds too), and the compressed ones are within the compression bound of the
-    exact ones (gradient cosine, the bounds of test_fsdp_training)."""
+    exact ones (gradient cosine, the bounds of test_fsdp_training; ``none`` is the exact run
+    itself, so only its scaling is checked: a float32 cosine of a vector with itself is 1 only
+    up to the summation order of the CPU's instruction set, 0.99999994 on AVX2)."""
     from fsdp_hotpath_workers import divide_factor_worker
     factor = 3.0
     res = run_distributed(divide_factor_worker, 2, ("none", "sdp4bit", "qsdp"), 1, factor,
                           force_sum)
     for r in res:
         exact = r["none"]["factor"]
-        for p, cos_bound in (("none", 1 - 1e-9), ("sdp4bit", 0.97), ("qsdp", 0.999)):
+        for p, cos_bound in (("none", None), ("sdp4bit", 0.97), ("qsdp", 0.999)):
             g, g0 = r[p]["factor"], r[p]["default"]
             assert torch.allclose(g * factor, g0 * 2, rtol=1e-5, atol=1e-7), p
+            if cos_bound is None:
+                continue
             cos = torch.nn.functional.cosine_similarity(g, exact, dim=0)
             assert cos >= cos_bound, (p, cos)
 

@@ -9,7 +9,6 @@ bit for bit. Statistics: one seeded draw of n = 2**20 values per test; every tol
 import copy
 import functools
 import math
-import time
 
 import pytest
 import torch
@@ -46,6 +45,17 @@ def test_hash_matches_python_ints_past_2_pow_32(k1, k2):
            2**40 + 99, 2**62 + 5]
     got = noise.hash_index(torch.tensor(idx, dtype=torch.int64), torch.tensor(k1),
                            torch.tensor(k2))
+    assert got.tolist() == [py_hash(i, k1, k2) for i in idx]
+
+
+@pytest.mark.parametrize("k1,k2", KEYS)
+def test_int32_lanes_hash_the_same_32_bits(k1, k2):
+    """``hash_index32`` (int32 lanes: wrapping products, masked shifts; what the CPU twin
+    runs below 2**31 values per row) gives the 32 bits of the exact formula."""
+    idx = [0, 1, 2, 255, 65535, 65536, 2**24 + 3, 2**30 + 17, 2**31 - 2, 2**31 - 1]
+    i = torch.tensor(idx, dtype=torch.int64).to(torch.int32)
+    keys = torch.tensor([k1, k2], dtype=torch.int64).to(torch.int32)
+    got = noise.hash_index32(i, keys[0], keys[1]).to(torch.int64) & M32
     assert got.tolist() == [py_hash(i, k1, k2) for i in idx]
 
 
@@ -117,10 +127,10 @@ def test_triton_kernel_compiles_for_a_gpu():
     assert out.stdout.split() == ["True", "True"]
 
 
-def test_compiled_twin_same_numbers_one_graph_and_fast():
-    """The CPU path: one graph for every size (no recompilation), same numbers as eager, and
-    much faster (measured on one core: 2.6 ms vs ~250 ms eager for 5.8M values; asserted: 5x
-    faster on 1M values, a margin against a loaded machine)."""
+def test_compiled_twin_same_numbers_one_graph():
+    """The CPU path: one graph for every size (no recompilation), same numbers as eager. Its
+    speed is a benchmark's claim, not a test's (``benchmarks/bench_kernels.py``, its
+    stochastic rows)."""
     from torch._dynamo.utils import counters
 
     fn = dispatch.compiled(noise).uniform_like
@@ -133,22 +143,6 @@ def test_compiled_twin_same_numbers_one_graph_and_fast():
         assert torch.equal(fn(x, k), noise.uniform_like(x, k))
     assert counters["stats"]["unique_graphs"] == graphs, "recompiled for a new size or key"
     assert len(fn.graphs) == keyed and None not in fn.graphs.values()
-
-    def best(f):
-        x = torch.empty(1 << 20)
-        times = []
-        for _ in range(3):
-            t = time.perf_counter()
-            f(x, keys)
-            times.append(time.perf_counter() - t)
-        return min(times)
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert best(fn) * 5 < best(noise.uniform_like)
-    finally:
-        torch.set_num_threads(threads)
 
 
 # -- SeededRNG ------------------------------------------------------------------------------

@@ -13,10 +13,14 @@ vectorized code. For ``i < 2**32`` the map ``i -> h`` is a bijection (each ``fmi
 high word of larger indices (tensors past 4G values) enters through ``(i >> 32) ^ k2``, so
 the sequence does not repeat with period 2**32.
 
-The lanes are int64 holding 32-bit values: a product of a value ``< 2**32`` and a
-multiplier ``< 2**31`` is ``< 2**63``, so nothing overflows (signed overflow is undefined
-in C and would be unsafe in generated code), and every right shift is of a non-negative
-value. ``u`` keeps the top 24 bits of ``h``, exact in float32, in ``[0, 1 - 2**-24]``:
+The lanes are int32 holding the 32 bits of each value (two's complement): a product wraps
+modulo 2**32, which is the finalizer's own arithmetic, and every right shift is masked to
+the bits a logical shift keeps (``(x >> 16) & 0xFFFF``). 32-bit lanes are what every vector
+unit multiplies natively (AVX2 has no 64-bit multiply: int64 lanes made the compiled CPU
+quantize ~5x slower there; a GPU's int64 multiply is several instructions too). A flat
+index past 2**31 (a tensor of more than 2G values per row) takes the same hash on int64
+lanes holding 32-bit values (``hash_index``; products ``< 2**63``): the same numbers.
+``u`` keeps the top 24 bits of ``h``, exact in float32, in ``[0, 1 - 2**-24]``:
 stochastic rounding ``floor(y + u)`` (in exact arithmetic) rounds up with probability
 ``frac(y)`` rounded down to a multiple of 2**-24, a bias in ``(-2**-24, 0]`` of a level
 (-2**-25 on average over ``frac(y)``), far below the rounding noise itself.
@@ -49,6 +53,10 @@ MUL1, MUL2 = 0x7FEB352D, 0x5BD1E995
 BITS = 24
 
 
+#: flat indices below this hash on int32 lanes (``hash_index32``)
+INT32_INDICES = 1 << 31
+
+
 def fmix(x: torch.Tensor) -> torch.Tensor:
     """32-bit finalizer on int64 lanes holding values in ``[0, 2**32)``."""
     x = x ^ (x >> 16)
@@ -58,9 +66,24 @@ def fmix(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def fmix32(x: torch.Tensor) -> torch.Tensor:
+    """``fmix`` on int32 lanes (the same 32 bits: products wrap, shifts masked to logical)."""
+    x = x ^ ((x >> 16) & 0xFFFF)
+    x = x * MUL1
+    x = x ^ ((x >> 15) & 0x1FFFF)
+    x = x * MUL2
+    return x ^ ((x >> 16) & 0xFFFF)
+
+
 def hash_index(i: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor:
     """int64 indices ``i >= 0`` and 32-bit keys -> 32-bit hashes (int64)."""
     return fmix(fmix((i & M32) ^ k1) ^ ((i >> 32) ^ k2))
+
+
+def hash_index32(i: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor:
+    """``hash_index`` of int32 indices ``0 <= i < 2**31`` (their high word is 0) on int32
+    lanes; keys int32 (the 32 bits of each key) -> the hashes' 32 bits as int32."""
+    return fmix32(fmix32(i ^ k1) ^ k2)
 
 
 def is_keys(noise: torch.Tensor | None) -> bool:
@@ -80,14 +103,18 @@ def uniform_like(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     row keys (``x.numel()`` a multiple of ``rows``; see the module docstring)."""
     keys = keys.reshape(-1, 2)
     rows = keys.shape[0]
+    narrow = x.numel() // rows < INT32_INDICES
+    dtype, hash_fn = (torch.int32, hash_index32) if narrow else (torch.int64, hash_index)
+    keys = keys.to(dtype)  # int32: the keys' 32 bits (wrapping conversion)
     if rows > 1 and x.dim() == 2 and x.shape[0] % rows == 0:
         # (groups, width) rows of whole groups: the index within a row as (group, column),
         # so compiled code finds a row per group, not a division per value (vectorizes)
         per, width = x.shape[0] // rows, x.shape[1]
-        i = (torch.arange(per, dtype=torch.int64, device=x.device)[:, None] * width
-             + torch.arange(width, dtype=torch.int64, device=x.device))
-        h = hash_index(i, keys[:, 0, None, None], keys[:, 1, None, None])
+        i = (torch.arange(per, dtype=dtype, device=x.device)[:, None] * width
+             + torch.arange(width, dtype=dtype, device=x.device))
+        h = hash_fn(i, keys[:, 0, None, None], keys[:, 1, None, None])
     else:
-        i = torch.arange(x.numel() // rows, dtype=torch.int64, device=x.device)
-        h = hash_index(i, keys[:, 0:1], keys[:, 1:2])
-    return ((h >> (32 - BITS)).to(torch.float32) * (1.0 / (1 << BITS))).reshape(x.shape)
+        i = torch.arange(x.numel() // rows, dtype=dtype, device=x.device)
+        h = hash_fn(i, keys[:, 0:1], keys[:, 1:2])
+    kept = (h >> (32 - BITS)) & ((1 << BITS) - 1)  # logical shift of the 32 bits
+    return (kept.to(torch.float32) * (1.0 / (1 << BITS))).reshape(x.shape)
