@@ -78,3 +78,72 @@ def sft_worker(rank: int, world: int, tmp: str) -> dict:
     except ValueError as err:
         out["applied"] = str(err)
     return out
+
+
+# -- LoRA: frozen base weights under qWD --------------------------------------------------------
+#: a LLaMA of realistic proportions for LoRA (LoRA r=8 on q/v is ~0.5% of a layer): hidden
+#: 512, 2 layers, 6.4M parameters
+LORA_LLAMA = {"vocab_size": 320, "hidden_size": 512, "intermediate_size": 1376,
+              "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8}
+LORA_STEPS = 4
+
+
+def lora_model():
+    """The LLaMA with LoRA (r=8, q_proj / v_proj; peft), the same on every rank: the base
+    frozen, B initialised non-zero so the adapters matter from step 1."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from hfcompress.testing import tiny_llama
+
+    model = get_peft_model(tiny_llama(**LORA_LLAMA),
+                           LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    torch.manual_seed(1)
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            p.data.normal_(0, 0.02)
+    return model
+
+
+def lora_run(frozen_path: bool) -> dict:
+    """``LORA_STEPS`` AdamW steps of the LoRA model, sharded by ``hfcompress.apply`` with
+    sdp4bit on 2 emulated nodes; per step the losses and the wire meter's inter-node bytes
+    (all ranks)."""
+    import torch
+    import torch.distributed as dist
+    import hfcompress
+    from hfcompress.integrations import fsdp
+
+    saved = fsdp.frozen_columns
+    if not frozen_path:          # today's path: frozen weights' differences sent every step
+        fsdp.frozen_columns = lambda *args: None
+    try:
+        model = lora_model()
+        handle = hfcompress.apply(model, "sdp4bit", ranks_per_node=1, shard=True)
+    finally:
+        fsdp.frozen_columns = saved
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    out = {"losses": [], "inter": [], "trainable": sum(p.numel() for p in model.parameters()
+                                                       if p.requires_grad),
+           "params": sum(p.numel() for p in model.parameters())}
+    for step in range(LORA_STEPS):
+        g = torch.Generator().manual_seed(100 * step + dist.get_rank())
+        ids = torch.randint(0, 320, (2, 32), generator=g)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        handle.step()
+        out["losses"].append(loss.detach().clone())
+    for s in handle.meter.history:
+        t = torch.tensor([float(s["inter_bytes"])], dtype=torch.float64)
+        dist.all_reduce(t)
+        out["inter"].append(t.item())
+    out["losses"] = [x.item() for x in out["losses"]]
+    return out
+
+
+def lora_worker(rank: int, world: int) -> dict:
+    import os
+    os.environ["HFCOMPRESS_COMPILE"] = "0"
+    os.environ.pop("LOCAL_WORLD_SIZE", None)
+    return {"frozen": lora_run(True), "today": lora_run(False)}

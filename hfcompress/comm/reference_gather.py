@@ -35,16 +35,19 @@ alone) all of it completes in the future.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from ..compressors.base import ReferenceCoded
 from .hop import all_gather_single
-from .pending import finish, overlaps
+from .futures import finish, overlaps
 from .topology import Topology
 from .wire_meter import WireMeter, peer_is_remote
+
+if TYPE_CHECKING:
+    from .frozen import SentBytes
 
 
 @dataclass(frozen=True)
@@ -111,14 +114,19 @@ class ShardedReferences:
     # -- the collective -------------------------------------------------------------------
     def __call__(self, out: torch.Tensor, flat: torch.Tensor, group: dist.ProcessGroup,
                  unchanged: bool, meter: WireMeter | None, tag: str,
-                 async_op: bool = False) -> torch.futures.Future | None:
+                 async_op: bool = False, sent: SentBytes | None = None
+                 ) -> torch.futures.Future | None:
+        """``sent``: only those payload bytes cross nodes (frozen parameters, ``frozen.py``)."""
         route = self._used = self.route(group)
         s, y, x = flat.numel(), route.rows, route.ranks_per_node
         self._check_layout((route.world, x, s))
         intra_bytes = inter_bytes = 0
         launch, work, rebuild = overlaps(out.device, async_op) and x == 1, None, None
-        if not unchanged or self.qwd.reference is None:
+        sent = None if self.qwd.reference is None else sent    # the first gather is exact
+        if self.qwd.reference is None or not (unchanged or (sent is not None and not sent.count)):
             payload = self.qwd.compress_slot(flat, route.row, y).flat()
+            if sent is not None:
+                payload = sent.select(payload)
             n = payload.numel()
             if y > 1:
                 wire = torch.empty(y * n, dtype=torch.uint8, device=payload.device)
@@ -127,7 +135,9 @@ class ShardedReferences:
                 wire = payload
 
             def rebuild() -> None:
-                self.qwd.decompress_rows(wire.view(y, n), s, flat.dtype)
+                rows = wire.view(y, n)
+                self.qwd.decompress_rows(rows if sent is None else sent.expand(rows), s,
+                                         flat.dtype)
             intra_bytes, inter_bytes = sends(n, route.inter_remote, route.row)
         if x == 1:   # no intra-node step: the rebuilt references are the output
             if meter is not None:

@@ -159,6 +159,30 @@ class WeightDifferenceQuantizer(Compressor):
                                                    packed.meta)))
         return self.reference
 
+    def difference_byte_runs(self, numel: int, runs: Sequence[tuple[int, int]]
+                             ) -> list[tuple[int, int]] | None:
+        """The ``(start, stop)`` bytes of a difference payload for ``numel`` values that
+        carry the value ranges ``runs``: when every value outside ``runs`` has a zero
+        difference, the payload is those bytes with the others taken from the payload of
+        all-zero differences (``compress(x, unchanged=True)``'s), byte for byte.
+        ``GroupQuantizer`` inner with nearest rounding (groups are quantized independently):
+        every group touching a run, its codes and its scale; another inner: None (send the
+        whole payload)."""
+        if not isinstance(self.inner, GroupQuantizer) or self.inner.rounding != "nearest":
+            return None
+        g, bits = self.inner.group_size, self.inner.bits
+        spec = self.inner.payload_spec(numel)
+        groups = sorted({k for a, b in runs if b > a for k in range(a // g, (b - 1) // g + 1)})
+        out: list[list[int]] = []
+        for offset, width in ((0, g * bits // 8), (spec["codes"][1], 4)):   # codes, scales
+            for k in groups:
+                start = offset + k * width
+                if out and out[-1][1] == start:
+                    out[-1][1] = start + width
+                else:
+                    out.append([start, start + width])
+        return [(a, b) for a, b in out]
+
     def _rows(self, rows: int, numel: int) -> torch.Tensor:
         if self.reference.numel() != rows * numel:
             raise ValueError(f"qwd: {rows} rows of {numel} values do not match the reference "

@@ -31,6 +31,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from ..comm import (QuantizedAllGather, QuantizedReduceScatter, Topology, TwoHopReduceScatter,
                     WireMeter)
 from ..comm.all_gather import VersionWatch
+from ..comm.frozen import FrozenColumns
 from ..comm.memory import check_fits
 from ..comm.pending import FutureWork, finish_all
 from ..compressors.base import FLOAT_DTYPES
@@ -78,6 +79,7 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
                  compressed: QuantizedAllGather | None, exact: QuantizedAllGather) -> None:
         self.name, self.param_group, self.layouts = name, param_group, layouts
         self.compressed, self.exact = compressed, exact
+        self.frozen = frozen_columns(layouts, param_group, compressed)
         self._warned = False
         # qWD: "no optimizer step since the forward all-gather", known on the host
         self.versions = VersionWatch(lambda: _fsdp2.sharded_param_data(param_group))
@@ -123,6 +125,9 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
             # hpZ's secondary partition already holds the compressed weights: exact
             return self.exact(output_tensor, input_tensor, group, async_op=async_op)
         self.compressed.tag = tag
+        if self.frozen is not None:   # qWD with frozen parameters (comm/frozen.py)
+            return self.frozen(self.exact, output_tensor, input_tensor, group, unchanged,
+                               async_op)
         if not layout.mixed:
             return self.compressed(output_tensor, input_tensor, group, unchanged=unchanged,
                                    async_op=async_op)
@@ -151,6 +156,22 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
                           f"({input_tensor.numel()} x {input_tensor.dtype}) does not match its "
                           f"parameters; it is gathered exactly", RuntimeWarning)
         return ok
+
+
+def frozen_columns(layouts: GroupLayouts, param_group,
+                   compressed: QuantizedAllGather | None) -> FrozenColumns | None:
+    """qWD on a module with frozen parameters: their differences are never sent after the
+    exact first all-gather (``comm/frozen.py``); None otherwise."""
+    params = _fsdp2.fsdp_params(param_group)
+    trainable = [_fsdp2.requires_grad(fp) for fp in params]
+    if compressed is None or compressed.references is None or all(trainable) \
+            or layouts.full.all_exact:
+        return None
+
+    def frozen() -> list[torch.Tensor]:
+        return [d for d, t in zip(_fsdp2.sharded_param_data(param_group), trainable) if not t]
+    return FrozenColumns([(s.numel, s.exact, t) for s, t in zip(layouts.segments, trainable)],
+                         compressed, frozen)
 
 
 class FSDPReduceScatter(_Alloc, _fsdp2.ReduceScatter):

@@ -1,0 +1,143 @@
+"""Frozen parameters under qWD: zero inter-node bytes after the first all-gather.
+
+qWD (SDP4Bit Alg. 2) sends ``Q(w - w~)``; a frozen parameter (``requires_grad=False`` when
+the collectives are installed: a LoRA base model, frozen embeddings) never changes, so after
+the exact first all-gather every holder of a reference already has it, and its differences
+are zero. They are still quantized, but not sent:
+
+- :class:`SentBytes`: the bytes of one rank's difference payload that carry the trainable
+  values (``WeightDifferenceQuantizer.difference_byte_runs``: the quantizer groups touching
+  them). Only those cross the network; each receiver puts them into the payload of all-zero
+  differences, which is byte for byte what the frozen groups would have sent, so the
+  decoded references, hence the losses, are bit-identical to sending everything. The wire
+  meter counts the bytes actually sent.
+- :class:`FrozenColumns`: the columns of a flat all-gather slot (FSDP2's: parameter after
+  parameter) split into the ones qWD carries (the compressed parameters, then the frozen
+  parameters that are otherwise sent exactly: norms, biases; appended after the compressed
+  ones, so the quantizer groups of those stay as they were, the frozen ones only fill the
+  last group's zero padding with zero differences) and the trainable exact ones (an exact
+  all-gather of their own). The frozen parameters' version counters are watched on the
+  host: if anything writes to them (``load_state_dict``, unfreezing and training them),
+  that all-gather sends every byte, so the references follow.
+
+Other weight schemes (``qw``, ``zeropp``, QSDP) keep no references: frozen weights are
+compressed and sent every step like the others; gradient-only presets gather them exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .all_gather import QuantizedAllGather, VersionWatch
+from .futures import finish_all
+
+Runs = Sequence[tuple[int, int]]
+
+
+def runs_of(flags: Sequence[tuple[int, bool]]) -> list[tuple[int, int]]:
+    """``(start, stop)`` column ranges of the segments ``(numel, selected)`` selected,
+    adjacent ones merged."""
+    out: list[list[int]] = []
+    start = 0
+    for numel, selected in flags:
+        if selected and numel:
+            if out and out[-1][1] == start:
+                out[-1][1] = start + numel
+            else:
+                out.append([start, start + numel])
+        start += numel
+    return [(a, b) for a, b in out]
+
+
+def take(rows: torch.Tensor, runs: Runs) -> torch.Tensor:
+    """The columns ``runs`` of ``[k, S]`` rows, side by side (a view for one run)."""
+    if len(runs) == 1:
+        return rows[:, runs[0][0]:runs[0][1]]
+    return torch.cat([rows[:, a:b] for a, b in runs], dim=1)
+
+
+def put(rows: torch.Tensor, runs: Runs, cols: torch.Tensor) -> None:
+    """Inverse of :func:`take`: write ``cols`` into the columns ``runs`` of ``rows``."""
+    offset = 0
+    for a, b in runs:
+        rows[:, a:b].copy_(cols[:, offset:offset + b - a])
+        offset += b - a
+
+
+class SentBytes:
+    """Which bytes of a qWD difference payload for ``numel`` values are sent when only the
+    values in ``runs`` can have changed (module docstring)."""
+
+    def __init__(self, qwd: Any, numel: int, runs: Runs) -> None:
+        self.qwd, self.numel = qwd, numel
+        self.byte_runs = qwd.difference_byte_runs(numel, runs)
+        self.count = None if self.byte_runs is None else sum(b - a for a, b in self.byte_runs)
+        self._zero: dict[torch.device, torch.Tensor] = {}
+
+    @property
+    def active(self) -> bool:
+        """False if the scheme cannot leave bytes out (then everything is sent)."""
+        return self.byte_runs is not None
+
+    def select(self, payload: torch.Tensor) -> torch.Tensor:
+        """This rank's flat payload -> the bytes to send."""
+        return take(payload.view(1, -1), self.byte_runs).reshape(-1)
+
+    def expand(self, rows: torch.Tensor) -> torch.Tensor:
+        """``[rows, count]`` received bytes -> ``[rows, nbytes]`` full payloads (the other
+        bytes those of all-zero differences)."""
+        zero = self._zero.get(rows.device)
+        if zero is None:
+            zero = self._zero[rows.device] = self.qwd.inner.compress(
+                torch.zeros(self.numel, dtype=torch.float32, device=rows.device)).flat()
+        full = zero.expand(rows.shape[0], -1).clone()
+        put(full, self.byte_runs, rows)
+        return full
+
+
+class FrozenColumns:
+    """The all-gather of a flat slot holding frozen parameters, under qWD (module docstring).
+
+    ``segments``: per parameter of the slot, in order, ``(numel, exact, trainable)``;
+    ``qwd``: the slot's qWD all-gather; ``frozen``: returns the frozen parameters' local
+    tensors (for their version counters)."""
+
+    def __init__(self, segments: Sequence[tuple[int, bool, bool]], qwd: QuantizedAllGather,
+                 frozen: Callable[[], Sequence[torch.Tensor]]) -> None:
+        self.qwd_runs = runs_of([(n, not e) for n, e, _ in segments]) + \
+            runs_of([(n, e and not t) for n, e, t in segments])
+        self.exact_runs = runs_of([(n, e and t) for n, e, t in segments])
+        self.qwd_numel = sum(b - a for a, b in self.qwd_runs)
+        self.exact_numel = sum(b - a for a, b in self.exact_runs)
+        # the trainable compressed columns, in the qWD slot (compressed columns come first)
+        trainable = runs_of([(n, t) for n, e, t in segments if not e])
+        self.qwd = qwd
+        self.sent = SentBytes(qwd.references.qwd, self.qwd_numel, trainable)
+        self.watch = VersionWatch(frozen)
+
+    def __call__(self, exact: QuantizedAllGather, output: torch.Tensor, input: torch.Tensor,
+                 group: dist.ProcessGroup, unchanged: bool, async_op: bool):
+        """The slot's all-gather: qWD on its columns (differences of trainable groups only,
+        while the frozen parameters are unchanged), the trainable exact columns exactly."""
+        world, device = group.size(), input.device
+        rows = input.reshape(1, -1)
+        qwd_out = torch.empty(world * self.qwd_numel, dtype=input.dtype, device=device)
+        sent = self.sent if self.watch.unchanged() and self.sent.active else None
+        qwd = self.qwd
+        futures = [qwd.references(qwd_out, take(rows, self.qwd_runs).reshape(-1), group,
+                                  unchanged, qwd.meter, qwd.tag, async_op, sent=sent)]
+        exact_out = None
+        if self.exact_numel:
+            exact_out = torch.empty(world * self.exact_numel, dtype=input.dtype, device=device)
+            futures.append(exact(exact_out, take(rows, self.exact_runs).reshape(-1), group,
+                                 async_op=async_op))
+
+        def merge() -> None:
+            out = output.view(world, -1)
+            put(out, self.qwd_runs, qwd_out.view(world, -1))
+            if exact_out is not None:
+                put(out, self.exact_runs, exact_out.view(world, -1))
+        return finish_all(futures, merge, async_op, device)
