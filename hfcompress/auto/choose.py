@@ -17,6 +17,7 @@ time (the model's error is of that order).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -27,7 +28,8 @@ from torch import nn
 
 from ..comm import Topology
 from ..config import AutoSettings
-from .candidates import DDP_KINDS, FSDP_KINDS, OPTIONS, Plan, candidates, pins_from_env
+from .candidates import (DDP_KINDS, FSDP_KINDS, OPTIONS, PIN_ENV, Plan, candidates,
+                         pins_from_env)
 from .cost_model import (Layout, Unit, built, calibrate, ddp_cost, ddp_needs, fsdp_cost,
                          fsdp_needs)
 from .probe import CodecRate, agree, codec_rate, probe_collectives, probe_links
@@ -77,7 +79,19 @@ class Choice:
         return out
 
 
+def check_env_agrees() -> None:
+    """``HFCOMPRESS_AUTO`` must be the same on every rank (else the ranks would probe and
+    pick among different plans and desync): ValueError on every rank, naming each value."""
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, os.environ.get(PIN_ENV))
+    if len(set(values)) > 1:
+        each = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
+        raise ValueError(f"hfcompress auto: {PIN_ENV} differs across ranks ({each}); set the "
+                         f"same value on every rank (or unset it everywhere)")
+
+
 def _settings(settings: AutoSettings, kinds: tuple[str, ...]) -> dict[str, str]:
+    check_env_agrees()
     pins = dict(settings.pins)
     pins.update(pins_from_env())            # the environment wins over the config
     unused = sorted(set(pins) - set(kinds))

@@ -200,6 +200,13 @@ class WeightDifferenceQuantizer(Compressor):
         raise NotImplementedError("qwd compresses weights for all-gather; it has no reduce "
                                   "(payloads are differences against a stateful reference)")
 
+    def reset_reference(self) -> None:
+        """Forget w~: the next ``compress`` sends the values exactly and every replica sets
+        w~ to them (Alg. 4 line 2). For finite weights restored over a non-finite w~ (NaN
+        minus anything stays NaN, so differences alone never recover). Call on every replica
+        at the same point (a host-side decision: the payload format changes)."""
+        self.reference = None
+
     # -- state ----------------------------------------------------------------------------
     def state_bytes(self) -> dict[str, int]:
         """Bytes of state held: the reference w~ (kind "references")."""

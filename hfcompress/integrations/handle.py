@@ -7,7 +7,9 @@ It owns what was installed (``FSDPInstall``: every FSDP module's collectives; or
 - ``step()`` after every optimizer step: the error-feedback reset clock (LoCo Alg. 1 lines
   9-10) on every compressor that has one, then the meter's step boundary;
 - ``state_dict()`` / ``load_state_dict()``: every compressor's state (qWD references, LoCo
-  errors, RNG streams, learned levels);
+  errors, RNG streams, learned levels); ``reset_references()``: qWD references rebuilt by
+  an exact all-gather (also after ``model.load_state_dict``: restored weights recover from a
+  NaN reference);
 - ``memory_report()``: the bytes of that state on this rank, and the parameter bytes;
 - ``remove()``: the framework's own exact collectives again (``disabled()`` for a block);
 - ``auto``: with ``comm_compressor="auto"``, the choice (``hfcompress/auto``): stepped after
@@ -94,6 +96,9 @@ class Compression:
         self._parts(config, installed)
         self.installed = False
         self.auto = auto             # an auto.AutoController when the config was "auto"
+        # weights loaded over the model (a rollback, e.g. after a NaN reached them): qWD
+        # references re-initialised exactly, as a non-finite reference never recovers
+        model.register_load_state_dict_post_hook(lambda module, keys: self.reset_references())
 
     def install(self) -> "Compression":
         self.installed_parts.install()
@@ -140,6 +145,16 @@ class Compression:
         if self.auto is not None:
             self.auto.on_step(self)
         return counts
+
+    def reset_references(self) -> None:
+        """The next all-gather of every qWD stream is exact and re-initialises its reference
+        from the current weights (SDP4Bit Alg. 4 line 2). Runs by itself after
+        ``model.load_state_dict``; call it on every rank after restoring weights another way
+        (e.g. ``p.copy_(saved)``), or a reference made NaN by NaN weights stays NaN."""
+        for c in self.compressors():
+            reset = getattr(c, "reset_reference", None)
+            if reset is not None:
+                reset()
 
     def state_dict(self) -> dict[str, Any]:
         state = self.installed_parts.state_dict()

@@ -15,6 +15,7 @@ import logging
 import os
 
 import torch
+import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,18 @@ def default_use_cpu(args) -> None:
         logger.warning(f"hfcompress: no GPU found; set use_cpu=True so the "
                        f"{launched_world_size()} launched processes train together over gloo "
                        f"(Accelerate would otherwise train each alone)")
+
+
+def init_process_group(args) -> bool:
+    """Create the default process group with ``args.ddp_timeout`` for a multi-process CPU
+    launch (``use_cpu``), where transformers leaves the timeout out; Accelerate then uses
+    this group. Call before ``args.device`` is first read. True if it created the group."""
+    if not args.use_cpu or launched_world_size() < 2 or dist.is_initialized() \
+            or not all(os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK")):
+        return False     # not a launch, or the group is the user's / Accelerate's to make
+    dist.init_process_group(args.ddp_backend or "gloo", timeout=args.ddp_timeout_delta,
+                            rank=int(os.environ["RANK"]), world_size=launched_world_size())
+    return True
 
 
 def fsdp_version(args) -> int | None:

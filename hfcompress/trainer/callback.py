@@ -10,10 +10,12 @@ collective): ``on_train_begin``, ``on_optimizer_step``, ``on_step_end``, ``on_ep
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerState
+from transformers.trainer import TRAINER_STATE_NAME
 
 from ..comm.topology import resolve_ranks_per_node
 from ..config import CompressionConfig
@@ -76,7 +78,8 @@ class CommCallback(TrainerCallback):
         self._bind_loco_optimizer()
         if resume_dir is not None:
             checkpoint.load(st.handle, st.settings, resume_dir, t.args.process_index,
-                            self.on_mismatch, t.args.device, st.stats)
+                            self.on_mismatch, t.args.device, st.stats,
+                            step=checkpoint_step(resume_dir))
         st.seen = st.handle.meter.steps
 
     def _bind_loco_optimizer(self) -> None:
@@ -129,6 +132,12 @@ class CommCallback(TrainerCallback):
         st.logs += 1
         if self.log_every and st.logs % self.log_every == 0:
             st.pending_logs = st.stats.reduce(args.device)
+
+
+def checkpoint_step(checkpoint_dir: str) -> int | None:
+    """The global step of a Trainer checkpoint (its ``trainer_state.json``), None without."""
+    path = os.path.join(checkpoint_dir, TRAINER_STATE_NAME)
+    return TrainerState.load_from_json(path).global_step if os.path.isfile(path) else None
 
 
 def unwrap_optimizer(opt: Any) -> Any:

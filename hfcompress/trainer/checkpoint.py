@@ -10,19 +10,32 @@ Resuming with different settings, or from a checkpoint without the files, never 
 anything: ``on_mismatch="error"`` (default) raises ValueError naming what differs;
 ``"reset"`` warns and starts the compressor state fresh (LoCo errors zero, qWD references
 re-initialised by an exact first all-gather of the loaded weights, new RNG streams).
+
+A file also records its rank, the world size, the global step and the sha256 of its
+serialized state; loading refuses a file of another rank (swapped files), another step, or
+whose bytes changed (a flipped byte, a truncated or empty file), naming the file and what
+differs (under ``"reset"``: warns and starts fresh). Every rank reads its file, then the ranks
+agree on ONE decision (one ``all_gather_object`` of the problems): all load, or all raise /
+reset. Files are written atomically (a temporary file in the same folder, fsync,
+``os.replace``). Format-1 files (no rank, step or checksum) still load, with a warning that
+they cannot be verified.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import warnings
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ..integrations.exact_params import Segment
 
-FORMAT = 1
+FORMAT = 2
+READABLE = (1, 2)
 MISMATCH_CHOICES = ("error", "reset")
 
 
@@ -38,14 +51,71 @@ def settings(config_dict: dict[str, Any], kind: str, world_size: int,
 
 
 def save(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
-         stats: Any = None) -> str:
+         stats: Any = None, step: int | None = None) -> str:
     """Write this rank's compressor state (and the ``CommStats`` run totals) into
-    ``checkpoint_dir``."""
+    ``checkpoint_dir`` atomically, with its rank, world size, global ``step`` and the sha256
+    of the serialized state."""
     path = state_path(checkpoint_dir, rank)
     os.makedirs(checkpoint_dir, exist_ok=True)
-    torch.save({"format": FORMAT, "settings": setting, "state": handle.state_dict(),
-                "totals": stats.state_dict() if stats is not None else None}, path)
+    buf = io.BytesIO()
+    torch.save({"state": handle.state_dict(),
+                "totals": stats.state_dict() if stats is not None else None}, buf)
+    body = buf.getvalue()
+    record = {"format": FORMAT, "rank": rank, "world_size": setting["world_size"],
+              "global_step": step, "settings": setting,
+              "sha256": hashlib.sha256(body).hexdigest(),
+              "body": torch.frombuffer(bytearray(body), dtype=torch.uint8)}
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(record, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return path
+
+
+def _read(path: str, map_location: Any) -> dict[str, Any]:
+    """The file's record; ValueError naming the file if it cannot be read."""
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{path} is empty (an interrupted write?)")
+    try:
+        with torch.serialization.safe_globals([Segment]):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # truncated, corrupt, not a torch file
+        raise ValueError(f"{path} cannot be read ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}): truncated or "
+                         f"corrupt") from e
+
+
+def _verify(saved: dict[str, Any], path: str, rank: int, step: int | None,
+            map_location: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """(the saved ``{"state", "totals"}``, None) or (None, what is wrong with the file)."""
+    fmt = saved.get("format") if isinstance(saved, dict) else None
+    if fmt not in READABLE:
+        raise ValueError(f"{path}: unknown hfcompress state format {fmt!r} (this version "
+                         f"reads formats {READABLE})")
+    if fmt == 1:
+        warnings.warn(f"hfcompress: {path} has the old format 1 (no rank, step or checksum): "
+                      f"it cannot be verified; loaded as is", UserWarning, stacklevel=3)
+        return {"state": saved["state"], "totals": saved.get("totals")}, None
+    if saved["rank"] != rank:
+        return None, (f"{path} holds the state of rank {saved['rank']}, not of rank {rank} "
+                      f"(rank files swapped or renamed?)")
+    if step is not None and saved["global_step"] != step:
+        return None, (f"{path} was saved at global step {saved['global_step']}, but the "
+                      f"checkpoint's training state is at step {step} (a file from another "
+                      f"checkpoint?)")
+    body = saved["body"].numpy().tobytes()
+    digest = hashlib.sha256(body).hexdigest()
+    if digest != saved["sha256"]:
+        return None, (f"{path}: the state's sha256 is {digest[:16]}..., the file recorded "
+                      f"{saved['sha256'][:16]}... (its bytes changed after it was written)")
+    with torch.serialization.safe_globals([Segment]):
+        return torch.load(io.BytesIO(body), map_location=map_location, weights_only=True), None
 
 
 def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -60,41 +130,62 @@ def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
 
 
 def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
-         on_mismatch: str = "error", map_location: Any = None, stats: Any = None) -> bool:
+         on_mismatch: str = "error", map_location: Any = None, stats: Any = None,
+         step: int | None = None) -> bool:
     """Restore this rank's compressor state (and ``stats``' run totals, when saved) from
-    ``checkpoint_dir``; True if restored.
+    ``checkpoint_dir``; True if restored. ``step``: the checkpoint's global step (the file
+    must have been saved at it; None: not checked).
 
-    The decision depends only on the files and the settings, so every rank of a job takes
-    the same one."""
+    Every rank reads and checks its own file, then the ranks of the default process group
+    exchange what they found: they all load, or all raise (``"error"``) / all start fresh
+    (``"reset"``), with every rank's problem in the message."""
     if on_mismatch not in MISMATCH_CHOICES:
         raise ValueError(f"comm_state_mismatch={on_mismatch!r}; allowed: {MISMATCH_CHOICES}")
     path = state_path(checkpoint_dir, rank)
     name = setting["config"].get("name", "custom")
+    saved, problem = None, None
+    if map_location is not None and torch.device(map_location).type == "cpu":
+        map_location = "cpu"     # torch.load does not know Accelerate's "cpu:0"
     if not os.path.exists(path):
         problem = (f"checkpoint {checkpoint_dir!r} has no hfcompress compressor state for rank "
                    f"{rank} (saved by a plain Trainer, with comm_compressor=None, or by fewer "
                    f"ranks), but this run uses comm_compressor {name!r}")
     else:
-        if map_location is not None and torch.device(map_location).type == "cpu":
-            map_location = "cpu"     # torch.load does not know Accelerate's "cpu:0"
-        with torch.serialization.safe_globals([Segment]):
-            saved = torch.load(path, map_location=map_location, weights_only=True)
-        if saved.get("format") != FORMAT:
-            raise ValueError(f"{path}: unknown hfcompress state format {saved.get('format')!r} "
-                             f"(this version reads format {FORMAT})")
-        diff = _differences(saved["settings"], setting)
-        if not diff:
-            handle.load_state_dict(saved["state"])
-            if stats is not None and saved.get("totals"):
-                stats.load_state_dict(saved["totals"])
-            return True
-        problem = (f"checkpoint {checkpoint_dir!r} was saved with different compression "
-                   f"settings than this run's comm_compressor {name!r}:\n  " + "\n  ".join(diff))
+        try:
+            record = _read(path, map_location)
+            diff = _differences(record["settings"], setting)
+            if diff:
+                problem = (f"checkpoint {checkpoint_dir!r} was saved with different compression "
+                           f"settings than this run's comm_compressor {name!r}:\n  "
+                           + "\n  ".join(diff))
+            else:
+                saved, problem = _verify(record, path, rank, step, map_location)
+        except ValueError as e:
+            problem = str(e)
+    problems = _agree(problem)
+    if not problems:
+        handle.load_state_dict(saved["state"])
+        if stats is not None and saved.get("totals"):
+            stats.load_state_dict(saved["totals"])
+        return True
+    problem = "\n".join(problems)
     if on_mismatch == "error":
         raise ValueError(f"hfcompress: {problem}\nResume with the same comm_compressor, "
-                         f"ranks_per_node, integration (FSDP2 / DDP) and world size, or set "
-                         f"comm_state_mismatch='reset' to start the compressor state fresh")
+                         f"ranks_per_node, integration (FSDP2 / DDP) and world size from an "
+                         f"intact checkpoint, or set comm_state_mismatch='reset' to start the "
+                         f"compressor state fresh")
     warnings.warn(f"hfcompress: {problem}\ncomm_state_mismatch='reset': starting the "
-                  f"compressor state fresh (LoCo errors zero, qWD references re-initialised "
-                  f"from the loaded weights, new RNG streams)", UserWarning, stacklevel=2)
+                  f"compressor state fresh on every rank (LoCo errors zero, qWD references "
+                  f"re-initialised from the loaded weights, new RNG streams)", UserWarning,
+                  stacklevel=2)
     return False
+
+
+def _agree(problem: str | None) -> list[str]:
+    """Every rank's problem (empty: all ranks can load): one ``all_gather_object`` over the
+    default group, so that all ranks take the same decision."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return [problem] if problem else []
+    found: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(found, problem)
+    return list(dict.fromkeys(p for p in found if p))     # settings differ alike on all

@@ -100,6 +100,8 @@ class CompressionMixin:
         self.comm_callback: CommCallback | None = None
         self.resume_dir: str | None = None
         if args is not None:
+            if "_setup_devices" not in vars(args):   # plain arguments: ddp_timeout on CPU
+                accelerate_cpu.init_process_group(args)
             _ = args.device          # sets up Accelerate's PartialState
             _check_launch(args, self.comm_config)
             accelerate_cpu.enable_fsdp_on_cpu(args)
@@ -196,7 +198,7 @@ class CompressionMixin:
             st.stats.reduce(self.args.device)   # steps since the last log into the totals
             checkpoint.save(self.compression, st.settings,
                             os.path.join(self._get_output_dir(trial=trial), folder),
-                            self.args.process_index, st.stats)
+                            self.args.process_index, st.stats, self.state.global_step)
 
 
 _warned_single_process = False

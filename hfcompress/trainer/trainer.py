@@ -33,6 +33,7 @@ more argument, ``comm_compressor`` (a preset name or a ``CompressionConfig``)::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import transformers
 
@@ -70,6 +71,13 @@ class TrainingArguments(transformers.TrainingArguments):
                        self.comm_state_mismatch, self.comm_auto_reprobe_steps)
         accelerate_cpu.default_use_cpu(self)
         super().__post_init__()
+
+    @cached_property
+    def _setup_devices(self):
+        """Accelerate's set-up, after creating a CPU launch's process group with
+        ``ddp_timeout`` (``accelerate_cpu.init_process_group``)."""
+        accelerate_cpu.init_process_group(self)
+        return transformers.TrainingArguments._setup_devices.func(self)
 
 
 class Trainer(CompressionMixin, transformers.Trainer):
