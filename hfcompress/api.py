@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch.distributed as dist
 from torch import nn
@@ -14,7 +14,7 @@ from .auto.choose import choose_ddp, choose_fsdp
 from .auto.controller import AutoController
 from .comm import Topology, WireMeter
 from .comm.topology import resolve_ranks_per_node
-from .config import CompressionConfig, get_config
+from .config import AutoSettings, CompressionConfig, describe, request_dict, resolve
 from .integrations import _fsdp2
 from .integrations.consistency import check_same_settings
 from .integrations.ddp import ddp_scheme, register_ddp_hook
@@ -25,7 +25,10 @@ from .integrations.hsdp import fully_shard_hsdp, install_hsdp_hook, is_hsdp_mesh
 from .integrations.timeouts import group_timeout
 
 
-def apply(model: nn.Module, compressor: str | CompressionConfig = "sdp4bit",
+Request = CompressionConfig | AutoSettings
+
+
+def apply(model: nn.Module, compressor: str | CompressionConfig | AutoSettings = "sdp4bit",
           ranks_per_node: int | None = None, shard: bool = False, *,
           meter: WireMeter | None = None, layer_cls: tuple[type, ...] | None = None,
           **fsdp_kwargs: Any) -> Compression:
@@ -41,7 +44,9 @@ def apply(model: nn.Module, compressor: str | CompressionConfig = "sdp4bit",
     - ``compressor``: a preset name (``hfcompress.config.list_presets()``), a
       ``CompressionConfig``, or ``"auto"`` / ``AutoSettings``: probe the links and this
       device, then choose each collective's scheme among the loss-keeping ones
-      (``hfcompress/auto``; FSDP2 and DDP; the choice is ``handle.auto``).
+      (``hfcompress/auto``; FSDP2 and DDP; the choice is ``handle.auto``). Resolved once,
+      here (``config.resolve``); the engine paths get a fixed configuration and, for
+      ``"auto"``, the controller that chose it.
     - ``ranks_per_node``: ranks per node (default ``LOCAL_WORLD_SIZE``, else one node); an
       explicit value emulates nodes on one machine.
     - ``shard=False``: ``model`` is already ``fully_shard``-ed (over ``mesh["shard"]`` for
@@ -57,49 +62,80 @@ def apply(model: nn.Module, compressor: str | CompressionConfig = "sdp4bit",
     if not dist.is_initialized():
         raise RuntimeError("hfcompress.apply needs torch.distributed to be initialized "
                            "(torchrun / accelerate launch, or dist.init_process_group)")
-    if isinstance(model, DistributedDataParallel):
-        return _apply_ddp(model, compressor, ranks_per_node, shard, fsdp_kwargs, meter)
+    ddp = isinstance(model, DistributedDataParallel)
+    hsdp = not ddp and is_hsdp_mesh(fsdp_kwargs.get("mesh"))
+    try:
+        request: Request | ValueError = resolve(compressor)
+    except ValueError as err:
+        if ddp or hsdp:
+            raise
+        request = err        # FSDP2: every rank learns of it in the settings check
+    if ddp:
+        return _apply_ddp(model, request, ranks_per_node, shard, fsdp_kwargs, meter)
     _fsdp2.require()       # FSDP2 from here on: its internals must be where we expect them
-    if is_hsdp_mesh(fsdp_kwargs.get("mesh")):
+    if hsdp:
         mesh = fsdp_kwargs.pop("mesh")
-        return _apply_hsdp(model, compressor, ranks_per_node, shard, mesh, meter, layer_cls,
+        return _apply_hsdp(model, request, ranks_per_node, shard, mesh, meter, layer_cls,
                            fsdp_kwargs)
-    return _apply_fsdp(model, compressor, ranks_per_node, shard, meter, layer_cls, fsdp_kwargs)
+    return _apply_fsdp(model, request, ranks_per_node, shard, meter, layer_cls, fsdp_kwargs)
 
 
-def _apply_ddp(model: DistributedDataParallel, compressor: str | CompressionConfig,
+def check_integration(config: Request, fsdp: bool) -> None:
+    """ValueError if ``config`` compresses nothing that FSDP2 (or DDP / HSDP's all-reduce)
+    sends (``auto`` chooses for the engine it finds). The Trainer calls it when it is
+    created, ``apply`` when it installs."""
+    if not isinstance(config, CompressionConfig):
+        return
+    if not fsdp:
+        ddp_scheme(config)
+    elif config.all_reduce is not None and not config.compresses_fsdp:
+        raise ValueError(f"comm_compressor {config.name!r} compresses only DDP's all-reduce "
+                         f"({describe(config.all_reduce)}: only the DDP / HSDP all-reduce uses it); "
+                         f"FSDP2's all-gather and reduce-scatter have nothing to compress. "
+                         f"Train with DDP (no fsdp), or pick an FSDP preset such as 'sdp4bit'")
+
+
+def _fixed(request: Request, probe: Callable[..., Any],
+           rebuild: Callable[[CompressionConfig], Any] | None = None
+           ) -> tuple[CompressionConfig, AutoController | None]:
+    """The configuration to install and, for ``"auto"``, the controller that chose it
+    (``probe(compute_s=None)`` probes and chooses; ``rebuild``: re-probes may switch)."""
+    if isinstance(request, CompressionConfig):
+        return request, None
+    auto = AutoController(probe(), request, reprobe=probe if rebuild else None,
+                          rebuild=rebuild)
+    return auto.config, auto
+
+
+def _apply_ddp(model: DistributedDataParallel, request: Request,
                ranks_per_node: int | None, shard: bool, fsdp_kwargs: dict[str, Any],
                meter: WireMeter | None) -> Compression:
     if shard or fsdp_kwargs:
         raise ValueError(f"apply() got a DistributedDataParallel model: it is replicated, not "
                          f"sharded; drop shard=True and fully_shard arguments "
                          f"{sorted(fsdp_kwargs)}")
-    config = get_config(compressor)
-    ddp_scheme(config)
+    if isinstance(request, AutoSettings) and request.reprobe_every:
+        raise ValueError("comm_compressor='auto' re-probes (reprobe_every) under FSDP2 "
+                         "only; under DDP it chooses once: set reprobe_every=0")
+    check_integration(request, fsdp=False)
     group = model.process_group
     topology = Topology(ranks_per_node, group_timeout(group))
-    auto = None
-    if config.auto is not None:
-        if config.auto.reprobe_every:
-            raise ValueError("comm_compressor='auto' re-probes (reprobe_every) under FSDP2 "
-                             "only; under DDP it chooses once: set reprobe_every=0")
-        choice = choose_ddp(model.module, topology, dist.get_world_size(group), config.auto)
-        auto = AutoController(choice, config)
-        config = auto.config
+    config, auto = _fixed(request, lambda compute_s=None: choose_ddp(
+        model.module, topology, dist.get_world_size(group), request, compute_s))
     state = register_ddp_hook(model, config, topology=topology, meter=meter)
     return Compression("ddp", model.module, config, topology, state.meter, state,
                        auto).install()
 
 
-def _apply_hsdp(model: nn.Module, compressor: str | CompressionConfig,
+def _apply_hsdp(model: nn.Module, request: Request,
                 ranks_per_node: int | None, shard: bool, mesh: DeviceMesh,
                 meter: WireMeter | None, layer_cls: tuple[type, ...] | None,
                 fsdp_kwargs: dict[str, Any]) -> Compression:
-    config = get_config(compressor)
-    if config.auto is not None:
+    if not isinstance(request, CompressionConfig):
         raise ValueError("comm_compressor='auto' supports FSDP2 and DDP; for HSDP pick a "
                          "preset (e.g. 'global_qsgd_exp' for the replica all-reduce)")
-    ddp_scheme(config)
+    config = request
+    check_integration(config, fsdp=False)
     topology = Topology(ranks_per_node, group_timeout(dist.group.WORLD))
     if shard:
         state = fully_shard_hsdp(model, mesh, config, layer_cls=layer_cls, topology=topology,
@@ -111,21 +147,18 @@ def _apply_hsdp(model: nn.Module, compressor: str | CompressionConfig,
     return Compression("hsdp", model, config, topology, state.meter, state).install()
 
 
-def _apply_fsdp(model: nn.Module, compressor: str | CompressionConfig,
+def _apply_fsdp(model: nn.Module, request: Request | ValueError,
                 ranks_per_node: int | None, shard: bool, meter: WireMeter | None,
                 layer_cls: tuple[type, ...] | None, fsdp_kwargs: dict[str, Any]) -> Compression:
     try:
-        config = get_config(compressor)
-        if config.all_reduce is not None and not config.compresses_fsdp:
-            raise ValueError(f"config {config.name!r} compresses only the DDP / HSDP "
-                             f"all-reduce; FSDP's all-gather and reduce-scatter have nothing "
-                             f"to compress. Use the DDP comm hook, or an FSDP preset such as "
-                             f"'sdp4bit'")
+        if isinstance(request, ValueError):
+            raise request
+        check_integration(request, fsdp=True)
         world = dist.get_world_size()
         x = resolve_ranks_per_node(world, ranks_per_node)
         existing = fsdp_modules(model)
         settings: dict | BaseException = {
-            "config": config.to_dict(), "world_size": world, "ranks_per_node": x,
+            "config": request_dict(request), "world_size": world, "ranks_per_node": x,
             "shard": shard, "fsdp_modules": [n for n, _ in existing],
             "parameters": sum(p.numel() for p in model.parameters())}
     except ValueError as err:  # every rank learns about it, instead of waiting for this one
@@ -142,13 +175,14 @@ def _apply_fsdp(model: nn.Module, compressor: str | CompressionConfig,
     if not shard and not existing:
         raise ValueError("the model has no FSDP2 modules: call fully_shard on it first, or "
                          "pass shard=True")
+    hpz = isinstance(request, CompressionConfig) and request.hpz
     if shard:
-        shard_model(model, x, config.hpz, layer_cls, **fsdp_kwargs)
+        shard_model(model, x, hpz, layer_cls, **fsdp_kwargs)
     elif fsdp_kwargs or layer_cls is not None:
         raise ValueError("layer_cls and fully_shard keyword arguments need shard=True")
     modules = fsdp_modules(model)
     group = check_group(modules)
-    if config.hpz:
+    if hpz:
         check_hpz(modules, x, world)
     topology = Topology(ranks_per_node, group_timeout(group))
     meter = meter if meter is not None else WireMeter()
@@ -158,14 +192,6 @@ def _apply_fsdp(model: nn.Module, compressor: str | CompressionConfig,
                  for i, (name, m) in enumerate(modules)}
         return FSDPInstall(cfg, comms, topology)
 
-    auto = None
-    if config.auto is not None:
-        requested = config
-
-        def probe(compute_s: float | None = None):
-            return choose_fsdp(model, modules, topology, requested.auto,
-                               requested.exact_patterns, requested.min_numel, compute_s)
-
-        auto = AutoController(probe(), requested, reprobe=probe, rebuild=build)
-        config = auto.config
+    config, auto = _fixed(request, lambda compute_s=None: choose_fsdp(
+        model, modules, topology, request, compute_s=compute_s), build)
     return Compression("fsdp2", model, config, topology, meter, build(config), auto).install()

@@ -9,7 +9,7 @@ import sys
 from . import __version__
 from .compressors import get_compressor, list_compressors
 from .compressors.registry import steady_bits_per_value
-from .config import EXACT_GRAD_BITS, list_presets, preset_bits
+from .config import EXACT_GRAD_BITS, get_config, list_presets, preset_bits
 
 
 def _cmd_list(args: argparse.Namespace) -> None:
@@ -19,19 +19,32 @@ def _cmd_list(args: argparse.Namespace) -> None:
           "gradients when exact (hfcompress.config.preset_bits); x less: than the same engine "
           f"exact (FSDP2 {exact['FSDP2']:.0f}, DDP fp32 all-reduce {exact['DDP']:.0f})")
     print(f"  {'preset':<16}{'engine':>7}{'fwd AG':>8}{'bwd AG':>8}{'grads':>8}{'total':>8}"
-          f"{'x less':>8}")
+          f"{'x less':>8}{'frozen':>8}")
     for name in list_presets():
         b = preset_bits(name)
         print(f"  {name:<16}{b['engine']:>7}{b['weights_fwd']:>8.2f}{b['weights_bwd']:>8.2f}"
-              f"{b['grads']:>8.2f}{b['total']:>8.2f}{exact[b['engine']] / b['total']:>8.2f}")
+              f"{b['grads']:>8.2f}{b['total']:>8.2f}{exact[b['engine']] / b['total']:>8.2f}"
+              f"{_frozen_bits(name, b):>8.2f}")
     print(f"  {'auto':<16}chosen per collective at start from a probe of the links and this "
           f"device, among the loss-keeping schemes (HFCOMPRESS_AUTO pins a part)")
+    print("frozen: bits per frozen parameter (requires_grad=False: a LoRA base model) per "
+          "step; qWD sends them once, exactly, then never (hfcompress.comm.frozen); DDP never "
+          "sends weights")
     print("Compressors (hfcompress.get_compressor(NAME, **params)): bits per value on the "
           "wire, steady state (qwd: its first send is exact, 32), and defaults")
     for name in list_compressors():
         c = get_compressor(name)
         print(f"  {name:<16}{steady_bits_per_value(c):7.3f} bits/value  "
               f"{json.dumps(c.config())}")
+
+
+def _frozen_bits(name: str, bits: dict) -> float:
+    """Inter-node bits per frozen parameter per steady-state step: no gradient; the weight
+    all-gathers, except under qWD (references already hold them) and DDP (no gathers)."""
+    weights = get_config(name).weights
+    if bits["engine"] == "DDP" or (weights is not None and weights.name == "qwd"):
+        return 0.0
+    return bits["weights_fwd"] + bits["weights_bwd"]
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:

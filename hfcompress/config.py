@@ -1,7 +1,15 @@
 """``CompressionConfig`` and the named presets users type (docs/architecture.md, "Presets").
 
 A preset is only a named configuration: any weight scheme composes with any gradient scheme
-and with LoCo error feedback. ``get_config("sdp4bit")`` returns a fresh, editable copy.
+and with LoCo error feedback. Every configuration value is immutable (frozen dataclasses,
+read-only parameter mappings), so a preset can be shared without being changed behind
+anyone's back. Edit a copy with :func:`dataclasses.replace`::
+
+    cfg = dataclasses.replace(get_config("loco"), loco=LoCoSettings(beta=0.5), seed=1)
+    cfg = dataclasses.replace(cfg, grad_inter=Scheme("int", {"bits": 8, "group_size": 128}))
+
+``"auto"`` is not a configuration but a request (:class:`AutoSettings`): :func:`resolve` tells
+the two apart, ``hfcompress.apply`` turns the request into a configuration after probing.
 """
 
 from __future__ import annotations
@@ -9,20 +17,52 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar, Mapping
 
 from .compressors import Compressor, get_compressor
 
 
+def _frozen(mapping: Mapping[str, Any] | None, what: str) -> Mapping[str, Any]:
+    if mapping is None:
+        return MappingProxyType({})
+    if not isinstance(mapping, Mapping):
+        raise TypeError(f"{what} must be a mapping (e.g. {{'bits': 4}}), got {mapping!r}")
+    return MappingProxyType(dict(mapping))
+
+
+def _hash_items(mapping: Mapping[str, Any]) -> int:
+    return hash(tuple(sorted((k, repr(v)) for k, v in mapping.items())))
+
+
 @dataclass(frozen=True)
 class Scheme:
-    """A registered compressor name and its parameters (builds fresh instances)."""
+    """A registered compressor name and its parameters (a read-only mapping; builds fresh
+    instances). ``to_dict()`` / ``from_dict()`` for logs and checkpoints."""
 
     name: str
-    params: dict[str, Any] = field(default_factory=dict)
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"Scheme name must be a registered compressor name, got {self.name!r}")
+        object.__setattr__(self, "params", _frozen(self.params, f"Scheme({self.name!r}) params"))
+
+    def __hash__(self) -> int:
+        return hash((self.name, _hash_items(self.params)))
+
+    def __reduce__(self):     # a mappingproxy does not pickle: rebuild from a dict
+        return (Scheme, (self.name, dict(self.params)))
 
     def build(self) -> Compressor:
         return get_compressor(self.name, **self.params)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "params": dict(self.params)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> Scheme | None:
+        return None if d is None else cls(d["name"], d.get("params") or {})
 
 
 def describe(scheme: Scheme | None) -> str:
@@ -33,13 +73,32 @@ def describe(scheme: Scheme | None) -> str:
     return f"{scheme.name} {bits}-bit" if bits is not None else scheme.name
 
 
+@dataclass(frozen=True)
+class LoCoSettings:
+    """LoCo error feedback (LoCo Alg. 1) around the gradient scheme of the first hop: the
+    moving-average weight ``beta``, the reset period ``reset_every`` (optimizer steps) and
+    the 8-bit error's scale (``"group"``: absmax per 128 values, or a fixed float)."""
+
+    beta: float = 0.2
+    reset_every: int = 512
+    error_scale: str | float = "group"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def wrap(self, inner: Compressor) -> Compressor:
+        """``inner`` with this error feedback (the one place a LoCo compressor is built)."""
+        return get_compressor("loco", inner=inner, **self.to_dict())
+
+
 AUTO = "auto"
 
 
-@dataclass
+@dataclass(frozen=True)
 class AutoSettings:
     """Settings of ``comm_compressor="auto"`` (``hfcompress/auto``): choose each collective's
     scheme from a start-up probe of the links and this device, among the loss-keeping ones.
+    A request beside :class:`CompressionConfig`, not a configuration: ``apply`` resolves it.
 
     - ``pins``: collective kind -> option that is not chosen but fixed (e.g.
       ``{"weights": "qwd"}``; ``HFCOMPRESS_AUTO="weights=qwd,grad_inter=hs4"`` overrides);
@@ -50,13 +109,16 @@ class AutoSettings:
       kinds must be predicted to be; ``reps``: timed repetitions per probe measurement.
     """
 
-    pins: dict[str, str] = field(default_factory=dict)
+    name: ClassVar[str] = AUTO
+
+    pins: Mapping[str, str] = field(default_factory=dict)
     reprobe_every: int = 0
     overlap: float = 0.0
     margin: float = 0.05
     reps: int = 3
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "pins", _frozen(self.pins, "AutoSettings pins"))
         if isinstance(self.reprobe_every, bool) or not isinstance(self.reprobe_every, int) \
                 or self.reprobe_every < 0:
             raise ValueError(f"reprobe_every={self.reprobe_every!r} must be an int >= 0")
@@ -65,41 +127,76 @@ class AutoSettings:
         if self.margin < 0 or self.reps < 1:
             raise ValueError(f"margin={self.margin!r} must be >= 0 and reps={self.reps!r} >= 1")
 
+    def __hash__(self) -> int:
+        return hash((_hash_items(self.pins), self.reprobe_every, self.overlap, self.margin,
+                     self.reps))
 
-@dataclass
+    def __reduce__(self):
+        return (AutoSettings, (dict(self.pins), self.reprobe_every, self.overlap, self.margin,
+                               self.reps))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pins": dict(self.pins), "reprobe_every": self.reprobe_every,
+                "overlap": self.overlap, "margin": self.margin, "reps": self.reps}
+
+
+_SCHEMES = ("weights", "grad_intra", "grad_inter", "all_reduce")
+
+
+@dataclass(frozen=True)
 class CompressionConfig:
-    """What each collective sends.
+    """What each collective sends (immutable: edit with ``dataclasses.replace``).
 
     - ``weights``: the all-gather scheme (FSDP forward/backward weights); None = exact.
     - ``grad_intra`` / ``grad_inter``: the reduce-scatter schemes of the intra-node and the
       inter-node all-to-all hop (``two_hop=True``, ZeRO++ B.3 / SDP4Bit 3.2); with
       ``two_hop=False`` only ``grad_inter`` is used, as a 1-hop all-to-all. None = exact.
-    - ``loco``: LoCo error-feedback parameters (LoCo Alg. 1) wrapping the gradient scheme
-      of the hop that leaves the rank first; None = no error feedback.
+    - ``loco``: LoCo error feedback (:class:`LoCoSettings`, LoCo Alg. 1) wrapping the
+      gradient scheme of the hop that leaves the rank first; None = no error feedback.
     - ``all_reduce``: the DDP / HSDP replica all-reduce scheme (Global-QSGD; e.g.
       ``Scheme("global_qsgd", {"block_size": 1024})``: one global scale per 1024 values).
     - ``hpz``: the backward all-gather stays inside the node (ZeRO++ 3.3).
-    - ``exact_patterns`` / ``min_numel``: parameters whose name contains one of the patterns,
-      or with fewer than ``min_numel`` values, are communicated exactly (QSDP keeps norms,
-      biases and small tensors in full precision).
+    - ``exact_patterns`` / ``min_numel``: parameters whose name contains one of the patterns
+      (a sequence of strings), or with fewer than ``min_numel`` values, are communicated
+      exactly (QSDP keeps norms, biases and small tensors in full precision).
     - ``seed``: base seed of the stochastic schemes; each rank, module and direction draws
       its own stream from it (a scheme's own ``seed`` parameter replaces it).
-    - ``auto``: not a fixed configuration but the automatic choice (``AutoSettings``):
-      ``hfcompress.apply`` replaces it by the chosen one (``get_config("auto")``).
     """
 
     weights: Scheme | None = None
     grad_intra: Scheme | None = None
     grad_inter: Scheme | None = None
     two_hop: bool = False
-    loco: dict[str, Any] | None = None
+    loco: LoCoSettings | None = None
     all_reduce: Scheme | None = None
     hpz: bool = False
     exact_patterns: tuple[str, ...] = ("norm", "bias")
     min_numel: int = 0
     seed: int = 0
     name: str = "custom"
-    auto: AutoSettings | None = None
+
+    def __post_init__(self) -> None:
+        for key in _SCHEMES:
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, Scheme):
+                raise TypeError(f"CompressionConfig.{key} must be a Scheme or None, got "
+                                f"{value!r}")
+        if isinstance(self.loco, Mapping):      # LoCo settings given as a dict, as before
+            object.__setattr__(self, "loco", LoCoSettings(**self.loco))
+        elif self.loco is not None and not isinstance(self.loco, LoCoSettings):
+            raise TypeError(f"CompressionConfig.loco must be LoCoSettings or None, got "
+                            f"{self.loco!r}")
+        patterns = self.exact_patterns
+        if isinstance(patterns, (str, bytes)):
+            raise TypeError(f"exact_patterns={patterns!r} is one string, which would match "
+                            f"letter by letter: pass a sequence of name patterns, e.g. "
+                            f"exact_patterns=({patterns!r},)")
+        patterns = tuple(patterns)
+        bad = [p for p in patterns if not isinstance(p, str)]
+        if bad:
+            raise TypeError(f"exact_patterns must be strings (parameter name substrings), got "
+                            f"{bad!r}")
+        object.__setattr__(self, "exact_patterns", patterns)
 
     @property
     def compresses_fsdp(self) -> bool:
@@ -107,7 +204,44 @@ class CompressionConfig:
         return bool(self.weights or self.grad_intra or self.grad_inter or self.loco)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain dicts, lists and numbers (logs, checkpoints; :meth:`from_dict` reads it)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = v.to_dict() if isinstance(v, (Scheme, LoCoSettings)) else v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CompressionConfig:
+        """The config of a :meth:`to_dict` (also of checkpoints saved before configs were
+        frozen, whose dicts carry ``"auto": None``)."""
+        d = upgrade_dict(d)
+        if AUTO in d:
+            raise ValueError("this dict describes the 'auto' request, not a configuration; "
+                             "use AutoSettings(**d['auto'])")
+        kw = dict(d)
+        for key in _SCHEMES:
+            kw[key] = Scheme.from_dict(kw.get(key))
+        return cls(**kw)
+
+
+def upgrade_dict(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved configuration dict in today's format: before configs were frozen, every dict
+    carried an ``"auto"`` field (None; or the ``AutoSettings`` of a ``"auto"`` request,
+    whose other fields were the defaults). Checkpoint readers compare through this."""
+    d = dict(d)
+    if AUTO not in d:
+        return d
+    auto = d.pop(AUTO)
+    return d if auto is None else request_dict(AutoSettings(**auto))
+
+
+def request_dict(request: CompressionConfig | AutoSettings) -> dict[str, Any]:
+    """What was asked for, as plain data: a config's ``to_dict()``, or ``{"name": "auto",
+    "auto": settings}`` for the automatic choice (checkpoints compare it on resume)."""
+    if isinstance(request, AutoSettings):
+        return {"name": AUTO, AUTO: request.to_dict()}
+    return request.to_dict()
 
 
 _INT4_W = Scheme("int", {"bits": 4, "group_size": 2048, "rounding": "nearest"})
@@ -117,9 +251,9 @@ _INT4_G = Scheme("int", {"bits": 4, "group_size": 128, "rounding": "stochastic"}
 _INT8_G = Scheme("int", {"bits": 8, "group_size": 128, "rounding": "stochastic"})
 _HS8 = Scheme("hadamard", {"bits": 8, "group_size": 128, "hadamard_size": 32})
 _HS4 = Scheme("hadamard", {"bits": 4, "group_size": 128, "hadamard_size": 32})
-_LOCO = {"beta": 0.2, "reset_every": 512, "error_scale": "group"}
+_LOCO = LoCoSettings(beta=0.2, reset_every=512, error_scale="group")
 
-PRESETS: dict[str, dict[str, Any]] = {
+_PRESETS: dict[str, dict[str, Any]] = {
     "none": {},
     "qw": {"weights": _INT4_W},
     "qwd": {"weights": _QWD},
@@ -141,6 +275,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "loco_zeropp": {"weights": _INT8_W, "hpz": True, "grad_intra": _INT4_G,
                     "grad_inter": _INT4_G, "two_hop": True, "loco": _LOCO},
 }
+
+
+#: preset name -> the fields of its :class:`CompressionConfig` (read-only)
+PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {k: MappingProxyType(v) for k, v in _PRESETS.items()})
 
 
 def list_presets() -> list[str]:
@@ -184,15 +323,15 @@ def preset_bits(preset: str | CompressionConfig) -> dict[str, Any]:
     return row
 
 
-def get_config(preset: str | CompressionConfig | AutoSettings) -> CompressionConfig:
-    """The :class:`CompressionConfig` of a preset name (a config passes through); ``"auto"``
-    or ``AutoSettings`` give a config whose ``auto`` field asks ``apply`` to choose."""
+def get_config(preset: str | CompressionConfig) -> CompressionConfig:
+    """The :class:`CompressionConfig` of a preset name (a config passes through). Configs
+    are immutable: edit a copy with ``dataclasses.replace(get_config(name), ...)``."""
     if isinstance(preset, CompressionConfig):
         return preset
-    if isinstance(preset, AutoSettings):
-        return CompressionConfig(name=AUTO, auto=preset)
-    if preset == AUTO:
-        return CompressionConfig(name=AUTO, auto=AutoSettings())
+    if isinstance(preset, AutoSettings) or preset == AUTO:
+        raise ValueError("'auto' is not a fixed configuration but a request to choose one "
+                         "from a probe: pass it to hfcompress.apply / comm_compressor as is "
+                         "(hfcompress.config.resolve tells the two apart)")
     if preset not in PRESETS:
         close = difflib.get_close_matches(str(preset), [*PRESETS, AUTO], n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
@@ -200,3 +339,14 @@ def get_config(preset: str | CompressionConfig | AutoSettings) -> CompressionCon
                          f"Valid presets: {', '.join(PRESETS)}, or {AUTO!r} (chosen from the "
                          f"measured links)")
     return CompressionConfig(name=preset, **PRESETS[preset])
+
+
+def resolve(request: str | CompressionConfig | AutoSettings) -> CompressionConfig | AutoSettings:
+    """What ``apply`` / the Trainer were asked for, resolved once: a preset name or a config
+    gives the :class:`CompressionConfig`; ``"auto"`` or :class:`AutoSettings` the settings of
+    the automatic choice. ValueError (listing the presets) for an unknown name."""
+    if isinstance(request, AutoSettings):
+        return request
+    if isinstance(request, str) and request == AUTO:
+        return AutoSettings()
+    return get_config(request)

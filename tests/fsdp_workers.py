@@ -9,6 +9,7 @@ by ``hfcompress.apply(..., shard=True)`` with bf16 parameters and fp32 gradient 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import os
 import time
@@ -269,7 +270,8 @@ def mismatch_checks(rank):
     messages = []
     cfg = get_config("sdp4bit")
     if rank == 1:
-        cfg.grad_inter = Scheme("hadamard", {"bits": 8, "group_size": 128, "hadamard_size": 32})
+        cfg = dataclasses.replace(cfg, grad_inter=Scheme(
+            "hadamard", {"bits": 8, "group_size": 128, "hadamard_size": 32}))
     # a different scheme parameter; a different node layout; a bad preset name on rank 1 only
     # (rank 0 must not wait for it until the timeout)
     bad = "sdp4bit" if rank == 0 else "sdp4bitt"

@@ -2,6 +2,7 @@
 the cost model's arithmetic and rule, and, on real gloo ranks, the choice (the same on every
 rank), its training, its re-probe switch and its checkpoint round trip."""
 
+import dataclasses
 import math
 
 import pytest
@@ -12,7 +13,7 @@ from hfcompress.auto.choose import _pick
 from hfcompress.auto.cost_model import (Layout, Unit, built, calibrate, ddp_cost, fsdp_cost,
                                         payload_bytes)
 from hfcompress.auto.probe import CodecRate, Fit, Links
-from hfcompress.config import AutoSettings, PRESETS, get_config
+from hfcompress.config import PRESETS, AutoSettings, CompressionConfig, get_config, resolve
 import auto_workers as aw
 
 
@@ -43,13 +44,12 @@ def test_plans_run_the_loss_keeping_schemes_of_the_presets():
     gradients) with the base config's exact parameters and seed; no candidate uses qw's
     4-bit weights or zeropp's int4 gradients, and each compressed option cites its
     evidence."""
-    base = get_config("auto")
-    base.seed, base.exact_patterns = 7, ("norm",)
+    base = dataclasses.replace(CompressionConfig(), seed=7, exact_patterns=("norm",))
     full = Plan("qwd", "hs8", "hs4").config(base)
     sdp = get_config("sdp4bit")
     assert (full.weights, full.grad_intra, full.grad_inter, full.two_hop) == \
         (sdp.weights, sdp.grad_intra, sdp.grad_inter, True)
-    assert full.seed == 7 and full.exact_patterns == ("norm",) and full.auto is None
+    assert full.seed == 7 and full.exact_patterns == ("norm",) and not hasattr(full, "auto")
     assert full.name == "auto: weights=qwd grad_intra=hs8 grad_inter=hs4"
     assert not Plan().config(base).compresses_fsdp
     schemes = [s for kind in OPTIONS.values() for s, _ in kind.values() if s is not None]
@@ -61,11 +61,13 @@ def test_plans_run_the_loss_keeping_schemes_of_the_presets():
 
 
 def test_auto_config_and_settings_errors():
-    cfg = get_config("auto")
-    assert cfg.name == "auto" and cfg.auto == AutoSettings()
-    assert get_config(AutoSettings(reprobe_every=5)).auto.reprobe_every == 5
+    cfg = resolve("auto")
+    assert cfg.name == "auto" and cfg == AutoSettings()
+    assert resolve(AutoSettings(reprobe_every=5)).reprobe_every == 5
     with pytest.raises(ValueError, match="'auto'"):
-        get_config("autoo")
+        resolve("autoo")
+    with pytest.raises(ValueError, match="not a fixed configuration"):
+        get_config("auto")
     for bad in ({"reprobe_every": -1}, {"overlap": 1.0}, {"reps": 0}):
         with pytest.raises(ValueError):
             AutoSettings(**bad)

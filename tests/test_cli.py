@@ -25,6 +25,9 @@ def test_list_prints_presets_with_bits_per_parameter_and_compressors(capsys):
     assert rows["none"][1:7] == ["FSDP2", "16.00", "16.00", "32.00", "64.00", "1.00"]
     assert rows["sdp4bit"][5:7] == ["8.27", "7.74"]
     assert rows["global_qsgd"][1] == "DDP" and rows["global_qsgd"][5] == "16.00"
+    # frozen parameters: qWD sends them once, then never; other weight schemes every step
+    assert [rows[p][7] for p in ("sdp4bit", "qwd", "none", "zeropp")] == \
+        ["0.00", "0.00", "32.00", "8.02"]
     compressors = [line.split() for line in out if "bits/value" in line and
                    line.startswith("  ")]
     assert [c[0] for c in compressors] == list_compressors()

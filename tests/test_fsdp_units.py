@@ -1,6 +1,7 @@
 """The single-process parts of the FSDP2 integration: exact-column split/merge, the
 settings comparison, per-stream seeds, decoder-layer discovery, hpZ's reshard value."""
 
+import dataclasses
 import pytest
 import torch
 
@@ -57,9 +58,8 @@ def test_slot_layout_adjacent_segments_form_one_run_split_as_views():
 
 def test_differences_name_keys_and_ranks():
     a = get_config("sdp4bit").to_dict()
-    b = get_config("sdp4bit")
-    b.grad_inter = Scheme("hadamard", {"bits": 8, "group_size": 128, "hadamard_size": 32})
-    b = b.to_dict()
+    b = dataclasses.replace(get_config("sdp4bit"), grad_inter=Scheme(
+        "hadamard", {"bits": 8, "group_size": 128, "hadamard_size": 32})).to_dict()
     assert differences([a, a, a]) == []
     lines = differences([{"config": a, "x": 1}, {"config": b, "x": 1}, {"config": a, "x": 2}])
     assert lines == ["  config.grad_inter.params.bits: rank 0: 4, rank 1: 8, rank 2: 4",

@@ -72,15 +72,15 @@ class Plan:
         parts = [f"{k}={v}" for k, v in asdict(self).items() if v != "exact"]
         return " ".join(parts) or "exact"
 
-    def config(self, base: CompressionConfig) -> CompressionConfig:
+    def config(self, base: CompressionConfig = CompressionConfig()) -> CompressionConfig:
         """The :class:`CompressionConfig` that runs this plan (named ``auto: <label>``), with
-        ``base``'s exactly sent parameters and seed."""
+        ``base``'s exactly sent parameters and seed (default: the defaults)."""
         scheme = {k: OPTIONS[k][v][0] for k, v in asdict(self).items()}
         two_hop = scheme["grad_intra"] is not None or scheme["grad_inter"] is not None
         return dataclasses.replace(
             base, weights=scheme["weights"], grad_intra=scheme["grad_intra"],
             grad_inter=scheme["grad_inter"], two_hop=two_hop, all_reduce=scheme["all_reduce"],
-            loco=None, hpz=False, auto=None, name=f"auto: {self.label}")
+            loco=None, hpz=False, name=f"auto: {self.label}")
 
     def evidence(self) -> list[str]:
         return [OPTIONS[k][v][1] for k, v in asdict(self).items() if v != "exact"]

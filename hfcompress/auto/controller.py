@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..config import CompressionConfig
+from ..config import AutoSettings, CompressionConfig
 from .candidates import Plan
 from .choose import Choice
 
@@ -29,16 +29,16 @@ logger = logging.getLogger(__name__)
 
 
 class AutoController:
-    """The current :class:`Choice` of a handle; ``requested``: the ``auto`` config asked for.
+    """The current :class:`Choice` of a handle; ``settings``: the ``auto`` request.
     ``reprobe(compute_s)`` probes and chooses again (every rank); ``rebuild(config)`` builds
     the collectives of a config (FSDP2; None: switching unsupported)."""
 
-    def __init__(self, choice: Choice, requested: CompressionConfig,
+    def __init__(self, choice: Choice, settings: AutoSettings,
                  reprobe: Callable[[float | None], Choice] | None = None,
                  rebuild: Callable[[CompressionConfig], Any] | None = None) -> None:
-        self.choice, self.requested = choice, requested
+        self.choice, self.settings = choice, settings
         self._reprobe, self._rebuild = reprobe, rebuild
-        self.every = requested.auto.reprobe_every if requested.auto else 0
+        self.every = settings.reprobe_every
         self.steps = 0
         self._mark: tuple[int, float] | None = None
         self._device: torch.device | None = None
@@ -49,7 +49,7 @@ class AutoController:
     @property
     def config(self) -> CompressionConfig:
         """The configuration that runs now."""
-        return self.choice.plan.config(self.requested)
+        return self.choice.plan.config()
 
     def summary(self) -> dict[str, Any]:
         """For ``summary.json``: the choice, its predicted table, the probe, the history."""

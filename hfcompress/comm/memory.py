@@ -48,7 +48,7 @@ def estimate_state_bytes(config: CompressionConfig | str, shard_numels: Sequence
             refs += rows * s * item
         if config.loco is not None and world > 1:
             parts, width = (x, y * s) if config.two_hop and x > 1 else (world, s)
-            errors += _loco_bytes(parts, width, config.loco.get("error_scale", "group"))
+            errors += _loco_bytes(parts, width, config.loco.error_scale)
     return {"references": refs, "errors": errors, "buffers": 0}
 
 

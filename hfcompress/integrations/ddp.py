@@ -34,7 +34,7 @@ from torch.futures import Future
 from ..comm import QuantizedAllReduce, Topology, WireMeter
 from ..comm.all_reduce import group_size_check, stock_all_reduce_bytes
 from ..comm.futures import chain, completed, devices_of
-from ..compressors import Compressor, get_compressor
+from ..compressors import Compressor
 from ..compressors.registry import build_compressor
 from ..config import CompressionConfig, Scheme, describe, get_config
 from .consistency import check_same_settings
@@ -74,8 +74,7 @@ def all_reduce_compressor(config: CompressionConfig, group_size: int,
         return None
     comp = build_compressor(scheme, config.seed, *key, num_peers=group_size)
     group_size_check(comp, group_size)
-    return get_compressor("loco", inner=comp, **config.loco) if config.loco is not None \
-        else comp
+    return config.loco.wrap(comp) if config.loco is not None else comp
 
 
 class BucketAllReduce:

@@ -35,8 +35,8 @@ from ..comm.frozen import FrozenColumns
 from ..comm.memory import check_fits
 from ..comm.pending import FutureWork, finish_all
 from ..compressors.base import FLOAT_DTYPES
-from ..compressors.registry import build_compressor, get_compressor
-from ..config import CompressionConfig
+from ..compressors.registry import build_compressor
+from ..config import CompressionConfig, upgrade_dict
 from . import _fsdp2
 from .consistency import differences
 from .exact_params import GroupLayouts, SlotLayout
@@ -57,7 +57,7 @@ def gradient_collective(config: CompressionConfig, topology: Topology, meter: Wi
         if inner is None:
             raise ValueError(f"config {config.name!r}: loco error feedback needs a gradient "
                              f"scheme on the {'intra' if first_is_intra else 'inter'}-node hop")
-        wrapped = get_compressor("loco", inner=inner, **config.loco)
+        wrapped = config.loco.wrap(inner)
         intra, inter = (wrapped, inter) if first_is_intra else (intra, wrapped)
     if config.two_hop:
         return TwoHopReduceScatter(topology, intra, inter, meter=meter, tag=REDUCE_SCATTER)
@@ -308,7 +308,8 @@ class FSDPInstall:
                             for name, m in self.comms.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        lines = differences([state["config"], self.config.to_dict()], ["saved", "this handle"])
+        lines = differences([upgrade_dict(state["config"]), self.config.to_dict()],
+                            ["saved", "this handle"])
         if lines:
             raise ValueError("hfcompress state was saved with another configuration:\n"
                              + "\n".join(lines))

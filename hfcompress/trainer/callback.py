@@ -18,12 +18,12 @@ from transformers import TrainerCallback, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 
 from ..comm.topology import resolve_ranks_per_node
-from ..config import CompressionConfig
+from ..config import AutoSettings, CompressionConfig, request_dict
 from ..integrations.handle import Compression
 from ..optim import LoCoOptimizer, loco_optimizer_class
 from . import checkpoint
 from .accelerate_cpu import is_rank0
-from .install import install, memory_line, summary
+from .install import install, memory_line, summary, uses_loco
 from .metrics import CommStats
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,8 @@ class CommInstall:
 
 
 class CommCallback(TrainerCallback):
-    def __init__(self, trainer: Any, config: CompressionConfig, ranks_per_node: int | None,
+    def __init__(self, trainer: Any, config: CompressionConfig | AutoSettings,
+                 ranks_per_node: int | None,
                  log_every: int, on_mismatch: str) -> None:
         self.trainer, self.config = trainer, config
         self.ranks_per_node, self.log_every, self.on_mismatch = ranks_per_node, log_every, \
@@ -72,7 +73,8 @@ class CommCallback(TrainerCallback):
             x = resolve_ranks_per_node(world, self.ranks_per_node)
             st.handle, st.model = install(model, self.config, x), model
             st.stats = CommStats(st.handle.meter)
-            st.settings = checkpoint.settings(self.config.to_dict(), st.handle.kind, world, x)
+            st.settings = checkpoint.settings(request_dict(self.config), st.handle.kind, world,
+                                              x)
             if is_rank0():     # "auto": the chosen config (its table was logged by apply)
                 logger.warning(summary(st.handle.config, st.handle.kind, world, x))
         self._bind_loco_optimizer()
@@ -89,7 +91,7 @@ class CommCallback(TrainerCallback):
             if opt.compression is None:
                 opt.compression = st.handle
             st.loco_optimizer = opt if opt.compression is st.handle else None
-        elif self.config.loco is not None:
+        elif uses_loco(self.config):
             loco_optimizer_class(type(opt))       # raises, naming the supported ones
 
     # -- trainer events -----------------------------------------------------------------------

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..config import upgrade_dict
 from ..integrations.exact_params import Segment
 
 FORMAT = 2
@@ -121,7 +122,8 @@ def _verify(saved: dict[str, Any], path: str, rank: int, step: int | None,
 def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """One line per differing setting (config fields one by one)."""
     def fields(s: dict[str, Any]) -> dict[str, Any]:
-        return {**{f"config.{k}": v for k, v in s.get("config", {}).items()},
+        config = upgrade_dict(s.get("config", {}))    # files saved before configs froze
+        return {**{f"config.{k}": v for k, v in config.items()},
                 **{k: v for k, v in s.items() if k != "config"}}
     a, b = fields(saved), fields(current)
     missing = "<missing>"

@@ -11,17 +11,31 @@ from typing import Any
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..api import apply
-from ..config import CompressionConfig, describe
-from ..integrations.ddp import ddp_scheme
+from ..api import apply, check_integration  # noqa: F401 (the Trainer checks it early)
+from ..config import AutoSettings, CompressionConfig, describe
 from ..integrations.fsdp import fsdp_modules
 from ..integrations.handle import Compression
 
 logger = logging.getLogger(__name__)
 
 
-def one_node_fallback(config: CompressionConfig, ranks_per_node: int, world: int) -> str | None:
+Request = CompressionConfig | AutoSettings
+
+
+def uses_loco(request: Request) -> bool:
+    """Whether the optimizer must step LoCo's error feedback (``auto`` never chooses it)."""
+    return isinstance(request, CompressionConfig) and request.loco is not None
+
+
+def uses_hpz(request: Request) -> bool:
+    """Whether layers must reshard to the node after forward (``auto`` never chooses hpZ)."""
+    return isinstance(request, CompressionConfig) and request.hpz
+
+
+def one_node_fallback(config: Request, ranks_per_node: int, world: int) -> str | None:
     """What a multi-node preset does on a single node (FSDP2), or None if nothing changes."""
+    if not isinstance(config, CompressionConfig):
+        return None          # auto chooses for the layout it probed
     if ranks_per_node != world or world < 2 or not (config.two_hop or config.hpz):
         return None
     parts = []
@@ -40,20 +54,9 @@ def one_node_fallback(config: CompressionConfig, ranks_per_node: int, world: int
             f". {hint}")
 
 
-def check_integration(config: CompressionConfig, fsdp: bool) -> None:
-    """ValueError if ``config`` compresses nothing that FSDP2 (or DDP) sends."""
-    if not fsdp:
-        ddp_scheme(config)
-    elif config.all_reduce is not None and not config.compresses_fsdp:
-        raise ValueError(f"comm_compressor {config.name!r} compresses only DDP's all-reduce "
-                         f"({describe(config.all_reduce)}); FSDP2's all-gather and "
-                         f"reduce-scatter have nothing to compress. Train with DDP (no fsdp), "
-                         f"or pick an FSDP preset such as 'sdp4bit'")
-
-
-def install(model: Any, config: CompressionConfig, ranks_per_node: int) -> Compression:
-    """``hfcompress.apply`` on the prepared DDP or FSDP2 model (a one-node warning first for
-    a multi-node FSDP2 preset)."""
+def install(model: Any, config: Request, ranks_per_node: int) -> Compression:
+    """``hfcompress.apply`` on the prepared DDP or FSDP2 model, given the Trainer's request as
+    is (a one-node warning first for a multi-node FSDP2 preset)."""
     if isinstance(model, DistributedDataParallel):
         return apply(model, config, ranks_per_node)
     if not fsdp_modules(model):

@@ -34,12 +34,12 @@ import transformers
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from ..comm.topology import resolve_ranks_per_node
-from ..config import AUTO, CompressionConfig, get_config
+from ..config import AUTO, AutoSettings, CompressionConfig, resolve
 from ..integrations.fsdp import fsdp_modules, hpz_reshard
 from ..optim import LoCoOptimizer, loco_optimizer_class
 from . import accelerate_cpu, checkpoint
 from .callback import CommCallback, unwrap_optimizer
-from .install import check_integration
+from .install import check_integration, uses_hpz, uses_loco
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def check_settings(comm_compressor: Any = None, ranks_per_node: Any = None,
                    comm_auto_reprobe_steps: Any = 0) -> None:
     """ValueError naming the first invalid communication setting."""
     if comm_compressor is not None:
-        get_config(comm_compressor)       # unknown preset: ValueError listing them
+        resolve(comm_compressor)          # unknown preset: ValueError listing them
     name = getattr(comm_compressor, "name", comm_compressor)
     if comm_auto_reprobe_steps and name != AUTO:
         raise ValueError(f"comm_auto_reprobe_steps={comm_auto_reprobe_steps} needs "
@@ -78,7 +78,8 @@ class CompressionMixin:
     ``TrainingArguments`` (``SFTConfig``, ...). Unset everywhere: the plain Trainer."""
 
     def __init__(self, model: Any = None, args: transformers.TrainingArguments | None = None,
-                 *rest: Any, comm_compressor: str | CompressionConfig | None = None,
+                 *rest: Any,
+                 comm_compressor: str | CompressionConfig | AutoSettings | None = None,
                  ranks_per_node: int | None = None, comm_log_every: int | None = None,
                  comm_state_mismatch: str | None = None,
                  comm_auto_reprobe_steps: int | None = None, **kwargs: Any) -> None:
@@ -88,11 +89,11 @@ class CompressionMixin:
         s = {k: v if v is not None else getattr(args, k, SETTINGS[k]) for k, v in given.items()}
         check_settings(**s)
         compressor = s["comm_compressor"]
-        self.comm_config = get_config(compressor) if compressor is not None else None
+        # what was asked for, passed through to hfcompress.apply as is
+        self.comm_config = resolve(compressor) if compressor is not None else None
         every = s["comm_auto_reprobe_steps"]
-        if self.comm_config is not None and self.comm_config.auto is not None and every:
-            self.comm_config = get_config(dataclasses.replace(self.comm_config.auto,
-                                                              reprobe_every=every))
+        if isinstance(self.comm_config, AutoSettings) and every:
+            self.comm_config = dataclasses.replace(self.comm_config, reprobe_every=every)
         if self.comm_config is not None:
             _check_unsharded(model)
             warn_single_process(self.comm_config.name)
@@ -115,9 +116,9 @@ class CompressionMixin:
         self.comm_callback = CommCallback(self, self.comm_config, self.ranks_per_node,
                                           s["comm_log_every"], s["comm_state_mismatch"])
         self.add_callback(self.comm_callback)
-        if self.comm_config.loco is not None:
+        if uses_loco(self.comm_config):
             self._check_loco_optimizer()
-        if self.is_fsdp_enabled and self.comm_config.hpz:
+        if self.is_fsdp_enabled and uses_hpz(self.comm_config):
             self._set_hpz_resharding()
 
     @property
@@ -152,7 +153,8 @@ class CompressionMixin:
             loco_optimizer_class(cls, self.args.optim)
 
     def create_optimizer(self, model=None):
-        if self.optimizer is not None or self.comm_config is None or self.comm_config.loco is None:
+        if self.optimizer is not None or self.comm_config is None \
+                or not uses_loco(self.comm_config):
             return super().create_optimizer(model)
         saved = self.optimizer_cls_and_kwargs
         cls, kwargs = saved or self.get_optimizer_cls_and_kwargs(
@@ -228,7 +230,7 @@ def _check_unsharded(model: Any) -> None:
 
 
 def _check_launch(args: transformers.TrainingArguments,
-                  config: CompressionConfig | None) -> None:
+                  config: CompressionConfig | AutoSettings | None) -> None:
     """Refuse set-ups that would train wrongly without saying so."""
     from accelerate.utils import DistributedType
 
