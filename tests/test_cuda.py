@@ -1,0 +1,477 @@
+"""The GPU check (issue 20): what only a CUDA GPU shows, in one command on one GPU (< 10 min):
+
+    TRITON_INTERPRET=0 python -m pytest -m cuda -q tests/test_cuda.py
+
+(``python benchmarks/gpu_check.py`` runs it and more.) Without CUDA every test skips before
+any CUDA call. Three parts:
+
+- streams: ``torch.cuda._sleep`` (a ~0.1 s spin) is enqueued on the current stream right
+  before each asynchronous path (FSDP2's ``unshard(async_op=True)`` all-gather, the
+  reduce-scatter, the DDP comm hook, the HSDP replica all-reduce hook), and the result is
+  compared with the same run without the sleep: a stage that is not ordered after the
+  caller's stream reads its input before the kernels writing it have run.
+- kernels: every Triton kernel on the GPU against its torch twin on the CPU, bit for bit.
+- training: a few FSDP2 / DDP steps of every preset on a tiny LLaMA, loss close to ``none``'s.
+
+One process is world size 1 over NCCL (a ``file://`` store). The streams, futures and
+kernels run as with more ranks, but an all-reduce over one rank is the identity (and the
+compressed all-reduce / reduce-scatter of one rank skip their exchange), so at world size 1
+the DDP / HSDP hook checks only show errors and hangs, not mis-ordered stages. On a machine
+with several GPUs, ``torchrun --nproc_per_node N -m pytest -m cuda -q tests/test_cuda.py``
+runs the same tests with N ranks (one GPU each, different data per rank), where they do.
+
+``HFCOMPRESS_CUDA_TESTS_DEVICE=cpu`` runs these tests on CPU over gloo (the sleep a no-op,
+Triton interpreted): a dry run of this file's own code, not of the GPU path.
+"""
+
+import importlib
+import math
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import hfcompress
+from hfcompress.compressors import get_compressor
+from hfcompress.compressors.base import GloballyScaled
+from hfcompress.compressors.rng import SeededRNG
+from hfcompress.config import get_config, list_presets
+from hfcompress.kernels import dispatch
+from hfcompress.kernels import global_qsgd as gqt
+from hfcompress.kernels import group_quant as gq
+from hfcompress.kernels import hadamard as hd
+from hfcompress.kernels import learned_levels as ll
+from hfcompress.kernels import noise as nz
+from hfcompress.kernels import qsgd as qs
+from hfcompress.kernels import random_shift as rs
+from hfcompress.testing import tiny_llama
+
+DEVICE_TYPE = os.environ.get("HFCOMPRESS_CUDA_TESTS_DEVICE", "cuda")
+ON_GPU = DEVICE_TYPE == "cuda"
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(ON_GPU and not torch.cuda.is_available(),
+                       reason="needs a CUDA GPU (HFCOMPRESS_CUDA_TESTS_DEVICE=cpu: a CPU dry run)"),
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),    # NaN / Inf test values
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+#: hfcompress's presets: those FSDP2 trains, those only DDP (and HSDP's replica hook) runs
+DDP_ONLY = [p for p in list_presets()
+            if get_config(p).all_reduce is not None and not get_config(p).compresses_fsdp]
+FSDP_PRESETS = [p for p in list_presets() if p not in DDP_ONLY]
+WEIGHT_PRESETS = ["none"] + [p for p in FSDP_PRESETS if get_config(p).weights is not None]
+GRAD_PRESETS = ["none"] + [p for p in FSDP_PRESETS if get_config(p).grad_inter is not None]
+HOOK_PRESETS = ["none", "loco", *DDP_ONLY]      # all-reduce schemes of DDP and HSDP
+
+SLEEP_CYCLES = 200_000_000    # ~0.1 s of GPU clock (1.4-2 GHz)
+
+
+# -- set-up ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The process group: torchrun's (``WORLD_SIZE`` set), else one rank over a file store.
+    Yields (rank, world size); the device is ``device()``."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if ON_GPU:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    backend = "nccl" if ON_GPU else "gloo"
+    if size > 1:
+        dist.init_process_group(backend)
+    else:
+        store = tmp_path_factory.mktemp("pg") / "store"
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
+    yield dist.get_rank(), dist.get_world_size()
+    dist.destroy_process_group()
+
+
+def device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if ON_GPU else torch.device("cpu")
+
+
+def sleep() -> None:
+    """A long spin on the current stream: later work on it starts ~0.1 s later."""
+    if ON_GPU:
+        torch.cuda._sleep(SLEEP_CYCLES)
+
+
+class SleepInBackward(torch.autograd.Function):
+    """Identity; its backward (the first of the backward pass) enqueues the spin, so every
+    gradient kernel runs after it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        sleep()
+        return grad
+
+
+def batch(step: int) -> torch.Tensor:
+    """This rank's token ids at ``step`` (different data per rank)."""
+    g = torch.Generator().manual_seed(1000 * step + dist.get_rank())
+    return torch.randint(0, 256, (4, 32), generator=g).to(device())
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """A (sharded) parameter or gradient as one plain tensor on the CPU."""
+    return cpu_copy(t.full_tensor() if hasattr(t, "full_tensor") else t)
+
+
+def cpu_copy(t: torch.Tensor) -> torch.Tensor:
+    """A float32 copy on the CPU (FSDP2 frees the unsharded parameters' storage on reshard)."""
+    return t.detach().to("cpu", torch.float32, copy=True)
+
+
+# -- streams: a sleep before each asynchronous path ------------------------------------------
+def gathered_layer(preset: str, with_sleep: bool) -> dict[str, torch.Tensor]:
+    """FSDP2, explicit prefetch: decoder layer 0's weights negated in place (on the current
+    stream, after the spin), then ``unshard(async_op=True)`` + ``wait()``: the unsharded
+    weights. A gather that does not wait for the caller's stream sees the old weights."""
+    model = tiny_llama(seed=0).to(device())
+    hfcompress.apply(model, preset, shard=True)
+    layer = model.model.layers[0]
+    with torch.no_grad():
+        model(input_ids=batch(0))       # lazy init; the first gather (qWD: exact, references)
+        layer.reshard()                  # hpZ presets keep the weights after forward
+        if with_sleep:
+            sleep()
+        for p in layer.parameters():
+            p.neg_()
+        layer.unshard(async_op=True).wait()
+        out = {n: cpu_copy(p) for n, p in layer.named_parameters()}
+        layer.reshard()
+    return out
+
+
+@pytest.mark.parametrize("preset", WEIGHT_PRESETS)
+def test_async_all_gather_waits_for_the_callers_stream(world, preset):
+    want = tiny_llama(seed=0).model.layers[0]
+    slow, fast = gathered_layer(preset, True), gathered_layer(preset, False)
+    for name, p in want.named_parameters():
+        assert slow[name].shape == p.shape, name
+        assert torch.equal(slow[name], fast[name]), (preset, name)
+        # the new (negated) weights, within the scheme's error; the stale ones are 2.0 off
+        assert rel_err(fast[name], -p.detach()) < 0.5, (preset, name)
+
+
+def two_backward_passes(net, model, with_sleep: bool) -> dict[str, torch.Tensor]:
+    """Backward of -loss, then of +loss with the spin first: a stage reading its input early
+    sees the first pass's buffers (gradients of the other sign) or unwritten memory. Returns
+    the second pass's gradients."""
+    ids = batch(1)
+    for sign in (-1.0, 1.0):
+        model.zero_grad(set_to_none=True)
+        loss = net(input_ids=ids, labels=ids).loss
+        if with_sleep and sign > 0:
+            loss = SleepInBackward.apply(loss)
+        (sign * loss).backward()
+    return {n: full(p.grad) for n, p in model.named_parameters()}
+
+
+def fsdp_grads(preset: str, with_sleep: bool, mesh=None) -> dict[str, torch.Tensor]:
+    model = tiny_llama(seed=0).to(device())
+    kwargs = {"mesh": mesh} if mesh is not None else {}
+    handle = hfcompress.apply(model, preset, shard=True, **kwargs)
+    grads = two_backward_passes(model, model, with_sleep)
+    handle.remove()
+    return grads
+
+
+def ddp_grads(preset: str, with_sleep: bool) -> dict[str, torch.Tensor]:
+    model = tiny_llama(seed=0).to(device())
+    ddp = DDP(model, device_ids=[device()] if ON_GPU else None, bucket_cap_mb=0.1)
+    handle = hfcompress.apply(ddp, preset)
+    grads = two_backward_passes(ddp, model, with_sleep)
+    handle.remove()
+    return grads
+
+
+def assert_same_grads(slow: dict, fast: dict, what: str) -> None:
+    """Same gradients up to the GPU's run-to-run noise (atomics in attention / embedding
+    backward); a stage that read stale data is off by O(1)."""
+    for name, g in fast.items():
+        assert torch.isfinite(slow[name]).all(), (what, name)
+        assert rel_err(slow[name], g) < 1e-3, (what, name, rel_err(slow[name], g))
+
+
+@pytest.mark.parametrize("preset", GRAD_PRESETS)
+def test_reduce_scatter_waits_for_the_gradients(world, preset):
+    assert_same_grads(fsdp_grads(preset, True), fsdp_grads(preset, False), preset)
+
+
+@pytest.mark.parametrize("preset", HOOK_PRESETS)
+def test_ddp_hook_waits_for_the_gradients(world, preset):
+    slow, fast = ddp_grads(preset, True), ddp_grads(preset, False)
+    assert_same_grads(slow, fast, preset)
+    if dist.get_world_size() == 1:   # the average over one rank is its own gradient
+        plain = tiny_llama(seed=0).to(device())
+        for name, g in two_backward_passes(plain, plain, False).items():
+            assert rel_err(fast[name], g) < 1e-3, (preset, name)
+
+
+@pytest.mark.parametrize("preset", HOOK_PRESETS)
+def test_hsdp_hook_waits_for_the_gradients(world, preset):
+    """HSDP over a (replicas = world size, shards = 1) mesh: every rank is a replica."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(DEVICE_TYPE, (dist.get_world_size(), 1),
+                            mesh_dim_names=("replicate", "shard"))
+    assert_same_grads(fsdp_grads(preset, True, mesh), fsdp_grads(preset, False, mesh), preset)
+
+
+# -- Triton kernels on the GPU == their torch twins on the CPU -------------------------------
+@pytest.fixture(scope="module")
+def compiled_triton():
+    if not dispatch.triton_available():
+        pytest.skip("Triton is not installed")
+    if ON_GPU and dispatch.triton_interpreted():
+        pytest.fail("TRITON_INTERPRET=1 (tests/conftest.py sets it unless told otherwise): "
+                    "run TRITON_INTERPRET=0 python -m pytest -m cuda, so that the kernels are "
+                    "compiled for the GPU instead of interpreted")
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and values; NaN where the other has NaN (any payload); -0.0 == 0.0."""
+    return (a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.isnan(), b.isnan())
+            and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))) if a.is_floating_point() \
+        else (a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
+
+
+def on_device(v):
+    return v.to(DEVICE_TYPE) if isinstance(v, torch.Tensor) else v
+
+
+def check(twin, name: str, *args):
+    """``hfcompress.kernels.triton_<twin>.<name>`` on the device's copies of ``args`` equals
+    ``twin.<name>(*args)`` on the CPU, output by output; returns the twin's outputs."""
+    triton_module = importlib.import_module(
+        f"hfcompress.kernels.triton_{twin.__name__.rsplit('.', 1)[1]}")
+    want = getattr(twin, name)(*args)
+    got = getattr(triton_module, name)(*map(on_device, args))
+    many = isinstance(want, tuple)
+    want, got = (want, got) if many else ((want,), (got,))
+    assert len(got) == len(want), name
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.device.type == DEVICE_TYPE, (name, i)
+        assert same(g.cpu(), w), (twin.__name__, name, i,
+                                  [a for a in args if not torch.is_tensor(a)])
+    return want if many else want[0]
+
+
+def values(numel: int, seed: int, dtype=torch.float32, group: int = 128) -> torch.Tensor:
+    """Mixed magnitudes with an Inf, a NaN, a -Inf group and an all-zero group."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(numel, generator=g) * torch.rand(numel, generator=g).pow(3) * 10
+    x[3], x[group + 1], x[3 * group + 5] = float("inf"), float("nan"), float("-inf")
+    x[2 * group: 3 * group] = 0
+    return x.to(dtype)
+
+
+def noises(numel: int, seed: int, rows: int = 3):
+    """Nearest rounding, float32 noise values, one key pair, ``rows`` row keys."""
+    rng = SeededRNG(seed)
+    return [None, torch.rand(numel, generator=torch.Generator().manual_seed(seed)),
+            rng.next_keys("cpu"), rng.next_keys("cpu", rows)]
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("bits, gs", [(4, 128), (8, 128), (6, 96), (2, 32)])
+def test_group_quant_kernels(compiled_triton, bits, gs):
+    n = gs * 150                               # several programs, the last partial
+    for dtype in DTYPES:
+        x = values(n, bits, dtype, gs)
+        for noise in noises(n, gs):
+            codes, scales = check(gq, "quantize", x, bits, gs, noise)
+        check(gq, "dequantize", codes, scales, bits, gs, dtype)
+    peers = [gq.quantize(values(n, s, group=gs) * (s + 1), bits, gs) for s in range(3)]
+    packed, scale = torch.stack([p[0] for p in peers]), torch.stack([p[1] for p in peers])
+    check(gq, "dequantize_sum", packed, scale, bits, gs)
+    n = 384 * 10                               # whole groups of both sizes
+    peers = [gq.quantize(values(n, s, group=gs) * (s + 1), bits, gs) for s in range(3)]
+    packed, scale = torch.stack([p[0] for p in peers]), torch.stack([p[1] for p in peers])
+    for noise in noises(n, 7)[:3]:
+        check(gq, "dequantize_sum_quantize", packed, scale, bits, gs, 4, 128, noise)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_difference_kernels(compiled_triton, dtype):
+    """qWD's sender / receiver steps (int4, group 2048), any numel."""
+    n, gs = 2048 * 3 + 77, 2048
+    x = values(n, 1, dtype, gs)
+    ref = (x.float() + 0.01 * torch.randn(n, generator=torch.Generator().manual_seed(2))).to(dtype)
+    for noise in (None, SeededRNG(3).next_keys("cpu")):
+        codes, scales = check(gq, "quantize_difference", x, ref, 4, gs, noise)
+    check(gq, "dequantize_add", codes, scales, 4, gs, ref)
+    for width in (gs, gs - 77):
+        rows = ref[:3 * width].reshape(3, width).contiguous()
+        check(gq, "dequantize_add_rows", codes[:3 * gs // 2], scales[:3], 4, gs, rows)
+
+
+@pytest.mark.parametrize("bits, gs, h", [(4, 128, 32), (8, 128, 32), (6, 96, 32), (4, 256, 1)])
+def test_hadamard_kernels(compiled_triton, bits, gs, h):
+    n = gs * 37
+    for numel in (h * 3, 4096 * 2 + 128 * 3):
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(5))
+        check(hd, "rotate", x.to(torch.bfloat16), h)
+    x = values(n, bits, group=gs) * 3
+    for dtype in DTYPES:
+        for noise in noises(n, bits, rows=1):
+            codes, scales = check(hd, "quantize", x.to(dtype), bits, gs, h, noise)
+        for inverse in (True, False):
+            check(hd, "dequantize", codes, scales, bits, gs, h, dtype, inverse)
+    peers = [hd.quantize(values(n, s, group=gs), bits, gs, h) for s in range(3)]
+    packed, scale = torch.stack([p[0] for p in peers]), torch.stack([p[1] for p in peers])
+    for inverse in (True, False):
+        check(hd, "dequantize_sum", packed, scale, bits, gs, h, inverse)
+
+
+def buckets(bucket: int, dtype, seed: int = 0) -> torch.Tensor:
+    """11 buckets: normal values, a NaN, an Inf, zeros, a constant, a ramp, wide, tiny."""
+    x = torch.randn(11, bucket, generator=torch.Generator().manual_seed(seed)) * 3 + 0.5
+    x[1, 5], x[2, 7], x[3], x[4] = float("nan"), -float("inf"), 0, 0.75
+    x[5] = torch.linspace(0, 1, bucket)
+    x[6] *= 1e4
+    x[7] *= 1e-30
+    return x.reshape(-1).to(dtype)
+
+
+QSDP_CASES = [(torch.float32, 1024, 8), (torch.bfloat16, 1024, 4), (torch.float16, 96, 4),
+              (torch.bfloat16, 32, 8)]
+
+
+@pytest.mark.parametrize("dtype, bucket, bits", QSDP_CASES)
+def test_qsdp_kernels(compiled_triton, dtype, bucket, bits):
+    """QSGD, the random-shift lattice and learned levels (QSDP)."""
+    x = buckets(bucket, dtype)
+    n, nb = x.numel(), x.numel() // bucket
+    for noise in noises(n, 1)[1:3]:
+        codes, scales = check(qs, "quantize", x, bits, bucket, noise)
+    check(qs, "dequantize", codes, scales, bits, bucket, dtype)
+    peers = [qs.quantize(x * (p + 1), bits, bucket, torch.rand(n)) for p in range(3)]
+    check(qs, "dequantize_sum", *[torch.stack([p[i] for p in peers]) for i in range(2)],
+          bits, bucket)
+    q = check(rs, "quantize", x, bits, bucket, torch.rand(nb))
+    check(rs, "dequantize", *q, bits, bucket, dtype)
+    peers = [rs.quantize(x * (p + 1), bits, bucket, torch.rand(nb)) for p in range(3)]
+    check(rs, "dequantize_sum", *[torch.stack([p[i] for p in peers]) for i in range(3)],
+          bits, bucket)
+    levels = torch.rand(1 << bits, generator=torch.Generator().manual_seed(3)).sort().values
+    q = check(ll, "quantize", x, levels, bits, bucket)
+    check(ll, "dequantize", *q, levels, bits, bucket, dtype)
+    peers = [ll.quantize(x * (p + 1), levels, bits, bucket) for p in range(2)]
+    check(ll, "dequantize_sum", *[torch.stack([p[i] for p in peers]) for i in range(3)],
+          torch.stack([levels, levels]), bits, bucket)
+
+
+@pytest.mark.parametrize("block_size", [None, 256])
+def test_global_qsgd_kernels(compiled_triton, block_size):
+    n = 3 * 4096 + 384
+    k = 1 if block_size is None else -(-n // block_size)
+    scale = torch.rand(k, generator=torch.Generator().manual_seed(3)) * 8 + 1
+    for dtype in DTYPES:
+        x = values(n, 4, dtype)
+        for noise in noises(n, 2)[1:]:
+            for wire, levels in ((torch.int8, 31), (torch.int32, 1 << 24)):
+                codes = check(gqt, "linear_quantize", x, scale, levels, noise, wire, block_size)
+                check(gqt, "linear_dequantize", codes, scale, levels, dtype, block_size)
+                check(gqt, "linear_dequantize", codes.long() * 3, scale, levels, dtype,
+                      block_size)
+            for bits in (8, 4):
+                a = check(gqt, "exp_quantize", x, scale, 5, 2, bits, noise, block_size)
+                check(gqt, "exp_dequantize", a, scale, 2, bits, dtype, block_size)
+                b = gqt.exp_quantize(values(n, 9, dtype), scale, 5, 2, bits, torch.rand(n),
+                                     block_size)
+                check(gqt, "exp_combine", a, b, bits, noise)
+
+
+def test_noise_kernel(compiled_triton):
+    """The counter hash expanded on the GPU: one key pair and row keys."""
+    x = torch.empty(3 * 4096 + 384)
+    for keys in noises(x.numel(), 11)[2:]:
+        check(nz, "uniform_like", x, keys)
+
+
+COMPRESSORS = [("int", dict(bits=4, group_size=128, rounding="stochastic")),
+               ("int", dict(bits=8, group_size=2048, rounding="nearest")),
+               ("hadamard", dict(bits=4, group_size=128, hadamard_size=32)),
+               ("qsgd", dict(bits=8, bucket_size=1024)),
+               ("random_shift", dict(bits=8, bucket_size=1024)),
+               ("learned", dict(bits=4, bucket_size=1024, fit_steps=20)),
+               ("global_qsgd", dict(num_peers=2)),
+               ("global_qsgd_exp", dict(num_peers=2))]
+
+
+@pytest.mark.parametrize("name, params", COMPRESSORS, ids=[c[0] for c in COMPRESSORS])
+def test_compressors_on_the_gpu_equal_the_cpu(compiled_triton, name, params):
+    """Each scheme on the device (Triton) gives the CPU twin's payloads, decodes and row
+    reduce: the seeded noise, row keys and paddings of the compressors, not only kernels."""
+    x = values(3 * 4001, 13, torch.bfloat16).nan_to_num(0, 0, 0).reshape(3, -1)
+    a = get_compressor(name, seed=5, backend="torch", **params)
+    b = get_compressor(name, seed=5, backend="triton", **params)
+    pa, pb = a.compress(x), b.compress(x.to(DEVICE_TYPE))
+    for key in pa.payload:
+        assert same(pb.payload[key].cpu(), pa.payload[key]), (name, key)
+    assert same(b.decompress(pb).cpu(), a.decompress(pa))
+    if isinstance(a, GloballyScaled):     # peers compress with the all-reduced scale
+        scale = torch.stack([a.local_scale(r) for r in x]).amax()
+        pa = [a.compress(r, scale=scale) for r in x]
+        pb = [b.compress(r.to(DEVICE_TYPE), scale=scale.to(DEVICE_TYPE)) for r in x]
+        assert same(b.reduce(pb).cpu(), a.reduce(pa))
+        return
+    wa, wb = a.compress_rows(x), b.compress_rows(x.to(DEVICE_TYPE))
+    assert same(wb.cpu(), wa)
+    assert same(b.reduce_rows(wb, (x.shape[1],), x.dtype).cpu(),
+                a.reduce_rows(wa, (x.shape[1],), x.dtype))
+
+
+# -- training: a few steps of every preset at world size 1 -----------------------------------
+STEPS = 4
+_losses: dict[tuple[str, str], list[float]] = {}
+
+
+def train(engine: str, preset: str) -> list[float]:
+    """``STEPS`` AdamW steps of the tiny LLaMA (FSDP2 or DDP), the losses (cached)."""
+    if (engine, preset) in _losses:
+        return _losses[engine, preset]
+    model = tiny_llama(seed=0).to(device())
+    if engine == "fsdp2":
+        net, handle = model, hfcompress.apply(model, preset, shard=True)
+    else:
+        net = DDP(model, device_ids=[device()] if ON_GPU else None)
+        handle = hfcompress.apply(net, preset)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for step in range(STEPS):
+        ids = batch(step)
+        loss = net(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        handle.step()
+        losses.append(loss.item())
+    handle.remove()
+    _losses[engine, preset] = losses
+    return losses
+
+
+@pytest.mark.parametrize("engine, preset", [("fsdp2", p) for p in FSDP_PRESETS]
+                         + [("ddp", p) for p in HOOK_PRESETS])
+def test_training_steps(world, engine, preset):
+    losses, exact = train(engine, preset), train(engine, "none")
+    assert all(math.isfinite(v) for v in losses), losses
+    assert losses[-1] < losses[0], losses                      # it learns
+    assert abs(losses[-1] - exact[-1]) < 0.05 * exact[-1], (losses, exact)
