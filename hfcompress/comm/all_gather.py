@@ -16,8 +16,10 @@ FSDP's backward all-gather; every rank must pass the same value) rebuilds from t
 references without sending differences. Stateless schemes ignore it.
 
 ``async_op=True`` returns a future that completes when the exchange and the decode into
-``output`` are done (``pending.py``: on CPU the decode is chained to gloo's asynchronous
-all-gather; on CUDA everything is enqueued on the current stream).
+``output`` are done (``futures.py``: on CPU the decode is chained to gloo's asynchronous
+all-gather; on CUDA every stage is enqueued on a private side stream that waits on the
+caller's stream, and the future, completed there with ``output``, makes its waiter's
+stream wait).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch.distributed as dist
 
 from ..compressors.base import Compressor, ReferenceCoded
 from .hop import all_gather_single
-from .pending import finish, overlaps
+from .futures import finish, inline, overlaps, side_stream_call
 from .reference_gather import ShardedReferences
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
@@ -59,6 +61,9 @@ class QuantizedAllGather(StreamOwner):
         if output.numel() != world * s:
             raise ValueError(f"all_gather: output has {output.numel()} values, expected "
                              f"world size {world} x input {s} = {world * s}")
+        if async_op and inline(input.device):   # CUDA: the side stream (futures.py)
+            return side_stream_call(lambda: self(output, input, group, unchanged), output,
+                                    keep=[input])
         device, launch = input.device, overlaps(input.device, async_op)
         if self.compressor is None:
             self._record([s * input.element_size()] * world, group, me)

@@ -81,8 +81,10 @@ class QuantizedAllReduce(StreamOwner):
     def launch(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                group: dist.ProcessGroup | None = None) -> Future:
         """Start reducing ``tensor`` in place; a future of ``tensor``, complete when every
-        stage is. Each stage is an asynchronous collective whose completion runs the next
-        (:func:`~.futures.chain`); nothing here waits. Same numbers as ``__call__``."""
+        stage is. CPU: each stage is an asynchronous collective whose completion runs the
+        next (:func:`~.futures.chain`), nothing here waits; CUDA: every stage is enqueued
+        now on the current stream, in order, and the future holds ``tensor`` with an event
+        recorded after the last stage (``futures.py``). Same numbers as ``__call__``."""
         if group is None:
             group = self.topology.group if self.topology else dist.group.WORLD
         world, me = dist.get_world_size(group), dist.get_rank(group)
@@ -106,8 +108,8 @@ class QuantizedAllReduce(StreamOwner):
             else:
                 total = self._chunked(flat, streams, group, world, me, dev)
 
-            def average(t: torch.Tensor) -> None:
-                flat.copy_(t / world if op == dist.ReduceOp.AVG else t)
+            def average(t: torch.Tensor) -> torch.Tensor:
+                return flat.copy_(t / world if op == dist.ReduceOp.AVG else t)
             fut = chain(total, average, dev)
 
         def write_back(_: Any) -> torch.Tensor:

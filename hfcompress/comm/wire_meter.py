@@ -37,7 +37,10 @@ def peer_is_remote(group: dist.ProcessGroup | None, topology: Topology | None) -
 
 
 class Timer:
-    """Seconds inside ``with timer(device):`` blocks (CUDA: events, resolved when read)."""
+    """Seconds inside ``with timer(device):`` blocks (CUDA: events on the current stream,
+    resolved when read). Pairs of events whose end the GPU has passed are folded into the
+    count at each new block (``Event.query()``: no host sync), so a loop that never calls
+    ``take`` keeps only the pairs still in flight, not one per collective forever."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -46,6 +49,7 @@ class Timer:
     @contextlib.contextmanager
     def __call__(self, device: torch.device) -> Iterator[None]:
         if device.type == "cuda":
+            self._fold(block=False)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             yield
@@ -56,12 +60,26 @@ class Timer:
         yield
         self.seconds += time.perf_counter() - t0
 
-    def take(self) -> float:
-        """Seconds since the last ``take``; restarts the count."""
+    def in_flight(self) -> int:
+        """Event pairs not yet folded into the count."""
+        return len(self._events)
+
+    def _fold(self, block: bool) -> None:
+        """Add the finished pairs (all of them, waiting for each, with ``block``)."""
+        pending = []
         for start, end in self._events:
-            end.synchronize()
+            if block:
+                end.synchronize()
+            elif not end.query():
+                pending.append((start, end))
+                continue
             self.seconds += start.elapsed_time(end) / 1000.0
-        seconds, self.seconds, self._events = self.seconds, 0.0, []
+        self._events = pending
+
+    def take(self) -> float:
+        """Seconds since the last ``take``; restarts the count (synchronizes CUDA events)."""
+        self._fold(block=True)
+        seconds, self.seconds = self.seconds, 0.0
         return seconds
 
 

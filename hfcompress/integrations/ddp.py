@@ -33,7 +33,7 @@ from torch.futures import Future
 
 from ..comm import QuantizedAllReduce, Topology, WireMeter
 from ..comm.all_reduce import group_size_check, stock_all_reduce_bytes
-from ..comm.futures import chain, completed, devices_of
+from ..comm.futures import chain, completed, devices_of, inline, side_stream_call
 from ..compressors import Compressor
 from ..compressors.registry import build_compressor
 from ..config import CompressionConfig, Scheme, describe, get_config
@@ -157,13 +157,17 @@ class AllReduceState:
 
     def reduce_async(self, key: Hashable, flat: torch.Tensor, layout: SlotLayout) -> Future:
         """Start averaging ``flat`` over the group in place, as stream ``key`` (new if its
-        layout changed, e.g. DDP's bucket rebuild); a future of ``flat``. Nothing waits: the
-        stages are chained futures. Streams run one after another, in call order, whatever
-        thread completes a collective: every rank then launches the same collectives in the
-        same order (gloo pairs them by launch order, NCCL needs it too)."""
-        dev = devices_of(flat)
+        layout changed, e.g. DDP's bucket rebuild); a future of ``flat``. Streams run one
+        after another, in call order: every rank launches the same collectives in the same
+        order (gloo pairs them by launch order, NCCL needs it too). CPU: the stages are
+        chained futures, nothing waits. CUDA (``comm/futures.py``, the stream contract):
+        every stage is enqueued at once on the hook's side stream, which first waits on the
+        caller's stream (the gradients are written); the future is completed there with
+        ``flat``, so DDP's wait orders its stream after the decode and the average."""
+        if inline(flat.device):   # CUDA: every stage enqueued now, on the side stream
+            return side_stream_call(lambda: self._start(key, flat, layout).wait(), flat)
         previous = self._tail.then(lambda _: None)      # its error is its own stream's
-        self._tail = chain(previous, lambda _: self._start(key, flat, layout), dev)
+        self._tail = chain(previous, lambda _: self._start(key, flat, layout))
         return self._tail
 
     def _start(self, key: Hashable, flat: torch.Tensor, layout: SlotLayout) -> Future:

@@ -33,7 +33,7 @@ from ..comm import (QuantizedAllGather, QuantizedReduceScatter, Topology, TwoHop
 from ..comm.all_gather import VersionWatch
 from ..comm.frozen import FrozenColumns
 from ..comm.memory import check_fits
-from ..comm.pending import FutureWork, finish_all
+from ..comm.futures import FutureWork, finish_all, inline, side_stream_call
 from ..compressors.base import FLOAT_DTYPES
 from ..compressors.registry import build_compressor
 from ..config import CompressionConfig, upgrade_dict
@@ -93,22 +93,31 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
 
         Streams (torch 2.13 ``_fsdp_param_group.py`` / ``_fsdp_collectives.py``): FSDP2 calls
         this under ``device_handle.stream(all_gather_stream)``: its all-gather stream for
-        implicit prefetching (sync), the current stream when ``async_op=True``
-        (``get_all_gather_streams``). On CUDA every kernel here (compress, NCCL, decode) is
-        enqueued on that stream in order and nothing waits on the host; the returned Work's
-        ``wait()`` makes the caller's stream wait for an event recorded after the decode
-        (``comm/pending.py``), and without ``async_op`` FSDP2 records its own event on the
-        all-gather stream after this call, which then covers the decode too. The buffers
-        live on that stream only. On CPU the exchange runs asynchronously on gloo and the
-        decode is chained to it (overlap with the caller's compute)."""
+        implicit prefetching (sync), the *compute* stream when ``async_op=True``
+        (``get_all_gather_streams``). On CUDA without ``async_op`` every kernel here
+        (compress, NCCL, decode) is enqueued on the all-gather stream in order and FSDP2
+        records its own event after this call, which covers the decode too. With
+        ``async_op`` they go to a private side stream that waits on the compute stream
+        (``comm/futures.side_stream_call``: the compute stream is never made to wait for
+        NCCL), and the returned Work's ``wait()`` (called by FSDP2 before the copy-out)
+        makes the compute stream wait for an event recorded there after the decode. Nothing
+        waits on the host. On CPU the exchange runs asynchronously on gloo and the decode is
+        chained to it (overlap with the caller's compute)."""
         meter = self.exact.meter
         meter.record_uncompressed(input_tensor.numel() * input_tensor.element_size(), group,
                                   self.exact.topology)
         backward = _fsdp2.in_backward(self.param_group)
         what = f"{'backward' if backward else 'forward'} all-gather"
-        with meter.timed(input_tensor.device):
-            with comm_guard(what, self.name, group):
-                fut = self._gather(output_tensor, input_tensor, group, backward, async_op)
+        def gather(async_: bool):
+            with meter.timed(input_tensor.device):    # on the stream the stages run on
+                return self._gather(output_tensor, input_tensor, group, backward, async_)
+
+        with comm_guard(what, self.name, group):
+            if async_op and inline(input_tensor.device):    # CUDA: the side stream
+                fut = side_stream_call(lambda: gather(False), output_tensor,
+                                       keep=[input_tensor])
+            else:
+                fut = gather(async_op)
         if not async_op:
             return None
         return FutureWork(fut, lambda err: communication_error(what, self.name, group, err))
