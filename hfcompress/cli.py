@@ -8,7 +8,6 @@ import sys
 
 from . import __version__
 from .compressors import get_compressor, list_compressors
-from .compressors.registry import steady_bits_per_value
 from .config import EXACT_GRAD_BITS, get_config, list_presets, preset_bits
 
 
@@ -34,7 +33,7 @@ def _cmd_list(args: argparse.Namespace) -> None:
           "wire, steady state (qwd: its first send is exact, 32), and defaults")
     for name in list_compressors():
         c = get_compressor(name)
-        print(f"  {name:<16}{steady_bits_per_value(c):7.3f} bits/value  "
+        print(f"  {name:<16}{c.steady_bits_per_value():7.3f} bits/value  "
               f"{json.dumps(c.config())}")
 
 

@@ -21,6 +21,8 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Mapping
 
 from .compressors import Compressor, get_compressor
+from .compressors.base import ReferenceCoded
+from .compressors.registry import NOT_COMPRESSORS
 
 
 def _frozen(mapping: Mapping[str, Any] | None, what: str) -> Mapping[str, Any]:
@@ -280,6 +282,10 @@ _PRESETS: dict[str, dict[str, Any]] = {
 #: preset name -> the fields of its :class:`CompressionConfig` (read-only)
 PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {k: MappingProxyType(v) for k, v in _PRESETS.items()})
+NOT_COMPRESSORS.update({p: (f"a preset (a configuration of several compressors, one per "
+                            f"collective): use hfcompress.apply(model, {p!r}) or "
+                            f"hfcompress.TrainingArguments(comm_compressor={p!r}); "
+                            f"hfcompress.list_presets() lists the presets") for p in PRESETS})
 
 
 def list_presets() -> list[str]:
@@ -303,21 +309,20 @@ def preset_bits(preset: str | CompressionConfig) -> dict[str, Any]:
     ``grads`` (reduce-scatter, or DDP's all-reduce = reduce-scatter + all-gather), ``total``.
     Measured values for a small model: BENCHMARKS.md "Wire volume".
     """
-    from .compressors.registry import steady_bits_per_value
-
     cfg = get_config(preset)
 
     def bits(scheme: Scheme | None, exact: float) -> float:
-        return exact if scheme is None else steady_bits_per_value(scheme.build())
+        return exact if scheme is None else scheme.build().steady_bits_per_value()
 
     if cfg.all_reduce is not None:
         row = {"engine": "DDP", "weights_fwd": 0.0, "weights_bwd": 0.0,
                "grads": 2 * bits(cfg.all_reduce, EXACT_GRAD_BITS)}
     else:
         fwd = bits(cfg.weights, EXACT_WEIGHT_BITS)
-        qwd = cfg.weights is not None and cfg.weights.name == "qwd"
+        # a reference-coded scheme (qWD) rebuilds the backward gather from its references
+        rebuilt = cfg.weights is not None and isinstance(cfg.weights.build(), ReferenceCoded)
         row = {"engine": "FSDP2", "weights_fwd": fwd,
-               "weights_bwd": 0.0 if cfg.hpz or qwd else fwd,
+               "weights_bwd": 0.0 if cfg.hpz or rebuilt else fwd,
                "grads": bits(cfg.grad_inter, EXACT_GRAD_BITS)}
     row["total"] = row["weights_fwd"] + row["weights_bwd"] + row["grads"]
     return row

@@ -1,9 +1,11 @@
-"""``comm/memory.py``: the per-rank state estimate and the CUDA free-memory check."""
+"""``integrations/memory.py``: the per-rank state estimate (each scheme declares its state) and
+the CUDA free-memory check, which every rank passes or refuses together."""
 
 import pytest
 import torch
 
-from hfcompress.comm import memory
+from dist_utils import run_distributed
+from hfcompress.integrations import memory
 
 
 def test_estimate_follows_the_layout():
@@ -21,18 +23,46 @@ def test_estimate_follows_the_layout():
     # LoCo on the 2-hop intra hop: X parts of Y * s values
     lz = memory.estimate_state_bytes("loco_zeropp", [1000], 4, 2, bf16)
     assert lz["errors"] == 2 * (2048 + 64)
-    for lean in memory.LEAN_PRESETS:
+    for lean in ("zeropp", "tlq_hs"):
         assert sum(memory.estimate_state_bytes(lean, shards, 8, 2, bf16).values()) == 0
 
 
 def test_cuda_check_names_presets_that_fit(monkeypatch):
     free = 10 * 2 ** 20
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 8 * free))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 3 * 2 ** 20)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 2 ** 20)
     cuda = torch.device("cuda", 0)
     small = memory.check_fits("sdp4bit", [1000], 8, 8, torch.bfloat16, cuda)
     assert small["references"] == 2000
+    # cached-but-free blocks count: 10 MiB free + 2 MiB cached = 0.01 GiB
     with pytest.raises(ValueError, match=r"(?s)preset 'sdp4bit' keeps .* GiB .* only 0.01 GiB "
-                                         r"is free on cuda:0.*'zeropp', 'tlq_hs'"):
+                                         r"is free on cuda .*not allocated yet.*'tlq_hs'"):
         memory.check_fits("sdp4bit", [2 ** 24], 8, 1, torch.bfloat16, cuda)
+    # the optimizer's headroom alone can tip it: 11.5 MiB of state fits in 12 MiB, not with
+    # Adam's 2 x fp32 for 2**17 values (1 MiB) on top (8 slots x 753664 bf16 values)
+    fits = memory.check_fits("qwd", [753664], 8, 1, torch.bfloat16, cuda)
+    assert memory.total(fits) < 12 * 2 ** 20
+    with pytest.raises(ValueError, match="optimizer state"):
+        memory.check_fits("qwd", [753664], 8, 1, torch.bfloat16, cuda,
+                          param_numel=2 ** 17)
     # on CPU nothing is checked
     memory.check_fits("sdp4bit", [2 ** 40], 8, 1, torch.bfloat16, torch.device("cpu"))
+
+
+def refusal_on_one_rank(rank: int, world: int) -> str | None:
+    """Rank 1 alone lacks memory (injected ``available``): every rank must raise the same
+    error, none may go on to the collectives the others would wait in."""
+    available = 2 ** 40 if rank == 0 else 2 ** 10
+    try:
+        memory.check_fits("sdp4bit", [2 ** 20], world, 1, torch.bfloat16, torch.device("cpu"),
+                          available=available)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def test_refusal_is_agreed_by_every_rank():
+    msgs = run_distributed(refusal_on_one_rank, 2)
+    assert msgs[0] is not None and msgs[0] == msgs[1], msgs
+    assert "0.00 GiB is free" in msgs[0]

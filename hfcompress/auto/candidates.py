@@ -17,20 +17,19 @@ import dataclasses
 import os
 from dataclasses import asdict, dataclass
 
-from ..config import CompressionConfig, Scheme
+from ..config import PRESETS, CompressionConfig, Scheme
 
 #: Environment variable that pins (part of) the choice, e.g. ``weights=qwd,grad_inter=hs4``
 #: or ``weights=exact``; unpinned collectives are still chosen by the cost model.
 PIN_ENV = "HFCOMPRESS_AUTO"
 
-HS8 = Scheme("hadamard", {"bits": 8, "group_size": 128, "hadamard_size": 32})
-HS4 = Scheme("hadamard", {"bits": 4, "group_size": 128, "hadamard_size": 32})
+HS8, HS4 = PRESETS["tlq_hs"]["grad_intra"], PRESETS["tlq_hs"]["grad_inter"]   # TLq-HS's hops
 
 #: per collective kind: option name -> (scheme or None = exact, the loss evidence)
 OPTIONS: dict[str, dict[str, tuple[Scheme | None, str]]] = {
     "weights": {
         "exact": (None, "exact"),
-        "qwd": (Scheme("qwd"), "qwd: +0.01% [-0.09, +0.09] over 4 seeds (lr 1e-3), "
+        "qwd": (PRESETS["qwd"]["weights"], "qwd: +0.01% [-0.09, +0.09] over 4 seeds (lr 1e-3), "
                                "+0.03% held-out after fine-tuning SmolLM2-135M"),
     },
     "grad_intra": {
@@ -45,7 +44,7 @@ OPTIONS: dict[str, dict[str, tuple[Scheme | None, str]]] = {
     },
     "all_reduce": {
         "exact": (None, "exact"),
-        "global_qsgd_exp": (Scheme("global_qsgd_exp", {"bits": 8}),
+        "global_qsgd_exp": (PRESETS["global_qsgd_exp"]["all_reduce"],
                             "global_qsgd_exp: -0.10% vs exact DDP (seed 0, lr 1e-3)"),
         "global_qsgd_block": (Scheme("global_qsgd", {"bits": 8, "block_size": 1024}),
                               "global_qsgd, one scale per 1024 values: +0.12% vs exact DDP "

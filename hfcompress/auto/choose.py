@@ -28,10 +28,10 @@ from torch import nn
 
 from ..comm import Topology
 from ..config import AutoSettings
+from ..integrations.fsdp import fsdp_units
 from .candidates import (DDP_KINDS, FSDP_KINDS, OPTIONS, PIN_ENV, Plan, candidates,
                          pins_from_env)
-from .cost_model import (Layout, Unit, built, calibrate, ddp_cost, ddp_needs, fsdp_cost,
-                         fsdp_needs)
+from .cost_model import Layout, built, calibrate, ddp_cost, ddp_needs, fsdp_cost, fsdp_needs
 from .probe import CodecRate, agree, codec_rate, probe_collectives, probe_links
 
 logger = logging.getLogger(__name__)
@@ -133,23 +133,6 @@ def _decide(plans: list[Plan], cost_of, margin: float, overlap: float,
     box = [label]
     dist.broadcast_object_list(box, src=0)          # every rank installs rank 0's choice
     return next(p for p in plans if p.label == box[0]), rows
-
-
-def fsdp_units(model: nn.Module, modules: list[tuple[str, nn.Module]], patterns, min_numel: int
-               ) -> tuple[list[Unit], torch.dtype, torch.dtype, torch.device]:
-    """The FSDP units as the cost model sees them, with the all-gather / reduce dtypes."""
-    from ..integrations import _fsdp2
-    from ..integrations.exact_params import GroupLayouts
-
-    units, wdt, gdt, device = [], torch.bfloat16, torch.float32, torch.device("cpu")
-    for name, module in modules:
-        for pg in _fsdp2.param_groups(module):
-            full = GroupLayouts(model, pg, patterns, min_numel).full
-            units.append(Unit(name, full.numel - full.exact_numel, full.exact_numel,
-                              backward_gather=module is not model))
-            wdt, device = _fsdp2.all_gather_dtype_device(pg)
-            gdt = _fsdp2.reduce_dtype(pg)
-    return units, wdt, gdt, device
 
 
 def choose_fsdp(model: nn.Module, modules: list[tuple[str, nn.Module]], topology: Topology,

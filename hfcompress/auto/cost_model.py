@@ -34,20 +34,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..compressors import Compressor, get_compressor
+from ..compressors import Compressor
+from ..compressors.base import TreeCombined
+from ..compressors.registry import build_compressor
+from ..integrations.fsdp import Unit  # noqa: F401 (the FSDP units integrations computes)
 from .candidates import OPTIONS, Plan
 from .probe import CodecRate, Links
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One FSDP unit as the collectives see it: values per rank (compressible ``numel``,
-    exactly sent ``exact_numel``) and whether backward gathers it again."""
-
-    name: str
-    numel: int
-    exact_numel: int = 0
-    backward_gather: bool = True
 
 
 @dataclass(frozen=True)
@@ -90,15 +82,11 @@ def payload_bytes(compressor: Compressor | None, numel: int, raw_bytes: int) -> 
 
 
 def built(kind: str, option: str, world: int) -> Compressor | None:
-    """A compressor of one option (for its payload sizes and to time it); None = exact."""
-    scheme = OPTIONS[kind][option][0]
-    if scheme is None:
-        return None
-    params = dict(scheme.params)
-    if scheme.name.startswith("global_qsgd"):
-        params["num_peers"] = world
-    c = get_compressor(scheme.name, **params)
-    return getattr(c, "inner", c) if scheme.name == "qwd" else c
+    """A compressor of one option as it sends in steady state (its payload sizes, its codec
+    cost: ``Compressor.steady``), built as the collectives build it (a globally scaled
+    scheme sums over ``world`` peers); None = exact."""
+    c = build_compressor(OPTIONS[kind][option][0], 0, num_peers=world)
+    return None if c is None else c.steady()
 
 
 def fsdp_needs(layout: Layout) -> list[tuple[str, str]]:
@@ -201,7 +189,7 @@ def ddp_cost(plan: Plan, numel: int, layout: Layout, links: Links,
     nbytes = payload_bytes(c, numel, 4)
     codec = codecs[plan.all_reduce].seconds(numel, numel)
     scales = links.seconds("all_reduce", "world", 4 * buckets, buckets)
-    if plan.all_reduce == "global_qsgd_exp":
+    if isinstance(c, TreeCombined):    # all-to-all of code chunks, all-gather of the sums
         wire = (links.seconds("all_to_all", "world", nbytes, buckets)
                 + links.seconds("all_gather", "world", nbytes / w, buckets))
     else:

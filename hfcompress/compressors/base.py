@@ -180,6 +180,22 @@ class Compressor:
         calls). Kinds with no state may be left out; the default holds nothing."""
         return {}
 
+    def steady(self) -> "Compressor":
+        """The compressor whose payload and codec work every send but the first has (a cost
+        model's input): this one, unless the scheme's first send differs (qWD: an exact
+        first send, then its ``inner`` code of the differences, SDP4Bit Alg. 4)."""
+        return self
+
+    def steady_bits_per_value(self, numel: int = 1 << 20) -> float:
+        """Bits per value of every send but a stateful scheme's first."""
+        return self.steady().bits_per_value(numel)
+
+    def state_bytes_for(self, numel: int, dtype: torch.dtype) -> dict[str, int]:
+        """The persistent state (kinds as :meth:`state_bytes`) this scheme will keep for a
+        stream of ``numel`` values of ``dtype``, known before any is allocated (a memory
+        check's input); the default keeps none."""
+        return {}
+
     def config(self) -> dict[str, Any]:
         """Name and parameters: equal on every rank of a job (checked by the collectives)."""
         return {"name": self.name, **{k: _plain(v) for k, v in sorted(self.params.items())}}

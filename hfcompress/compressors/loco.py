@@ -136,6 +136,13 @@ class LoCo(Compressor):
                 -ERROR_QMAX, ERROR_QMAX).to(torch.int8)
 
     # -- state ----------------------------------------------------------------------------
+    def state_bytes_for(self, numel: int, dtype: torch.dtype) -> dict[str, int]:
+        """The stored error of ``numel`` sent values, as :meth:`state_bytes` will count it."""
+        if self.error_scale != "group":
+            return {"errors": numel}
+        groups = -(-numel // ERROR_GROUP)
+        return {"errors": groups * ERROR_GROUP + 4 * groups}
+
     def state_bytes(self) -> dict[str, int]:
         """Bytes of the stored error e (kind "errors"): with ``error_scale="group"`` one uint8
         code per value (padded to groups of 128) plus a float32 scale per group, i.e.

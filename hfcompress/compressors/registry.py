@@ -26,6 +26,11 @@ def register_compressor(name: str, cls: type[Compressor] | None = None):
     return _register(cls) if cls is not None else _register
 
 
+#: names users may mistake for compressors -> what they are instead (the layers above fill
+#: it: ``config`` adds its presets), for the unknown-name error
+NOT_COMPRESSORS: dict[str, str] = {}
+
+
 def list_compressors() -> list[str]:
     """Names of every registered compressor, sorted."""
     return sorted(_REGISTRY)
@@ -34,15 +39,9 @@ def list_compressors() -> list[str]:
 def get_compressor(name: str, **params: Any) -> Compressor:
     """A new instance of the compressor registered as ``name`` with ``params``."""
     if name not in _REGISTRY:
-        from ..config import PRESETS   # config imports this module: import on error only
-
-        if name in PRESETS:
-            raise ValueError(
-                f"{name!r} is a preset (a configuration of several compressors, one per "
-                f"collective), not a compressor: use hfcompress.apply(model, {name!r}) or "
-                f"hfcompress.TrainingArguments(comm_compressor={name!r}); "
-                f"hfcompress.list_presets() lists the presets. Compressors: "
-                f"{', '.join(list_compressors())}")
+        if name in NOT_COMPRESSORS:
+            raise ValueError(f"{name!r} is {NOT_COMPRESSORS[name]}, not a compressor. "
+                             f"Compressors: {', '.join(list_compressors())}")
         close = difflib.get_close_matches(name, _REGISTRY, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         raise ValueError(f"unknown compressor {name!r}.{hint} Valid names: "
@@ -80,13 +79,3 @@ def build_compressor(scheme: SchemeLike | None, base_seed: int = 0, *key: Any,
         params["seed"] = stream_seed(scheme.params.get("seed", base_seed), *key)
     return get_compressor(scheme.name, **params)
 
-
-def steady_bits_per_value(compressor: Compressor, numel: int = 1 << 20) -> float:
-    """Bits per value of every send but a stateful compressor's first: qWD sends its first
-    weights exactly (float32, SDP4Bit Alg. 4 line 2) and every later step the ``inner``
-    code of the difference; other compressors send the same format every time."""
-    from .weight_diff import WeightDifferenceQuantizer   # imports this module
-
-    if isinstance(compressor, WeightDifferenceQuantizer):
-        return compressor.inner.bits_per_value(numel)
-    return compressor.bits_per_value(numel)

@@ -208,6 +208,14 @@ class WeightDifferenceQuantizer(Compressor):
         self.reference = None
 
     # -- state ----------------------------------------------------------------------------
+    def steady(self) -> Compressor:
+        """Every send after the exact first one is the inner code of the differences."""
+        return self.inner
+
+    def state_bytes_for(self, numel: int, dtype: torch.dtype) -> dict[str, int]:
+        """The reference w~ of ``numel`` values, in the weights' dtype."""
+        return {"references": numel * dtype.itemsize}
+
     def state_bytes(self) -> dict[str, int]:
         """Bytes of state held: the reference w~ (kind "references")."""
         ref = self.reference

@@ -21,6 +21,7 @@ need are in ``_fsdp2``).
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
@@ -32,7 +33,6 @@ from ..comm import (QuantizedAllGather, QuantizedReduceScatter, Topology, TwoHop
                     WireMeter)
 from ..comm.all_gather import VersionWatch
 from ..comm.frozen import FrozenColumns
-from ..comm.memory import check_fits
 from ..comm.futures import FutureWork, finish_all, inline, side_stream_call
 from ..compressors.base import FLOAT_DTYPES
 from ..compressors.registry import build_compressor
@@ -40,6 +40,7 @@ from ..config import CompressionConfig, upgrade_dict
 from . import _fsdp2
 from .consistency import differences
 from .exact_params import GroupLayouts, SlotLayout
+from .memory import check_fits
 from .timeouts import comm_guard, communication_error
 
 ALL_GATHER, ALL_GATHER_BWD, REDUCE_SCATTER = "all_gather", "all_gather_bwd", "reduce_scatter"
@@ -276,6 +277,33 @@ class ModuleComms:
         self.module.set_custom_reduce_scatter(self._saved[1])
 
 
+@dataclass(frozen=True)
+class Unit:
+    """One FSDP unit as its collectives see it: values per rank (compressible ``numel``,
+    exactly sent ``exact_numel``) and whether backward gathers it again (not the root)."""
+
+    name: str
+    numel: int
+    exact_numel: int = 0
+    backward_gather: bool = True
+
+
+def fsdp_units(model: nn.Module, modules: list[tuple[str, FSDPModule]], patterns,
+               min_numel: int) -> tuple[list[Unit], torch.dtype, torch.dtype, torch.device]:
+    """The FSDP units of ``model`` (``exact_patterns`` / ``min_numel`` split as the
+    collectives split them), with the all-gather / reduce dtypes and the device (what
+    ``comm_compressor="auto"`` prices)."""
+    units, wdt, gdt, device = [], torch.bfloat16, torch.float32, torch.device("cpu")
+    for name, module in modules:
+        for pg in _fsdp2.param_groups(module):
+            full = GroupLayouts(model, pg, patterns, min_numel).full
+            units.append(Unit(name, full.numel - full.exact_numel, full.exact_numel,
+                              backward_gather=module is not model))
+            wdt, device = _fsdp2.all_gather_dtype_device(pg)
+            gdt = _fsdp2.reduce_dtype(pg)
+    return units, wdt, gdt, device
+
+
 def fsdp_shards(comms: Iterable[ModuleComms]) -> tuple[list[int], torch.dtype, torch.device]:
     """Compressed values per rank of each FSDP unit, their all-gather dtype and device."""
     numels, dtype, device = [], torch.float32, torch.device("cpu")
@@ -297,8 +325,10 @@ class FSDPInstall:
         # compressor state per rank, estimated before any is allocated (raises on CUDA if
         # it cannot fit)
         numels, dtype, device = fsdp_shards(comms.values())
-        self.state_estimate = check_fits(config, numels, topology.world_size,
-                                         topology.ranks_per_node, dtype, device)
+        self.state_estimate = check_fits(
+            config, numels, topology.world_size, topology.ranks_per_node, dtype, device,
+            param_numel=sum(m.layouts.full.numel for m in comms.values()),
+            group=topology.group)
 
     def install(self) -> None:
         for c in self.comms.values():

@@ -174,7 +174,8 @@ class Compression:
     @property
     def state_estimate(self) -> dict[str, int] | None:
         """FSDP2: the compressor state per rank by kind, estimated before any was allocated
-        (``comm/memory.py``; on CUDA, ``apply`` raised if it could not fit). None for DDP."""
+        (``integrations/memory.py``; on CUDA, ``apply`` raised if it could not fit). None
+        for DDP."""
         return getattr(self.installed_parts, "state_estimate", None)
 
     def memory_report(self) -> dict[str, int]:
