@@ -5,12 +5,17 @@ checkpoint comparison tables, and a Trainer callback. Needs ``pip install 'hfcom
 (lm-eval).
 """
 
-from .compare import compare_models, comparison_rows, format_table, save, score_rows
+import os
+
+from .compare_models import compare_models, comparison_rows, format_table, save, score_rows
 from .harness import evaluate
 from .errors import EvalError, TaskError
 from .task_registry import CHANCE, OFFICIAL_NAMES, OFFLINE_TASKS, offline_config
 
-__all__ = ["CHANCE", "OFFICIAL_NAMES", "OFFLINE_TASKS", "EvalError", "TaskError",
+#: the offline tasks as lm-eval YAML files: ``lm_eval --include_path TASKS_DIR --tasks ...``
+TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
+
+__all__ = ["CHANCE", "TASKS_DIR", "OFFICIAL_NAMES", "OFFLINE_TASKS", "EvalError", "TaskError",
            "offline_config", "evaluate", "compare_models", "comparison_rows", "format_table",
            "save", "score_rows", "LMEvalCallback"]
 

@@ -44,6 +44,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokenizer path or id if the checkpoint has none")
     p.add_argument("--include-path", "--include_path", dest="include_path", default=None,
                    help="folder of your own lm-eval task YAMLs (their names become valid)")
+    p.add_argument("--model_args", "--model-args", dest="model_args", default=None,
+                   help="lm-eval's flag: more HFLM arguments, 'k=v,k2=v2' (e.g. "
+                        "trust_remote_code=True,max_length=2048); the model itself is the "
+                        "positional argument")
+    p.add_argument("--gen_kwargs", "--gen-kwargs", dest="gen_kwargs", default=None,
+                   help="lm-eval's flag: generation arguments of every generation task, "
+                        "'k=v,...' (e.g. temperature=0,max_gen_toks=256)")
+    p.add_argument("--apply_chat_template", "--apply-chat-template",
+                   dest="apply_chat_template", nargs="?", const=True, default=False,
+                   help="lm-eval's flag: format prompts with the tokenizer's chat template "
+                        "(optionally a template name)")
     p.add_argument("--output", action="append", default=[],
                    help="save the table rows to a .json or .csv file (repeatable)")
     p.add_argument("--output_path", "--output-path", dest="output_path", default=None,
@@ -69,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
         _, rows = compare_models(
             args.models, args.tasks, names=names, num_fewshot=args.num_fewshot, limit=limit,
             batch_size=args.batch_size, device=args.device, dtype=args.dtype,
-            tokenizer=args.tokenizer, include_path=args.include_path)
+            tokenizer=args.tokenizer, include_path=args.include_path,
+            model_args=args.model_args, gen_kwargs=args.gen_kwargs,
+            apply_chat_template=args.apply_chat_template)
     except (EvalError, FileNotFoundError) as e:
         print(f"hfcompress eval: error: {e}", file=sys.stderr)
         return 2

@@ -80,30 +80,33 @@ def _check_model(model, tokenizer, device, dtype):
     return None
 
 
-def _lm(model, path, tokenizer, batch_size, device, dtype, max_length):
+def _lm(model, path, tokenizer, batch_size, device, dtype, max_length, model_args):
     from lm_eval.models.huggingface import HFLM
 
     if path is None:
-        return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
-                    max_length=max_length)
+        return HFLM(**{"pretrained": model, "tokenizer": tokenizer, "batch_size": batch_size,
+                       "max_length": max_length, **model_args})
     import torch
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if _models.is_gguf(path):  # dequantized in memory (HFLM would keep the quantized marker)
         lm = _models.load_causal_lm(path, dtype=dtype or "float32").to(dev).eval()
         tok = _models.load_tokenizer(tokenizer or path)
-        return HFLM(pretrained=lm, tokenizer=tok, batch_size=batch_size, max_length=max_length)
+        return HFLM(**{"pretrained": lm, "tokenizer": tok, "batch_size": batch_size,
+                       "max_length": max_length, **model_args})
     if isinstance(tokenizer, str) and os.path.exists(os.path.expanduser(tokenizer)):
         tokenizer = os.path.abspath(os.path.expanduser(tokenizer))
-    return HFLM(pretrained=path, tokenizer=tokenizer, batch_size=batch_size, device=dev,
-                dtype=dtype or "auto", max_length=max_length)
+    return HFLM(**{"pretrained": path, "tokenizer": tokenizer, "batch_size": batch_size,
+                   "device": dev, "dtype": dtype or "auto", "max_length": max_length,
+                   **model_args})
 
 
 def evaluate(model, tasks: list[str] | str, *, tokenizer=None, num_fewshot: int | None = None,
              limit: int | float | None = None, batch_size: int | str = 8,
              device: str | None = None, dtype: str | None = None,
              max_length: int | None = None, name: str | None = None, seed: int = 0,
-             gen_kwargs: dict | None = None, include_path: str | None = None
+             gen_kwargs: dict | str | None = None, include_path: str | None = None,
+             model_args: dict | str | None = None, apply_chat_template: bool | str = False
              ) -> dict[str, Any]:
     """Run lm-eval's ``simple_evaluate`` on ``tasks`` and return a JSON-able dict:
     ``{"model", "results": {task or group: {"acc,none": x, "acc_stderr,none": s,
@@ -112,7 +115,11 @@ def evaluate(model, tasks: list[str] | str, *, tokenizer=None, num_fewshot: int 
     ``num_fewshot`` None keeps each task's default (official gsm8k: 5, mmlu: 0); ``limit``
     caps the items per task (per subject for a group such as ``mmlu_offline``); ``device`` /
     ``dtype`` apply when loading a checkpoint; ``include_path``: a folder of your own lm-eval
-    YAML tasks. An in-memory model is left in the train/eval mode it came in.
+    YAML tasks. As lm-eval's CLI: ``model_args`` (``"k=v,k2=v2"`` or a dict: more ``HFLM``
+    arguments, e.g. ``trust_remote_code=True,max_length=2048``; they win over the ones above),
+    ``gen_kwargs`` (generation arguments of every generation task, ``"temperature=0,..."``),
+    ``apply_chat_template`` (True or a template name). An in-memory model is left in the
+    train/eval mode it came in.
     """
     names = _tasks.task_names(tasks)
     if num_fewshot and any(_mmlu.is_offline_mmlu(n) for n in names):
@@ -122,14 +129,23 @@ def evaluate(model, tasks: list[str] | str, *, tokenizer=None, num_fewshot: int 
     path = _check_model(model, tokenizer, device, dtype)
     objs, tm = _tasks.load_tasks(names, include_path)  # raises EvalError without lm-eval
     import lm_eval
+    from lm_eval.utils import simple_parse_args_string
+
+    if isinstance(model_args, str):
+        model_args = simple_parse_args_string(model_args)
+    model_args = dict(model_args or {})
+    if "pretrained" in model_args:
+        raise EvalError("model_args: pass the model itself (a checkpoint, hub id, .gguf or "
+                        "short name) as the model, not pretrained=")
 
     was_training = getattr(model, "training", None)
     try:
-        lm = _lm(model, path, tokenizer, batch_size, device, dtype, max_length)
+        lm = _lm(model, path, tokenizer, batch_size, device, dtype, max_length, model_args)
         out = lm_eval.simple_evaluate(
             model=lm, tasks=objs, task_manager=tm, num_fewshot=num_fewshot, limit=limit,
-            log_samples=False, gen_kwargs=gen_kwargs, random_seed=seed, numpy_random_seed=seed,
-            torch_random_seed=seed, fewshot_random_seed=seed)
+            log_samples=False, gen_kwargs=gen_kwargs, apply_chat_template=apply_chat_template,
+            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+            fewshot_random_seed=seed)
     finally:
         if was_training:
             model.train()
@@ -140,7 +156,8 @@ def evaluate(model, tasks: list[str] | str, *, tokenizer=None, num_fewshot: int 
         "results": _jsonable(out["results"]),
         "config": {"tasks": names, "num_fewshot": num_fewshot, "limit": limit,
                    "batch_size": batch_size, "device": device, "dtype": dtype,
-                   "seed": seed, "include_path": include_path,
+                   "seed": seed, "include_path": include_path, "model_args": model_args,
+                   "gen_kwargs": gen_kwargs, "apply_chat_template": apply_chat_template,
                    "lm_eval_version": lm_eval.__version__},
     }
 
