@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from transformers import TrainerCallback
 
-from .compare import score_rows
+from .compare_models import score_rows
 from .harness import evaluate
 from .task_registry import OFFLINE_TASKS, check_names
 

@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .compare import check_output, compare_models, format_table, save
+    from .compare_models import check_output, compare_models, format_table, save
 
     limit = args.limit
     if limit is not None and limit >= 1:
