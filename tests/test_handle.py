@@ -1,6 +1,7 @@
 """The one handle of ``hfcompress.apply`` (FSDP2 and DDP), its memory report, the declared
 compressor capabilities, and the FSDP2 internals kept in ``integrations/_fsdp2.py``."""
 
+import ast
 import os
 import re
 import sys
@@ -201,14 +202,62 @@ def test_bucket_payload_takes_a_uint8_scale():
     assert packed.payload["scales"].dtype == torch.uint8 and packed.payload["scales"].numel() == 4
 
 
-def test_comm_does_not_name_concrete_schemes():
-    concrete = re.compile(r"\b(GlobalQSGD\w*|LoCo|WeightDifferenceQuantizer|HadamardQuantizer)\b"
-                          r"|compressors\.(global_qsgd|loco|weight_diff|hadamard)\b")
-    for path in ("comm/all_reduce.py", "comm/two_hop.py", "integrations/ddp.py",
-                 "integrations/fsdp.py", "integrations/handle.py"):
-        code = [line for line in (PACKAGE / path).read_text().splitlines()
-                if not line.lstrip().startswith(("#", '"', "-", "``")) and "import" in line]
-        assert not [line for line in code if concrete.search(line)], path
+def _scheme_name_uses(path: Path, names: set[str], classes: set[str]) -> list[str]:
+    """Where ``path`` compares a scheme or preset name (``==``, ``in``, ``startswith``),
+    lists names, or names a concrete compressor class."""
+    tree = ast.parse(path.read_text())
+    where = path.relative_to(PACKAGE) if PACKAGE in path.parents else path.name
+    found = []
+
+    def flag(node: ast.AST) -> None:
+        if isinstance(node, ast.Constant) and node.value in names:
+            found.append(f"{where}:{node.lineno}: {node.value!r}")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for operand in [node.left, *node.comparators]:
+                flag(operand)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("startswith", "endswith"):
+            for arg in node.args:
+                flag(arg)
+        elif isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            for elt in node.elts:
+                flag(elt)
+        elif isinstance(node, (ast.Name, ast.Attribute)):
+            ident = node.id if isinstance(node, ast.Name) else node.attr
+            if ident in classes:
+                found.append(f"{where}:{node.lineno}: {ident}")
+    return found
+
+
+def test_layers_above_the_schemes_do_not_name_them():
+    """comm/, integrations/, auto/, config.py and the registry ask the schemes (capabilities,
+    ``steady()``, ``state_bytes_for()``): no scheme or preset name compared or listed, no
+    concrete compressor class (issue 22)."""
+    from hfcompress.compressors.base import COMPRESSORS
+    from hfcompress.config import list_presets
+
+    names = set(COMPRESSORS) | set(list_presets())
+    classes = {c.__name__ for c in COMPRESSORS.values()}
+    files = [p for d in ("comm", "integrations", "auto") for p in sorted((PACKAGE / d).rglob(
+        "*.py"))] + [PACKAGE / "config.py", PACKAGE / "compressors" / "registry.py"]
+    found = [hit for p in files for hit in _scheme_name_uses(p, names, classes)]
+    assert not found, "\n".join(found)
+
+
+
+def test_the_scheme_name_check_sees_what_it_refuses(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('if s.name == "qwd" or s.name.startswith("global_qsgd"):\n'
+                   '    LEAN = ("zeropp", "tlq_hs")\n'
+                   'ok = {"qwd": 1}\n'
+                   'isinstance(c, WeightDifferenceQuantizer)\n')
+    hits = _scheme_name_uses(bad, {"qwd", "global_qsgd", "zeropp", "tlq_hs"},
+                             {"WeightDifferenceQuantizer"})
+    assert [h.split(":", 1)[1] for h in hits] == [
+        "1: 'qwd'", "1: 'global_qsgd'", "2: 'zeropp'", "2: 'tlq_hs'",
+        "4: WeightDifferenceQuantizer"], hits
 
 
 # -- FSDP2 internals -------------------------------------------------------------------------
