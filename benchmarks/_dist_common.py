@@ -12,7 +12,10 @@
   (``ddp``, ``ddp_fp16``: torch's ``fp16_compress_hook``, ``ddp_powersgd``: torch's
   ``powerSGD_hook``, and the hfcompress all-reduce presets ``global_qsgd`` /
   ``global_qsgd_exp``). DDP computes under bf16 autocast, like FSDP's bf16 parameters.
-- ``run_info`` / ``write_meta`` / ``write_csv`` / ``markdown_table``: results files.
+- ``set_compute``: how every rank computes (``cpu_compute.py``: bf16 natively, or bf16 on
+  the wire with fp32 matmuls where this CPU only emulates bf16), passed to the workers.
+- ``run_info`` / ``write_meta`` / ``write_csv`` / ``markdown_table``: results files (with the
+  CPU's bf16 flags, its bf16 / fp32 GEMM throughput and the compute mode).
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import cpu_compute
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+COMPUTE_ENV, COMPUTE_INFO_ENV = "HFC_BENCH_COMPUTE", "HFC_BENCH_COMPUTE_INFO"
 
 
 
@@ -99,6 +105,7 @@ class Variant:
 
         if name not in known_variants():
             raise ValueError(f"unknown variant {name!r}; known: {', '.join(known_variants())}")
+        cpu_compute.install(os.environ.get(COMPUTE_ENV, "bf16"))
         self.name, self.dims, self.rank = name, dims, dist.get_rank()
         self.model = llama(dims)
         self.params = sum(p.numel() for p in self.model.parameters())
@@ -183,7 +190,8 @@ def launch(module: str, function: str, payload: Any, nodes: int, ranks_per_node:
     from hfcompress.testing import launch as launch_ranks
 
     env = {"HFCOMPRESS_COMPILE": os.environ.get("HFCOMPRESS_COMPILE", "1"),
-           "HFC_BENCH_RANKS_PER_NODE": str(ranks_per_node), **(env or {})}
+           "HFC_BENCH_RANKS_PER_NODE": str(ranks_per_node),
+           COMPUTE_ENV: os.environ.get(COMPUTE_ENV, "bf16"), **(env or {})}
     return launch_ranks(module, function, (payload,), nodes=nodes,
                         ranks_per_node=ranks_per_node, netns=netns, timeout=timeout,
                         init_timeout=900.0, env=env, path=[str(HERE)], cwd=str(HERE),
@@ -217,8 +225,19 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} CPUs, {platform.platform()}"
 
 
+def set_compute(mode: str) -> str:
+    """Resolve ``mode`` (``cpu_compute.MODES``; ``auto`` measures this CPU) for this run and
+    the workers ``launch`` starts; prints and returns its one-line description."""
+    resolved, measured = cpu_compute.choose(mode)
+    os.environ[COMPUTE_ENV] = resolved
+    os.environ[COMPUTE_INFO_ENV] = cpu_compute.describe(resolved, measured)
+    print(f"compute: {os.environ[COMPUTE_INFO_ENV]}", flush=True)
+    return os.environ[COMPUTE_INFO_ENV]
+
+
 def run_info(command: str, model: str, settings: str) -> dict[str, str]:
-    """Machine, versions, date, command (BENCHMARKS.md shows them with every result)."""
+    """Machine (CPU flags and GEMM throughput too), versions, date, command, compute mode
+    (BENCHMARKS.md shows them with every result)."""
     import torch
     import transformers
 
@@ -235,6 +254,8 @@ def run_info(command: str, model: str, settings: str) -> dict[str, str]:
     return {"command": command, "model": model, "settings": settings,
             "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
             "machine": machine(),
+            "compute": os.environ.get(COMPUTE_INFO_ENV) or
+            cpu_compute.describe("bf16", cpu_compute.probe()),
             "versions": f"python {platform.python_version()}, torch {torch.__version__}, "
                         f"transformers {transformers.__version__}, "
                         f"hfcompress {hfcompress.__version__} (git {commit or 'unknown'})",

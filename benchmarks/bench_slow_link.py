@@ -21,7 +21,9 @@ every hfcompress FSDP preset (same mixed precision), and the peers: ``fsdp2_bf16
 ``ddp_powersgd`` (torch's ``powerSGD_hook``, rank ``--powersgd-rank``, from step 2; each
 bucket's chain finishes before the next starts, as gloo needs one collective order), plus
 ``ddp`` (fp32 all-reduce) and the hfcompress DDP hooks ``global_qsgd`` / ``global_qsgd_exp``.
-DDP computes under bf16 autocast.
+DDP computes under bf16 autocast. Where this CPU only emulates bf16 (``--compute auto``), every
+variant alike computes its matmuls in fp32 on the same bf16 tensors (``cpu_compute.py``:
+the wire is unchanged); the output's first line and the metadata say which.
 
 Wire bytes are measured on the link (each node's ``nic0`` tx counter: headers and gloo's own
 algorithms included; e.g. gloo's reduce_scatter sends twice the minimal volume). The ideal
@@ -52,6 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _dist_common as dc  # noqa: E402
+import cpu_compute  # noqa: E402
 from netns import Netns, have_root  # noqa: E402
 
 # comm-bound on 2 CPU cores: ~12M parameters, 64 tokens per rank and step
@@ -431,6 +434,9 @@ def main() -> None:
                     help="2x1 at 1gbit (+ unthrottled), headline variants, 2 + 5 rounds")
     ap.add_argument("--report-only", action="store_true",
                     help="re-make slow_link.md / .png from slow_link.csv and slow_link_meta.csv")
+    ap.add_argument("--compute", default="auto", choices=cpu_compute.MODES,
+                    help="auto: bf16 where this CPU computes it natively, else bf16 "
+                         "parameters and wire with fp32 matmuls (benchmarks/cpu_compute.py)")
     ap.add_argument("--netns-prefix", default="hfcb")
     ap.add_argument("--subnet", default="10.77.0")
     ap.add_argument("--out", type=Path, default=dc.RESULTS)
@@ -460,6 +466,7 @@ def main() -> None:
     topos = [tuple(int(v) for v in t.lower().split("x")) for t in a.topologies.split(",")]
     if any(y != 2 for y, _ in topos):
         ap.error("this benchmark emulates 2 nodes: topologies 2xX")
+    dc.set_compute(a.compute)
     info = dc.run_info(("python benchmarks/bench_slow_link.py " + " ".join(sys.argv[1:])).strip(),
                        dc.describe(DIMS),
                        f"topologies {a.topologies}, rates {','.join(rates)} (+ unthrottled: "

@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _dist_common as dc  # noqa: E402
+import cpu_compute  # noqa: E402
 from bench_slow_link import DIMS  # noqa: E402
 
 
@@ -96,7 +97,10 @@ def main() -> None:
     ap.add_argument("--out", default="", help="also write rank 0's pstats file here")
     ap.add_argument("--ops", action="store_true",
                     help="torch operators' self CPU time (torch.profiler) instead of cProfile")
+    ap.add_argument("--compute", default="auto", choices=cpu_compute.MODES,
+                    help="as bench_slow_link.py (benchmarks/cpu_compute.py)")
     args = ap.parse_args()
+    dc.set_compute(args.compute)
     nodes, per_node = (int(v) for v in args.topology.split("x"))
     payload = {"variant": args.variant, "warmup": args.warmup, "steps": args.steps,
                "sort": args.sort, "top": args.top, "out": args.out, "ops": args.ops}
