@@ -155,10 +155,10 @@ def _apply_fsdp(model: nn.Module, request: Request | ValueError,
             raise request
         check_integration(request, fsdp=True)
         world = dist.get_world_size()
-        x = resolve_ranks_per_node(world, ranks_per_node)
+        per_node = resolve_ranks_per_node(world, ranks_per_node)
         existing = fsdp_modules(model)
         settings: dict | BaseException = {
-            "config": request_dict(request), "world_size": world, "ranks_per_node": x,
+            "config": request_dict(request), "world_size": world, "ranks_per_node": per_node,
             "shard": shard, "fsdp_modules": [n for n, _ in existing],
             "parameters": sum(p.numel() for p in model.parameters())}
     except ValueError as err:  # every rank learns about it, instead of waiting for this one
@@ -177,13 +177,13 @@ def _apply_fsdp(model: nn.Module, request: Request | ValueError,
                          "pass shard=True")
     hpz = isinstance(request, CompressionConfig) and request.hpz
     if shard:
-        shard_model(model, x, hpz, layer_cls, **fsdp_kwargs)
+        shard_model(model, per_node, hpz, layer_cls, **fsdp_kwargs)
     elif fsdp_kwargs or layer_cls is not None:
         raise ValueError("layer_cls and fully_shard keyword arguments need shard=True")
     modules = fsdp_modules(model)
     group = check_group(modules)
     if hpz:
-        check_hpz(modules, x, world)
+        check_hpz(modules, per_node, world)
     topology = Topology(ranks_per_node, group_timeout(group))
     meter = meter if meter is not None else WireMeter()
 

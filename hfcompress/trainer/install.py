@@ -69,7 +69,7 @@ def install(model: Any, config: Request, ranks_per_node: int) -> Compression:
     return apply(model, config, ranks_per_node)
 
 
-def summary(config: CompressionConfig, kind: str, world: int, x: int) -> str:
+def summary(config: CompressionConfig, kind: str, world: int, ranks_per_node: int) -> str:
     """The one line logged when the collectives are installed."""
     c = config
     if kind == "ddp":
@@ -83,10 +83,10 @@ def summary(config: CompressionConfig, kind: str, world: int, x: int) -> str:
                  if c.two_hop else describe(c.grad_inter))
         what = f"weights {describe(c.weights)}, gradients {grads}" + (", hpZ" if c.hpz else "")
     loco = " with LoCo error feedback" if c.loco is not None else ""
-    nodes = world // x
+    nodes, per_node = world // ranks_per_node, ranks_per_node
     return (f"hfcompress: {'DDP' if kind == 'ddp' else 'FSDP2'} comm_compressor {c.name!r} "
-            f"on {world} ranks ({nodes} node{'s' if nodes > 1 else ''} x {x} "
-            f"rank{'s' if x > 1 else ''}): {what}{loco}")
+            f"on {world} ranks ({nodes} node{'s' if nodes > 1 else ''} x {per_node} "
+            f"rank{'s' if per_node > 1 else ''}): {what}{loco}")
 
 
 def memory_line(report: dict[str, int]) -> str:
