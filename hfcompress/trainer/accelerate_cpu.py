@@ -35,7 +35,7 @@ def default_use_cpu(args) -> None:
         return
     args.use_cpu = True
     if is_rank0():
-        logger.warning(f"hfcompress: no GPU found; set use_cpu=True so the "
+        logger.warning(f"hfcompress: no GPU found, so use_cpu was set to True: the "
                        f"{launched_world_size()} launched processes train together over gloo "
                        f"(Accelerate would otherwise train each alone)")
 
@@ -77,6 +77,6 @@ def enable_fsdp_on_cpu(args) -> bool:
     state.distributed_type = DistributedType.MULTI_GPU
     if is_rank0():
         logger.warning("hfcompress: FSDP requested on CPU, where Accelerate would silently "
-                       "fall back to DDP; set Accelerate's distributed type to MULTI_GPU so "
+                       "fall back to DDP, so its distributed type was set to MULTI_GPU: "
                        "FSDP2 shards the model over gloo")
     return True

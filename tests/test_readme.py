@@ -1,0 +1,46 @@
+"""README.md is user documentation: short, its links resolve, and the shell commands cheap
+enough to run here run as written (the training and evaluation commands are run by
+tests/test_examples.py and the eval tests)."""
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+CHEAP = ("hfcompress list",)     # sub-second commands, run as written
+
+
+def shell_commands() -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", README, re.S)
+    return [line.strip() for b in blocks for line in b.splitlines() if line.strip()]
+
+
+def test_readme_is_short_and_links_resolve():
+    assert len(README.splitlines()) <= 180
+    for link in re.findall(r"\]\(([^)#]+)\)", README):
+        if not link.startswith("http"):
+            assert (ROOT / link).exists(), link
+    for section in ("## Install", "## Quick start", "## Presets", "## Limits", "## GPU check"):
+        assert section in README, section
+
+
+def test_the_install_is_two_short_commands():
+    cmds = shell_commands()
+    assert cmds[0] == 'pip install torch==2.13.0 && pip install -e ".[dev]"'
+    assert cmds[1].startswith("accelerate launch") and len(cmds[1]) < 200
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "pip install -q torch==2.13.0" in ci and 'pip install -q -e ".[dev]"' in ci
+
+
+def test_cheap_commands_run_as_written():
+    ran = [c for c in shell_commands() if c in CHEAP]
+    assert ran, "no cheap command found in the README"
+    for cmd in ran:
+        argv = shlex.split(cmd)
+        proc = subprocess.run([sys.executable, "-m", "hfcompress.cli", *argv[1:]], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "sdp4bit" in proc.stdout
