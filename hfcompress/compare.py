@@ -21,14 +21,26 @@ COLUMNS = ("run", "preset", "engine", "world", "steps", "loss", "eval loss", "in
            "ratio", "wall s", "steps/s", "comm s/step")
 
 
+class SummaryError(ValueError):
+    """A ``summary.json`` that cannot be read (the message names the file)."""
+
+
 def load_run(path: str) -> dict[str, Any]:
     """The ``summary.json`` of a run directory (or the file itself), with its ``run`` name."""
     file = path if path.endswith(".json") else os.path.join(path, SUMMARY)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{path}: no {SUMMARY} (a trainer_examples run writes it in "
                                 f"its --output_dir when training ends)")
-    with open(file) as f:
-        summary = json.load(f)
+    try:
+        with open(file) as f:
+            summary = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:   # JSONDecodeError is a ValueError
+        raise SummaryError(f"{file}: not a valid summary ({e}); the run was interrupted "
+                           f"while writing it, or the file was edited: re-run it or leave it "
+                           f"out") from None
+    if not isinstance(summary, dict):
+        raise SummaryError(f"{file}: not a valid summary (a JSON {type(summary).__name__}, "
+                           f"expected an object); re-run the run or leave it out")
     summary.setdefault("run", os.path.basename(os.path.dirname(os.path.abspath(file))))
     return summary
 
@@ -136,7 +148,7 @@ def compare(runs: list[str], plot_path: str | None = None, make_plot: bool = Tru
     """Print the table (and notes), save the plot; 2 when a run has no summary."""
     try:
         summaries = [load_run(r) for r in runs]
-    except FileNotFoundError as e:
+    except (FileNotFoundError, SummaryError) as e:
         print(f"hfcompress compare: {e}")
         return 2
     print(format_table(summaries))

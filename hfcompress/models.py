@@ -18,8 +18,11 @@ Short names (offline, no hub):
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib.util
 import os
+import re
+import socket
 from dataclasses import dataclass
 
 
@@ -55,7 +58,9 @@ def is_gguf(name: str) -> bool:
 
 def resolve(name: str) -> str:
     """The path or hub id to load for ``name``: a short name becomes the shipped GGUF file;
-    a ``.gguf`` path must exist; anything else is returned unchanged (hub id or folder)."""
+    a ``.gguf`` path must exist; an existing path or a hub id is returned unchanged. At once,
+    without the hub: ``ModelLoadError`` for a name close to a short name (``smollm2-1.7b``),
+    ``FileNotFoundError`` for a path (``./nope``, ``~/x``, ``runs/x``) that does not exist."""
     if name in SHORT_NAMES:
         shipped = SHORT_NAMES[name]
         root = package_dir(shipped.package)
@@ -70,11 +75,69 @@ def resolve(name: str) -> str:
             raise FileNotFoundError(f"GGUF file not found: {name!r}; short names: "
                                     f"{', '.join(SHORT_NAMES)}")
         return path
-    close = difflib.get_close_matches(name.lower(), list(SHORT_NAMES), n=1, cutoff=0.8)
-    if close and not os.path.exists(os.path.expanduser(name)):
-        raise ModelLoadError(f"unknown model {name!r}: did you mean {close[0]!r}? Short "
-                             f"names: {', '.join(SHORT_NAMES)}")
-    return name
+    path = os.path.expanduser(name)
+    if os.path.exists(path):
+        return name
+    short = f"short names: {', '.join(SHORT_NAMES)}"
+    close = difflib.get_close_matches(name.lower(), list(SHORT_NAMES), n=1,
+                                      cutoff=0.8 if "/" in name else 0.7)
+    if close:
+        raise ModelLoadError(f"unknown model {name!r}: did you mean {close[0]!r}? {short} "
+                             f"(a hub id is ORG/NAME, e.g. HuggingFaceTB/SmolLM2-135M)")
+    if looks_local(path):
+        raise FileNotFoundError(f"checkpoint directory not found: {name!r}")
+    return name        # a hub id: check_hub_reachable before loading it
+
+
+def looks_local(path: str) -> bool:
+    """A path rather than a hub id: absolute, ``./`` ``../`` ``~``, or under a folder that
+    exists here (``runs/x``), or not of the hub's ``[ORG/]NAME`` form."""
+    first = path.split(os.sep)[0]
+    return (os.path.isabs(path) or path.startswith((".", "~"))
+            or (os.sep in path and bool(first) and os.path.isdir(first))
+            or not _HUB_ID.match(path.rstrip("/")))
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def check_hub_reachable(name: str) -> None:
+    """Nothing for a local folder. A hub id that is not in the local cache needs the hub:
+    ``ModelLoadError`` at once when it is switched off (``HF_HUB_OFFLINE``) or does not
+    answer within 3 s (transformers would retry for about a minute)."""
+    if os.path.isdir(os.path.expanduser(name)) or _hub_cached(name):
+        return
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    if offline or not _hub_reachable():
+        why = "the hub is switched off (HF_HUB_OFFLINE)" if offline else \
+            "the Hugging Face Hub cannot be reached"
+        raise ModelLoadError(f"{name!r} is not a local folder, a .gguf file or a short name, "
+                             f"and is not in the hub cache; as a hub id it needs the network, "
+                             f"but {why}. Short names (offline): {', '.join(SHORT_NAMES)}")
+
+
+def _hub_cached(name: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    try:
+        return any(isinstance(try_to_load_from_cache(name, f), str)
+                   for f in ("config.json", "tokenizer_config.json"))
+    except Exception:  # noqa: BLE001 (not a valid repo id: not cached)
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def _hub_reachable() -> bool:
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=3).close()
+        return True
+    except OSError:
+        return False
 
 
 def gguf_architecture(path: str) -> str:
@@ -117,6 +180,7 @@ def load_tokenizer(name: str, **kwargs):
         tok = AutoTokenizer.from_pretrained(os.path.dirname(path),
                                             gguf_file=os.path.basename(path), **kwargs)
     else:
+        check_hub_reachable(path)
         tok = AutoTokenizer.from_pretrained(path, **kwargs)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -132,6 +196,7 @@ def load_causal_lm(name: str, dtype="float32", **kwargs):
     path = resolve(name)
     dtype = dtype if dtype == "auto" or isinstance(dtype, torch.dtype) else getattr(torch, dtype)
     if not is_gguf(path):
+        check_hub_reachable(path)
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
     gguf_architecture(path)
     # dequantized in fp32 (transformers' GGUF path is fastest there), then cast; "auto" keeps

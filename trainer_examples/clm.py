@@ -252,6 +252,43 @@ def run(model_args: type, config_from_args: Callable, defaults: dict[str, str],
     evaluate, save the model and ``summary.json``, print the summary. ``name``: the model's
     short name for the default output directory (``runs/<name>-<preset>``)."""
     margs, dargs, targs = parse_or_exit(model_args, defaults, name)
+    try:
+        train(margs, dargs, targs, config_from_args)
+    except ValueError as e:
+        if not validation_error(e):
+            raise
+        if rank() == 0:
+            print(f"{os.path.basename(sys.argv[0])}: error: {e}\n(HFCOMPRESS_TRACEBACK=1 "
+                  f"shows where)", file=sys.stderr, flush=True)
+        else:
+            time.sleep(10)     # rank 0 prints and fails first (see parse_or_exit)
+        finish(1)
+    finish()
+
+
+#: where hfcompress validates what it is given: a ValueError raised there is a message for
+#: the user (printed as one line); any other error keeps its traceback
+VALIDATING = ("models.py", "config.py", "api.py", "trainer", "topology.py", "auto", "optim")
+
+
+def validation_error(e: BaseException) -> bool:
+    """A ValueError raised by hfcompress's checks of the user's input (not a crash)."""
+    if os.environ.get("HFCOMPRESS_TRACEBACK", "") not in ("", "0"):
+        return False
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    path = os.path.abspath(tb.tb_frame.f_code.co_filename) if tb is not None else ""
+    root = os.path.dirname(os.path.abspath(sys.modules["hfcompress"].__file__))
+    here = os.path.dirname(os.path.abspath(__file__))
+    if path.startswith(here + os.sep):
+        return True
+    return path.startswith(root + os.sep) and \
+        os.path.relpath(path, root).split(os.sep)[0] in VALIDATING
+
+
+def train(margs, dargs, targs, config_from_args: Callable) -> None:
+    """Train, evaluate, save the model and ``summary.json`` (atomically), print the summary."""
     if targs.comm_compressor is not None:
         warn_single_process(targs.comm_compressor)
     set_seed(targs.seed)
@@ -270,11 +307,12 @@ def run(model_args: type, config_from_args: Callable, defaults: dict[str, str],
                **summarize(trainer.state.log_history, trainer.evaluate(), clock)}
     trainer.save_model()
     if trainer.is_world_process_zero():
-        with open(os.path.join(targs.output_dir, "summary.json"), "w") as f:
+        path = os.path.join(targs.output_dir, "summary.json")
+        with open(path + ".tmp", "w") as f:   # complete or absent (hfcompress compare)
             json.dump(summary, f, indent=1)
+        os.replace(path + ".tmp", path)
         report(summary, targs.logging_steps)
-        print(f"summary:    {os.path.join(targs.output_dir, 'summary.json')}")
-    finish()
+        print(f"summary:    {path}")
 
 
 def finish(code: int = 0) -> None:

