@@ -175,7 +175,8 @@ import re
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from hfcompress.kernels import triton_global_qsgd as G, triton_qsgd as Q, triton_tiles
+from hfcompress.kernels import noise, triton_global_qsgd as G, triton_noise as N, triton_qsgd as Q
+from hfcompress.kernels import triton_tiles
 
 def ptx(fn, sig, consts):
     src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
@@ -186,9 +187,10 @@ def ptx(fn, sig, consts):
 block, groups = triton_tiles.tile_shape(1024)
 out = [ptx(Q._quantize_kernel, dict(x_ptr="*bf16", u_ptr="*i64", code_ptr="*u8",
            scale_ptr="*fp32", n_buckets="i32", bucket_size="i32", noise_row="i64"),
-           dict(S=127, HASH=2, GROUPS=groups, BLOCK=block))]
+           dict(S=127, HASH=N.ROW_GROUPS, GROUPS=groups, BLOCK=block))]
 out.append(ptx(G._linear_quantize_kernel, dict(x_ptr="*fp16", inv_ptr="*fp32", noise_ptr="*i64",
-               noise_row="i64", out_ptr="*i8", n="i64", per="i64", levels="fp32"), dict(HASH=True, BLOCK=G.BLOCK)))
+               noise_row="i32", out_ptr="*i8", n="i32", per="i32", levels="fp32"),
+               dict(HASH=N.ROW_KEYS, BLOCK=G.BLOCK)))
 for bits in (8, 4):
     out.append(ptx(G._exp_quantize_kernel, dict(x_ptr="*bf16", inv_ptr="*fp32",
                    noise_ptr="*i64", noise_row="i64", out_ptr="*u8", nbytes="i64", per="i64", levels="i32",
@@ -197,7 +199,10 @@ for bits in (8, 4):
                    noise_row="i64", out_ptr="*u8", nbytes="i64"), dict(HASH=True, BITS=bits, BLOCK=G.BLOCK)))
 ptx_all = "".join(out)
 assert not re.search(r"\bfma\.", ptx_all), "contracted multiply-add"
-assert "mul.lo.s64" in ptx_all, "no in-kernel hash"
+# the in-kernel hash on uint32 lanes: 32-bit multiplies by the finalizer's constants
+for mul in (noise.MUL1, noise.MUL2):
+    assert re.search(rf"mul\.lo\.s32[^;]*, {mul};", ptx_all), "no 32-bit in-kernel hash"
+    assert not re.search(rf"mul\.lo\.s64[^;]*, {mul};", ptx_all), "hash on 64-bit lanes"
 print("ok")
 """
 

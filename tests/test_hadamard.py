@@ -361,7 +361,7 @@ def comp(fn, sig, consts):
                           options={"enable_fp_fusion": False}).asm["ptx"]
 comp(th._rotate_kernel, {"x_ptr": "*bf16", "out_ptr": "*fp32", "n_rows": "i32"},
      dict(ROWS=128, N=32, LOG2N=5, SCALE=th.inv_sqrt(32)))
-for bits, gs, n, hashed in ((4, 128, 32, 1), (6, 96, 32, 0), (2, 256, 2, 2), (8, 128, 1, 0)):
+for bits, gs, n, hashed in ((4, 128, 32, 1), (6, 96, 32, 0), (2, 256, 2, 4), (8, 128, 1, 0)):
     k = th._consts(bits, gs, n)
     q = comp(th._quantize_kernel, {"x_ptr": "*bf16", "noise_ptr": "*i64" if hashed else "*fp32",
              "noise_row": "i64", "packed_ptr": "*u8", "scale_ptr": "*fp32", "n_groups": "i32"},

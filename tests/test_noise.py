@@ -104,27 +104,31 @@ def test_triton_bit_exact_with_twin(shape):
 
 
 _NOISE_COMPILE = r"""
+import re
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from hfcompress.kernels import triton_noise as mod
-sig = {"keys_ptr": "*i64", "out_ptr": "*fp32", "numel": "i32", "row_len": "i64",
+from hfcompress.kernels import noise, triton_noise as mod
+sig = {"keys_ptr": "*i64", "out_ptr": "*fp32", "numel": "i32", "row_len": "i32",
        "HASH": "constexpr", "BLOCK": "constexpr"}
 src = ASTSource(mod._uniform_kernel, sig, {"HASH": mod.ROW_KEYS, "BLOCK": mod.BLOCK})
 k = triton.compile(src, target=GPUTarget("cuda", 80, 32), options={"num_warps": mod.NUM_WARPS,
                                                             "enable_fp_fusion": False})
-print("i64" in k.asm["ttir"], bool(k.asm["cubin"]))
+ptx = k.asm["ptx"]
+print(all(re.search(rf"mul\.lo\.s32[^;]*, {m};", ptx) for m in (noise.MUL1, noise.MUL2)),
+      "div.s64" in ptx, bool(k.asm["cubin"]))
 """
 
 
 def test_triton_kernel_compiles_for_a_gpu():
-    """Lowered for sm_80 down to a cubin (no GPU needed): int64 lanes, no host-only paths.
-    Compiled in a clean subprocess: the interpreter's patches in this one break a real
-    compile whenever the Triton cache is cold (a fresh machine)."""
+    """Lowered for sm_80 down to a cubin (no GPU needed), no host-only paths: the hash on
+    32-bit lanes, row keys found by a 32-bit division (no 64-bit one). Compiled in a clean
+    subprocess: the interpreter's patches in this one break a real compile whenever the
+    Triton cache is cold (a fresh machine)."""
     pytest.importorskip("triton.backends.nvidia")
     out = run_compile_script(_NOISE_COMPILE)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["True", "True"]
+    assert out.stdout.split() == ["True", "False", "True"]
 
 
 def test_compiled_twin_same_numbers_one_graph():

@@ -165,7 +165,7 @@ GPU_COMPILE = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from hfcompress.kernels import triton_group_quant as T
+from hfcompress.kernels import triton_group_quant as T, triton_noise as N
 
 def ptx(fn, sig, consts):
     sig = {**sig, **{k: "constexpr" for k in consts}}
@@ -177,7 +177,7 @@ u8, f32 = "*u8", "*fp32"
 q = ptx(T._quantize_kernel, dict(x_ptr="*bf16", noise_ptr=f32, noise_row="i64", packed_ptr=u8,
         scale_ptr=f32, n_groups="i32"), dict(GS=96, BITS=6, STOCHASTIC=True, HASH=0,
                                              **T._tile_consts(6, 96)))
-for hashed in (1, 2):   # one key pair, row keys
+for hashed in (N.ONE_KEY, N.ROW_GROUPS):
     q += ptx(T._quantize_kernel, dict(x_ptr="*fp16", noise_ptr="*i64", noise_row="i64",
              packed_ptr=u8, scale_ptr=f32, n_groups="i32"),
              dict(GS=128, BITS=4, STOCHASTIC=True, HASH=hashed, **T._tile_consts(4, 128)))

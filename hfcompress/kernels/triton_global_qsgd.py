@@ -17,12 +17,19 @@ import triton.language as tl
 
 from .global_qsgd import linear_step, scale_inverse
 from .triton_noise import noise_at, noise_operand
+from .triton_tiles import per_program
 
-BLOCK = 2048
+#: output elements per program: few large programs under TRITON_INTERPRET (its cost is per
+#: program); on a GPU ``GPU_BLOCK`` over ``NUM_WARPS`` warps, 4 per thread (<= 128 registers
+#: and no spill on sm_90: tests/test_gpu_registers.py)
+BLOCK, GPU_BLOCK, NUM_WARPS = 2048, 1024, 8
 
 
-def _grid(n: int):
-    return (triton.cdiv(n, BLOCK),)
+def _launch(kernel, n: int, t: torch.Tensor, *args, **consts) -> None:
+    """Run ``kernel(*args, **consts, BLOCK)`` over ``n`` output elements on ``t``'s device."""
+    block = per_program(t, BLOCK, GPU_BLOCK)
+    kernel[(triton.cdiv(n, block),)](*args, **consts, BLOCK=block, num_warps=NUM_WARPS,
+                                     enable_fp_fusion=False)
 
 
 def _per(block_size: int | None, numel: int) -> int:
@@ -82,9 +89,8 @@ def linear_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, noise: to
     out = torch.empty(n, dtype=wire_dtype, device=x.device)
     if n:
         u, hashed, row = noise_operand(noise, n, x)
-        _linear_quantize_kernel[_grid(n)](x, scale_inverse(scale), u, row, out, n,
-                                          _per(block_size, n), float(levels), HASH=hashed,
-                                          BLOCK=BLOCK, enable_fp_fusion=False)
+        _launch(_linear_quantize_kernel, n, x, x, scale_inverse(scale), u, row, out, n,
+                _per(block_size, n), float(levels), HASH=hashed)
     return out
 
 
@@ -95,9 +101,8 @@ def linear_dequantize(codes: torch.Tensor, scale: torch.Tensor, levels: int,
     n = codes.numel()
     out = torch.empty(n, dtype=dtype, device=codes.device)
     if n:
-        _linear_dequantize_kernel[_grid(n)](codes, linear_step(scale, levels), out, n,
-                                            _per(block_size, n), BLOCK=BLOCK,
-                                            enable_fp_fusion=False)
+        _launch(_linear_dequantize_kernel, n, codes, codes, linear_step(scale, levels), out, n,
+                _per(block_size, n))
     return out
 
 
@@ -211,10 +216,9 @@ def exp_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, headroom: in
     out = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
     if nbytes:
         u, hashed, row = noise_operand(noise, x.numel(), x)
-        _exp_quantize_kernel[_grid(nbytes)](
-            x.contiguous(), scale_inverse(scale), u, row, out, nbytes,
-            _per(block_size, x.numel()), levels, headroom, float(2.0 ** (levels - 1)),
-            HASH=hashed, BITS=bits, BLOCK=BLOCK, enable_fp_fusion=False)
+        _launch(_exp_quantize_kernel, nbytes, x, x.contiguous(), scale_inverse(scale), u, row,
+                out, nbytes, _per(block_size, x.numel()), levels, headroom,
+                float(2.0 ** (levels - 1)), HASH=hashed, BITS=bits)
     return out
 
 
@@ -225,10 +229,8 @@ def exp_dequantize(codes: torch.Tensor, scale: torch.Tensor, headroom: int, bits
     n = codes.numel() * 8 // bits
     out = torch.empty(n, dtype=dtype, device=codes.device)
     if codes.numel():
-        _exp_dequantize_kernel[_grid(codes.numel())](codes, scale.reshape(-1).float(), out,
-                                                     codes.numel(), _per(block_size, n),
-                                                     headroom, BITS=bits, BLOCK=BLOCK,
-                                                     enable_fp_fusion=False)
+        _launch(_exp_dequantize_kernel, codes.numel(), codes, codes, scale.reshape(-1).float(),
+                out, codes.numel(), _per(block_size, n), headroom, BITS=bits)
     return out
 
 
@@ -236,7 +238,6 @@ def exp_combine(a: torch.Tensor, b: torch.Tensor, bits: int, noise: torch.Tensor
     out = torch.empty_like(a)
     if a.numel():
         u, hashed, row = noise_operand(noise, a.numel() * 8 // bits, a)
-        _exp_combine_kernel[_grid(a.numel())](a.contiguous(), b.contiguous(), u, row, out, a.numel(),
-                                              HASH=hashed, BITS=bits, BLOCK=BLOCK,
-                                              enable_fp_fusion=False)
+        _launch(_exp_combine_kernel, a.numel(), a, a.contiguous(), b.contiguous(), u, row, out,
+                a.numel(), HASH=hashed, BITS=bits)
     return out

@@ -2,10 +2,10 @@
 ZeRO++ 3.2), bit-exact with the torch twin.
 
 Bit-exact by construction: IEEE division (``div_rn``) for ``absmax / qmax`` and
-``1 / absmax``, ``floor(y + 0.5)`` / ``floor(y + noise)`` rounding (noise hashed in the kernel when given as
-keys, ``triton_noise.noise_at``), peers added in order
-0..P-1, every launch compiled with ``enable_fp_fusion=False`` (no multiply-add contracted
-into an FMA). Non-finite groups are detected explicitly (``x != x``, ``|x| == inf``), never
+``1 / absmax``, ``floor(y + 0.5)`` / ``floor(y + noise)`` rounding (noise hashed in the
+kernel when given as keys, ``triton_noise.group_noise_at``), peers added in order 0..P-1,
+every launch compiled with ``enable_fp_fusion=False`` (no multiply-add contracted into an
+FMA). Non-finite groups are detected explicitly (``x != x``, ``|x| == inf``), never
 through ``tl.max``. bfloat16 output is rounded on the bits (round to nearest even, as torch),
 since the interpreter's float32 -> bfloat16 cast truncates.
 
@@ -24,10 +24,14 @@ import triton.language as tl
 
 from . import group_quant as _twin
 from .packing import _UNIT, packed_nbytes
-from .triton_noise import noise_at, noise_operand
+from .triton_noise import group_noise_at, noise_operand
+from .triton_tiles import per_program
 
-#: values per program (a power of two); a quantizing tile holds whole groups
-BLOCK_ELEMS = 4096
+#: values per program (a power of two; a quantizing tile holds whole groups): few large
+#: programs under TRITON_INTERPRET (its cost is per program); on a GPU ``GPU_BLOCK_ELEMS`` over
+#: ``NUM_WARPS`` warps, 8 values per thread (<= 128 registers and no spill on sm_90:
+#: tests/test_gpu_registers.py)
+BLOCK_ELEMS, GPU_BLOCK_ELEMS, NUM_WARPS = 4096, 2048, 8
 
 
 @triton.jit
@@ -68,7 +72,8 @@ def _quantize_tile(y, e, mask, g, u, umask, noise_ptr, noise_row, packed_ptr, sc
     inv = tl.where(ok, tl.math.div_rn(one, tl.where(ok, absmax, 1.0)) * QMAX, 0.0)
     t = y * inv[:, None, None]
     if STOCHASTIC:
-        q = tl.floor(t + noise_at(noise_ptr, e, mask, HASH, noise_row))
+        q = tl.floor(t + group_noise_at(noise_ptr, e, mask, g[:, None, None],
+                                        (g < n_groups)[:, None, None], GS, HASH, noise_row))
     else:
         q = tl.floor(t + 0.5)
     q = tl.where(q == q, tl.minimum(tl.maximum(q, -QMAX), QMAX), 0.0)
@@ -147,10 +152,15 @@ def _dequantize_sum_quantize_kernel(packed_ptr, scale_ptr, noise_ptr, noise_row,
                    OGS, OBITS, OCPU, OBPU, STOCHASTIC, HASH)
 
 
-def _tile_consts(bits: int, group_size: int) -> dict:
+def _tile_consts(bits: int, group_size: int, block: int = BLOCK_ELEMS) -> dict:
+    """A quantizing tile's constants: whole groups in about ``block`` values."""
     cpu, bpu = _UNIT[bits]
     u_p2 = triton.next_power_of_2(group_size // cpu)
-    return dict(BLOCK_G=max(1, BLOCK_ELEMS // (u_p2 * cpu)), U_P2=u_p2, CPU=cpu, BPU=bpu)
+    return dict(BLOCK_G=max(1, block // (u_p2 * cpu)), U_P2=u_p2, CPU=cpu, BPU=bpu)
+
+
+def _block(t: torch.Tensor) -> int:
+    return per_program(t, BLOCK_ELEMS, GPU_BLOCK_ELEMS)
 
 
 def quantize(x: torch.Tensor, bits: int, group_size: int,
@@ -161,11 +171,12 @@ def quantize(x: torch.Tensor, bits: int, group_size: int,
     packed = torch.empty(packed_nbytes(x.numel(), bits), dtype=torch.uint8, device=x.device)
     scale = torch.empty(n_groups, dtype=torch.float32, device=x.device)
     if n_groups:
-        k = _tile_consts(bits, group_size)
-        u, hashed, row = noise_operand(noise, x.numel(), x)
+        k = _tile_consts(bits, group_size, _block(x))
+        u, hashed, row = noise_operand(noise, x.numel(), x, group_size)
         _quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
             x, u, row, packed, scale, n_groups, GS=group_size, BITS=bits,
-            STOCHASTIC=noise is not None, HASH=hashed, **k, enable_fp_fusion=False)
+            STOCHASTIC=noise is not None, HASH=hashed, **k, num_warps=NUM_WARPS,
+            enable_fp_fusion=False)
     return packed, scale
 
 
@@ -178,10 +189,11 @@ def _dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_
     if out.numel() and n_peers:
         cpu, bpu = _UNIT[bits]
         bf16 = dtype == torch.bfloat16
-        _dequantize_sum_kernel[(triton.cdiv(out.numel(), BLOCK_ELEMS),)](
+        block = _block(out)
+        _dequantize_sum_kernel[(triton.cdiv(out.numel(), block),)](
             packed, scale, out.view(torch.int16) if bf16 else out, out.numel(), n_peers,
             packed.shape[1], n_groups, GS=group_size, BITS=bits, CPU=cpu, BPU=bpu,
-            BLOCK=BLOCK_ELEMS, OUT_BF16=bf16, enable_fp_fusion=False)
+            BLOCK=block, OUT_BF16=bf16, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
 
 
@@ -212,14 +224,15 @@ def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int
     out_scale = torch.empty(n_groups, dtype=torch.float32, device=packed.device)
     if n_groups and n_peers:
         cpu, bpu = _UNIT[bits]
-        k = _tile_consts(out_bits, out_group_size)
-        u, hashed, row = noise_operand(noise, numel, scale)
+        k = _tile_consts(out_bits, out_group_size, _block(packed))
+        u, hashed, row = noise_operand(noise, numel, scale, out_group_size)
         _dequantize_sum_quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
             packed, scale, u, row, out_packed,
             out_scale, n_groups, n_peers, packed.shape[1], n_in_groups, GS=group_size,
             BITS=bits, CPU=cpu, BPU=bpu, OGS=out_group_size, BLOCK_G=k["BLOCK_G"],
             U_P2=k["U_P2"], OBITS=out_bits, OCPU=k["CPU"], OBPU=k["BPU"],
-            STOCHASTIC=noise is not None, HASH=hashed, enable_fp_fusion=False)
+            STOCHASTIC=noise is not None, HASH=hashed, num_warps=NUM_WARPS,
+            enable_fp_fusion=False)
     return out_packed, out_scale
 
 

@@ -3,7 +3,7 @@
 Bit-exact with the torch twin by construction: the same float32 butterfly (add/sub stages,
 one multiply by ``inv_sqrt(n)``), IEEE division (``div_rn``), ``floor(y + 0.5)`` /
 ``floor(y + noise)`` rounding (noise hashed in the kernel when given as keys,
-``triton_noise.noise_at``), peers added in order 0..P-1, and every launch compiled with
+``triton_noise.group_noise_at``), peers added in order 0..P-1, and every launch compiled with
 ``enable_fp_fusion=False`` so no multiply-add is contracted into an FMA. Non-finite groups are
 detected explicitly (``x != x``, ``|x| == inf``), not through ``tl.max``.
 
@@ -21,10 +21,14 @@ import triton.language as tl
 
 from .hadamard import inv_sqrt
 from .packing import packed_nbytes
-from .triton_noise import noise_at, noise_operand
+from .triton_noise import group_noise_at, noise_operand
+from .triton_tiles import per_program
 
-#: values per program (a power of two); tiles of whole groups / whole n-blocks
-BLOCK_ELEMS = 4096
+#: values per program (a power of two; tiles of whole groups / whole n-blocks): few large
+#: programs under TRITON_INTERPRET (its cost is per program); on a GPU ``GPU_BLOCK_ELEMS``
+#: over ``NUM_WARPS`` warps, 8 values per thread (<= 128 registers and no spill on sm_90:
+#: tests/test_gpu_registers.py)
+BLOCK_ELEMS, GPU_BLOCK_ELEMS, NUM_WARPS = 4096, 2048, 8
 #: codes per packing unit and bytes per unit, as in packing.py
 _UNIT = {8: (1, 1), 4: (2, 1), 2: (4, 1), 6: (4, 3)}
 
@@ -132,7 +136,8 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_group
     inv = tl.where(ok, tl.math.div_rn(one, tl.where(ok, absmax, 1.0)) * QMAX, 0.0)
     t = y * inv[:, None]
     if STOCHASTIC:
-        q = tl.floor(t + noise_at(noise_ptr, offs, mask, HASH, noise_row))
+        q = tl.floor(t + group_noise_at(noise_ptr, offs, mask, g[:, None], (g < n_groups)[:, None],
+                                        GS, HASH, noise_row))
     else:
         q = tl.floor(t + 0.5)
     q = tl.minimum(tl.maximum(tl.where(q != q, 0.0, q), -QMAX), QMAX)
@@ -168,12 +173,17 @@ def _dequantize_kernel(packed_ptr, scale_ptr, out_ptr, n_peers, n_groups, peer_b
         tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _consts(bits: int, group_size: int, hadamard_size: int) -> dict:
+def _consts(bits: int, group_size: int, hadamard_size: int, block: int = BLOCK_ELEMS) -> dict:
+    """A tile's constants: whole groups in about ``block`` values."""
     gs_p2 = triton.next_power_of_2(group_size)
     cpu, bpu = _UNIT[bits]
-    return dict(GS=group_size, GS_P2=gs_p2, BLOCK_G=max(1, BLOCK_ELEMS // gs_p2),
+    return dict(GS=group_size, GS_P2=gs_p2, BLOCK_G=max(1, block // gs_p2),
                 N=hadamard_size, LOG2N=hadamard_size.bit_length() - 1,
                 SCALE=inv_sqrt(hadamard_size), BITS=bits, CPU=cpu, BPU=bpu)
+
+
+def _block(t: torch.Tensor) -> int:
+    return per_program(t, BLOCK_ELEMS, GPU_BLOCK_ELEMS)
 
 
 def rotate(x: torch.Tensor, hadamard_size: int) -> torch.Tensor:
@@ -182,10 +192,10 @@ def rotate(x: torch.Tensor, hadamard_size: int) -> torch.Tensor:
     out = torch.empty(x.numel(), dtype=torch.float32, device=x.device)
     n_rows = x.numel() // hadamard_size
     if n_rows:
-        rows = max(1, BLOCK_ELEMS // hadamard_size)
+        rows = max(1, _block(x) // hadamard_size)
         _rotate_kernel[(triton.cdiv(n_rows, rows),)](
             x, out, n_rows, ROWS=rows, N=hadamard_size, LOG2N=hadamard_size.bit_length() - 1,
-            SCALE=inv_sqrt(hadamard_size), enable_fp_fusion=False)
+            SCALE=inv_sqrt(hadamard_size), num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
 
 
@@ -197,11 +207,11 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
     packed = torch.empty(packed_nbytes(x.numel(), bits), dtype=torch.uint8, device=x.device)
     scale = torch.empty(n_groups, dtype=torch.float32, device=x.device)
     if n_groups:
-        k = _consts(bits, group_size, hadamard_size)
-        u, hashed, row = noise_operand(noise, x.numel(), x)
+        k = _consts(bits, group_size, hadamard_size, _block(x))
+        u, hashed, row = noise_operand(noise, x.numel(), x, group_size)
         _quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
             x, u, row, packed, scale, n_groups, **k, STOCHASTIC=noise is not None, HASH=hashed,
-            enable_fp_fusion=False)
+            num_warps=NUM_WARPS, enable_fp_fusion=False)
     return packed, scale
 
 
@@ -211,11 +221,12 @@ def _dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size
     n_peers, n_groups = scale.shape
     out = torch.empty(n_groups * group_size, dtype=dtype, device=packed.device)
     if n_groups and n_peers:
-        k = _consts(bits, group_size, hadamard_size)
+        k = _consts(bits, group_size, hadamard_size, _block(packed))
         bf16 = dtype == torch.bfloat16
         _dequantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
             packed, scale, out.view(torch.int16) if bf16 else out, n_peers, n_groups,
-            packed.shape[-1], **k, INVERSE=inverse, OUT_BF16=bf16, enable_fp_fusion=False)
+            packed.shape[-1], **k, INVERSE=inverse, OUT_BF16=bf16, num_warps=NUM_WARPS,
+            enable_fp_fusion=False)
     return out
 
 

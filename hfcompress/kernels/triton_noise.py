@@ -1,14 +1,21 @@
 """Triton twin of ``noise.py``: counter-based U[0, 1) noise, bit-exact with the torch twin.
 
-The same int64 hash per element (values kept in ``[0, 2**32)``, products ``< 2**63``, right
-shifts of non-negative values only, so arithmetic shifts are logical ones); each program
-owns ``BLOCK`` consecutive flat indices, computed in int64 (no int32 overflow past 2**31).
+The hash runs on uint32 lanes, the finalizer's own arithmetic: products wrap modulo 2**32
+and right shifts are logical. A flat index enters as its low word ``i.to(tl.uint32)`` and
+high word ``(i >> 32).to(tl.uint32)`` (the torch twin's ``(i & 0xFFFFFFFF) ^ k1`` and
+``(i >> 32) ^ k2``), the keys as ``.to(tl.uint32)``: the same 32 bits as the torch twin's
+int32 (or int64) lanes, and on a GPU one 32-bit multiply where int64 lanes took several
+instructions and two registers per value.
 
-``noise_at`` is what the quantize kernels call where they round: the noise of their int64
-flat indices, hashed from the keys in registers (8 bytes read per program instead of 4
-bytes per value), or loaded from a noise tensor; ``noise_operand`` is its host side. Row keys
-(``(rows, 2)``, noise.py): index ``i`` is hashed as ``i % row_len`` under the keys of row
-``i // row_len`` (``HASH == ROW_KEYS``; a one-pair call skips the division).
+``noise_at`` is what the quantize kernels call where they round: the noise of their flat
+indices, hashed from the keys in registers (8 bytes read per program instead of 4 bytes per
+value), or loaded from a noise tensor; ``noise_operand`` is its host side and picks the
+kernel's ``HASH`` mode. Row keys (``(rows, 2)``, noise.py): index ``i`` is hashed as
+``i % row_len`` under the keys of row ``i // row_len``. A kernel working on whole groups
+whose rows are whole groups (``group_noise_at``: group quantize, Hadamard quantize, QSGD
+buckets) finds the row and loads its keys once per group (``ROW_GROUPS``); otherwise the row
+is a 32-bit division per value while every flat index fits in int32 (``ROW_KEYS``), a 64-bit
+one past that (``ROW_KEYS_WIDE``, tensors of more than 2G values).
 """
 
 from __future__ import annotations
@@ -19,60 +26,92 @@ import triton.language as tl
 
 from . import noise
 
-#: values per program (few large programs: cheap under TRITON_INTERPRET; on GPU 16 int64
-#: lanes per thread with ``NUM_WARPS`` warps)
+#: values per program (few large programs: cheap under TRITON_INTERPRET; on GPU 16 lanes
+#: per thread with ``NUM_WARPS`` warps)
 BLOCK, NUM_WARPS = 4096, 8
-M32, MUL1, MUL2 = tl.constexpr(noise.M32), tl.constexpr(noise.MUL1), tl.constexpr(noise.MUL2)
+MUL1, MUL2 = tl.constexpr(noise.MUL1), tl.constexpr(noise.MUL2)
 #: the hash's low bits dropped, and the weight of the lowest kept one (noise.py's BITS)
 SHIFT, ULP = tl.constexpr(32 - noise.BITS), tl.constexpr(1.0 / (1 << noise.BITS))
+
+#: ``HASH`` of a kernel: float32 noise values, one key pair, row keys (a row per value,
+#: 32-bit or 64-bit division), row keys found once per group (``group_noise_at``)
+VALUES, ONE_KEY, ROW_KEYS, ROW_KEYS_WIDE, ROW_GROUPS = 0, 1, 2, 3, 4
+#: ``ROW_KEYS`` while every flat index is below this (int32)
+INT32_INDICES = noise.INT32_INDICES
 
 
 @triton.jit
 def _fmix(x):
+    """The 32-bit finalizer on uint32 lanes (wrapping products, logical shifts)."""
     x = x ^ (x >> 16)
-    x = (x * MUL1) & M32
+    x = x * MUL1
     x = x ^ (x >> 15)
-    x = (x * MUL2) & M32
+    x = x * MUL2
     return x ^ (x >> 16)
 
 
-#: ``HASH`` of a kernel: float32 noise values, one key pair, row keys
-VALUES, ONE_KEY, ROW_KEYS = 0, 1, 2
-
-
 @triton.jit
-def _hash(i, k1, k2):
-    h = _fmix(_fmix((i & M32) ^ k1) ^ ((i >> 32) ^ k2))
+def _uniform(h):
+    """The kept top bits of uint32 hashes as float32 U[0, 1) (exact)."""
     return (h >> SHIFT).to(tl.float32) * ULP
 
 
 @triton.jit
-def hashed_uniform(i, keys_ptr):
-    """U[0, 1) of int64 flat indices ``i >= 0`` under the keys at ``keys_ptr`` (noise.py)."""
-    return _hash(i, tl.load(keys_ptr), tl.load(keys_ptr + 1))
+def hashed(i, k1, k2):
+    """U[0, 1) of int64 flat indices ``i >= 0`` under uint32 keys (broadcast against ``i``)."""
+    return _uniform(_fmix(_fmix(i.to(tl.uint32) ^ k1) ^ ((i >> 32).to(tl.uint32) ^ k2)))
 
 
 @triton.jit
-def row_hashed_uniform(i, keys_ptr, row_len, mask):
-    """U[0, 1) of int64 flat indices ``i >= 0`` under row keys: ``i % row_len`` hashed with
-    the pair of row ``i // row_len`` (noise.py; 0 where masked)."""
-    r = i // row_len
-    k1 = tl.load(keys_ptr + 2 * r, mask=mask, other=0)
-    k2 = tl.load(keys_ptr + 2 * r + 1, mask=mask, other=0)
-    return _hash(i - r * row_len, k1, k2)
+def hashed32(i, k1, k2):
+    """``hashed`` of int32 flat indices ``0 <= i < 2**31`` (high word 0)."""
+    return _uniform(_fmix(_fmix(i.to(tl.uint32) ^ k1) ^ k2))
+
+
+@triton.jit
+def row_keys(keys_ptr, r, mask):
+    """The uint32 key pair of rows ``r`` (0 where masked)."""
+    k1 = tl.load(keys_ptr + 2 * r, mask=mask, other=0).to(tl.uint32)
+    k2 = tl.load(keys_ptr + 2 * r + 1, mask=mask, other=0).to(tl.uint32)
+    return k1, k2
 
 
 @triton.jit
 def noise_at(noise_ptr, i, mask, HASH: tl.constexpr, row_len):
     """The rounding noise of int64 flat indices ``i``: hashed from the keys at ``noise_ptr``
-    (``HASH`` ONE_KEY, or ROW_KEYS with rows of ``row_len`` indices), else loaded from the
+    (``HASH`` ONE_KEY, or row keys with rows of ``row_len`` indices), else loaded from the
     float32 noise tensor at ``noise_ptr`` (0 where masked)."""
-    if HASH == 2:
-        u = row_hashed_uniform(i, noise_ptr, row_len, mask)
+    tl.static_assert(HASH != 4, "ROW_GROUPS noise is group_noise_at's")
+    if HASH == 3:  # ROW_KEYS_WIDE
+        r = i // row_len
+        k1, k2 = row_keys(noise_ptr, r, mask)
+        u = hashed(i - r * row_len, k1, k2)
+    elif HASH == 2:  # ROW_KEYS: every flat index < 2**31
+        i32 = i.to(tl.int32)
+        r = i32 // row_len
+        k1, k2 = row_keys(noise_ptr, r, mask)
+        u = hashed32(i32 - r * row_len, k1, k2)
     elif HASH == 1:
-        u = hashed_uniform(i, noise_ptr)
+        u = hashed(i, tl.load(noise_ptr).to(tl.uint32), tl.load(noise_ptr + 1).to(tl.uint32))
     else:
         u = tl.load(noise_ptr + i, mask=mask, other=0.0)
+    return u
+
+
+@triton.jit
+def group_noise_at(noise_ptr, i, mask, g, gmask, GS, HASH: tl.constexpr, row_len):
+    """``noise_at`` of the int64 flat indices ``i`` of a tile of whole groups of ``GS`` values:
+    ``g`` the (int32 or int64) group ids and ``gmask`` their mask, shaped to broadcast against
+    ``i``. With ``ROW_GROUPS`` (rows of whole groups, below 2**31 groups and 2**31 values per
+    row) each group's row and keys are found once, in 32 bits, and the index within the row
+    is the low word of ``i`` minus that of the row's first index (exact below 2**31)."""
+    if HASH == 4:  # ROW_GROUPS
+        r = g.to(tl.int32) // (row_len // GS)
+        k1, k2 = row_keys(noise_ptr, r, gmask)
+        start = (r.to(tl.int64) * row_len).to(tl.int32)
+        u = hashed32(i.to(tl.int32) - start, k1, k2)
+    else:
+        u = noise_at(noise_ptr, i, mask, HASH, row_len)
     return u
 
 
@@ -84,17 +123,25 @@ def _uniform_kernel(keys_ptr, out_ptr, numel, row_len, HASH: tl.constexpr,
     tl.store(out_ptr + i, noise_at(keys_ptr, i, mask, HASH, row_len), mask=mask)
 
 
-def noise_operand(noise: torch.Tensor | None, numel: int,
-                  unused: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+def noise_operand(noise: torch.Tensor | None, numel: int, unused: torch.Tensor,
+                  group: int | None = None) -> tuple[torch.Tensor, int, int]:
     """A kernel's ``noise`` argument for ``numel`` roundings -> (the tensor its ``noise_ptr``
     points to, ``HASH``, ``row_len``): the keys (one pair, or ``(rows, 2)`` row keys, rows of
-    ``numel // rows``), the float32 values (flat), or ``unused`` when None."""
+    ``numel // rows``), the float32 values (flat), or ``unused`` when None. ``group``: the
+    kernel works on whole groups of that many values (``group_noise_at``), so row keys whose
+    rows are whole groups take ``ROW_GROUPS``."""
     if noise is None:
         return unused, VALUES, 1
     if noise.dtype == torch.int64:
         if noise.dim() == 2 and noise.shape[1] == 2 and noise.shape[0] > 0 \
                 and numel % noise.shape[0] == 0:
-            return noise.contiguous(), ROW_KEYS, max(numel // noise.shape[0], 1)
+            row_len = max(numel // noise.shape[0], 1)
+            if (group is not None and row_len % group == 0 and row_len <= INT32_INDICES
+                    and numel // group < INT32_INDICES):
+                mode = ROW_GROUPS
+            else:
+                mode = ROW_KEYS if numel <= INT32_INDICES else ROW_KEYS_WIDE
+            return noise.contiguous(), mode, row_len
         if noise.shape != (2,):
             raise ValueError(f"noise keys must be an int64 tensor (k1, k2), or (rows, 2) row "
                              f"keys with rows dividing {numel}, got shape {tuple(noise.shape)}")

@@ -1,6 +1,6 @@
 """QSGD bucketed stochastic quantization (QSDP 3.2), Triton version of ``qsgd.py`` (same
 functions, same numbers bit for bit given the same noise; noise given as keys is hashed in
-the kernel, ``triton_noise.noise_at``).
+the kernel, ``triton_noise.group_noise_at``).
 
 Tiles, launches and the bf16 store: ``triton_tiles.py``. Divisions are IEEE (``div_rn``).
 """
@@ -14,7 +14,7 @@ import triton.language as tl
 from .triton_tiles import (dequantize_peers, load_codes, load_rows, load_values,
                            nonfinite_rows, quantize_buckets, store_codes, store_out, store_rows,
                            tile)
-from .triton_noise import noise_at, noise_operand
+from .triton_noise import group_noise_at, noise_operand
 
 
 @triton.jit
@@ -29,7 +29,8 @@ def _quantize_kernel(x_ptr, u_ptr, code_ptr, scale_ptr, n_buckets, bucket_size, 
     s = tl.full([GROUPS], S, tl.float32)
     scale = tl.where(bad, float("nan"), tl.math.div_rn(norm, s))
     inv = tl.where(bad | (norm == 0.0), 0.0, tl.math.div_rn(s, tl.where(norm == 0.0, 1.0, norm)))
-    u = noise_at(u_ptr, offs, mask, HASH, noise_row)
+    u = group_noise_at(u_ptr, offs, mask, rows[:, None], row_ok[:, None],
+                       bucket_size, HASH, noise_row)
     level = tl.floor(ax * inv[:, None] + u)
     level = tl.where(level != level, 0.0, level)
     level = tl.minimum(tl.maximum(level, 0.0), S)
@@ -62,7 +63,7 @@ def _dequantize_kernel(code_ptr, scale_ptr, out_ptr, n_buckets, bucket_size, n_p
 def quantize(x: torch.Tensor, bits: int, bucket_size: int,
              noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """1-D x -> (packed uint8 codes, float32 scales ``norm / s`` of shape (buckets,))."""
-    u, hashed, row = noise_operand(noise, x.numel(), x)
+    u, hashed, row = noise_operand(noise, x.numel(), x, bucket_size)
     return quantize_buckets(_quantize_kernel, x, u, 1, bits, bucket_size, noise_row=row,
                             S=(1 << (bits - 1)) - 1, HASH=hashed)
 

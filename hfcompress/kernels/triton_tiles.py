@@ -17,14 +17,22 @@ import triton.language as tl
 
 from .packing import pack_codes, unpack_codes
 
-#: values per program (few large programs: cheap under TRITON_INTERPRET, fine on GPU)
-TILE = 8192
+#: values per program: few large programs under TRITON_INTERPRET (its cost is per program);
+#: on a GPU ``GPU_TILE`` over ``NUM_WARPS`` warps, 8 values per thread (<= 128 registers and
+#: no spill on sm_90: tests/test_gpu_registers.py)
+TILE, GPU_TILE, NUM_WARPS = 8192, 2048, 8
 
 
-def tile_shape(bucket_size: int) -> tuple[int, int]:
-    """(BLOCK, GROUPS): the padded bucket width and buckets per program."""
+def per_program(t: torch.Tensor, interpreted: int, gpu: int) -> int:
+    """Values per program of a kernel on ``t``'s device: ``gpu`` on a GPU, else
+    ``interpreted`` (TRITON_INTERPRET runs CPU tensors)."""
+    return gpu if t.is_cuda else interpreted
+
+
+def tile_shape(bucket_size: int, tile: int = TILE) -> tuple[int, int]:
+    """(BLOCK, GROUPS): the padded bucket width and buckets per program of ``tile`` values."""
     block = triton.next_power_of_2(bucket_size)
-    return block, max(1, TILE // block)
+    return block, max(1, tile // block)
 
 
 @triton.jit
@@ -128,10 +136,10 @@ def quantize_buckets(kernel, x: torch.Tensor, aux: torch.Tensor, n_params: int, 
     codes = torch.empty(n, dtype=torch.uint8, device=x.device)
     params = [torch.empty(nb, dtype=torch.float32, device=x.device) for _ in range(n_params)]
     if nb:
-        block, groups = tile_shape(bucket_size)
+        block, groups = tile_shape(bucket_size, per_program(x, TILE, GPU_TILE))
         kernel[(triton.cdiv(nb, groups),)](
             x.contiguous(), aux.contiguous(), codes, *params, nb, bucket_size, **consts,
-            GROUPS=groups, BLOCK=block, enable_fp_fusion=False)
+            GROUPS=groups, BLOCK=block, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return (pack(codes, bits), *params)
 
 
@@ -146,9 +154,9 @@ def dequantize_peers(kernel, packed: torch.Tensor, operands: tuple[torch.Tensor,
     codes = unpack(packed.reshape(-1), bits).contiguous()
     out = torch.empty(n, dtype=dtype, device=packed.device)
     if nb:
-        block, groups = tile_shape(bucket_size)
+        block, groups = tile_shape(bucket_size, per_program(codes, TILE, GPU_TILE))
         kernel[(triton.cdiv(nb, groups),)](
             codes, *(t.contiguous() for t in operands), _out_view(out), nb, bucket_size,
             n_peers, n, **consts, GROUPS=groups, BLOCK=block,
-            OUT_BF16=dtype == torch.bfloat16, enable_fp_fusion=False)
+            OUT_BF16=dtype == torch.bfloat16, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
