@@ -110,3 +110,9 @@ def test_format_1_files_load_with_a_warning(tmp_path):
         warnings.simplefilter("error")      # the current format loads without a warning
         saved(tmp_path)
         assert checkpoint.load(Handle(), SETTING, str(tmp_path), 0, step=3) is True
+
+
+def test_a_foreign_torch_file_is_refused(tmp_path):
+    path = checkpoint.state_path(str(tmp_path), 0)
+    torch.save({"weights": torch.zeros(2)}, path)
+    assert f"{path} is not an hfcompress compressor-state file" in refused(tmp_path)

@@ -85,11 +85,14 @@ def _read(path: str, map_location: Any) -> dict[str, Any]:
         raise ValueError(f"{path} is empty (an interrupted write?)")
     try:
         with torch.serialization.safe_globals([Segment]):
-            return torch.load(path, map_location=map_location, weights_only=True)
+            record = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # truncated, corrupt, not a torch file
         raise ValueError(f"{path} cannot be read ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''}): truncated or "
                          f"corrupt") from e
+    if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
+        raise ValueError(f"{path} is not an hfcompress compressor-state file")
+    return record
 
 
 def _verify(saved: dict[str, Any], path: str, rank: int, step: int | None,
