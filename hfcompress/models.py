@@ -8,6 +8,11 @@ config without ``quantization_config`` and loads the weights into it: the result
 saves and shards like any hub checkpoint. Master weights are fp32 by default (use the
 Trainer's ``--bf16`` for mixed precision).
 
+A name that cannot be loaded fails at once with one line, never after a minute of hub
+retries: a near miss of a short name (``smollm2-1.7b``), a local path that does not exist
+(``./nope``), or a hub id outside the local cache while the hub is off or unreachable
+(``check_hub_reachable``, at load time).
+
 Short names (offline, no hub):
 
 - ``smollm2-135m``: SmolLM2-135M-Instruct (LLaMA, 134.5M parameters) as the Q4_1 GGUF file
