@@ -202,14 +202,15 @@ def scattered(preset: str, with_sleep: bool) -> tuple[torch.Tensor, torch.Tensor
     g = torch.Generator().manual_seed(dist.get_rank())
     grads = torch.randn(world * n, generator=g).to(device())
     out, exact = torch.empty(n, device=device()), torch.empty(n, device=device())
+    # FSDP2's op: SUM on one rank (NCCL's one-rank AVG lost values, NVIDIA/nccl#1950)
+    op = dist.ReduceOp.AVG if world > 1 else dist.ReduceOp.SUM
     with torch.no_grad():
         if with_sleep:
             sleep()
         rows = grads * 2
-        comms.rs(output_tensor=out, input_tensor=rows, group=dist.group.WORLD,
-                 op=dist.ReduceOp.AVG)
+        comms.rs(output_tensor=out, input_tensor=rows, group=dist.group.WORLD, op=op)
         got = out.clone()
-        dist.reduce_scatter_tensor(exact, rows, op=dist.ReduceOp.AVG)
+        dist.reduce_scatter_tensor(exact, rows, op=op)
     handle.remove()
     return cpu_copy(got), cpu_copy(exact)
 
@@ -434,15 +435,18 @@ def test_global_qsgd_kernels(compiled_triton, block_size):
     scale = torch.rand(k, generator=torch.Generator().manual_seed(3)) * 8 + 1
     for dtype in DTYPES:
         x = values(n, 4, dtype)
-        for noise in noises(n, 2)[1:]:
+        for i, noise in enumerate(noises(n, 2)[1:]):   # values, one key pair, row keys
+            decode = i == 0                             # decodes take no noise: once
             for wire, levels in ((torch.int8, 31), (torch.int32, 1 << 24)):
                 codes = check(gqt, "linear_quantize", x, scale, levels, noise, wire, block_size)
-                check(gqt, "linear_dequantize", codes, scale, levels, dtype, block_size)
-                check(gqt, "linear_dequantize", codes.long() * 3, scale, levels, dtype,
-                      block_size)
+                if decode:
+                    check(gqt, "linear_dequantize", codes, scale, levels, dtype, block_size)
+                    check(gqt, "linear_dequantize", codes.long() * 3, scale, levels, dtype,
+                          block_size)
             for bits in (8, 4):
                 a = check(gqt, "exp_quantize", x, scale, 5, 2, bits, noise, block_size)
-                check(gqt, "exp_dequantize", a, scale, 2, bits, dtype, block_size)
+                if decode:
+                    check(gqt, "exp_dequantize", a, scale, 2, bits, dtype, block_size)
                 b = gqt.exp_quantize(values(n, 9, dtype), scale, 5, 2, bits, torch.rand(n),
                                      block_size)
                 check(gqt, "exp_combine", a, b, bits, noise)
@@ -460,7 +464,6 @@ COMPRESSORS = [("int", dict(bits=4, group_size=128, rounding="stochastic")),
                ("hadamard", dict(bits=4, group_size=128, hadamard_size=32)),
                ("qsgd", dict(bits=8, bucket_size=1024)),
                ("random_shift", dict(bits=8, bucket_size=1024)),
-               ("learned", dict(bits=4, bucket_size=1024, fit_steps=20)),
                ("global_qsgd", dict(num_peers=2)),
                ("global_qsgd_exp", dict(num_peers=2))]
 
@@ -468,7 +471,9 @@ COMPRESSORS = [("int", dict(bits=4, group_size=128, rounding="stochastic")),
 @pytest.mark.parametrize("name, params", COMPRESSORS, ids=[c[0] for c in COMPRESSORS])
 def test_compressors_on_the_gpu_equal_the_cpu(compiled_triton, name, params):
     """Each scheme on the device (Triton) gives the CPU twin's payloads, decodes and row
-    reduce: the seeded noise, row keys and paddings of the compressors, not only kernels."""
+    reduce: the seeded noise, row keys and paddings of the compressors, not only kernels.
+    (``learned`` fits its levels with ``index_add_``, whose float sums differ between
+    devices; its kernels are checked with fixed levels above.)"""
     x = values(3 * 4001, 13, torch.bfloat16).nan_to_num(0, 0, 0).reshape(3, -1)
     a = get_compressor(name, seed=5, backend="torch", **params)
     b = get_compressor(name, seed=5, backend="triton", **params)
