@@ -30,6 +30,7 @@ import logging
 import os
 from typing import Any
 
+import torch
 import transformers
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
@@ -184,6 +185,8 @@ class CompressionMixin:
             raise ValueError(f"resume_from_checkpoint={resume!r}: no such folder (give a "
                              f"checkpoint-* folder, or True for the last one in output_dir)")
         self.resume_dir = resume if isinstance(resume, str) else None
+        if self.comm_config is not None and self.args.world_size > 1:
+            compile_notice(self.args.device)
         try:
             return super().train(resume, *args, **kwargs)
         finally:
@@ -217,6 +220,26 @@ class CompressionMixin:
 
 
 _warned_single_process = False
+#: seconds the first steps of finetune_llama.py (sdp4bit, FSDP2, 2 processes) spent compiling
+#: the CPU kernels with a cold Inductor cache on a 2-core AVX2 machine: communication warm-up
+#: 93.7 s, against 2.7 s with HFCOMPRESS_COMPILE=0 (2026-11-24, machine shared, load ~9)
+COMPILE_SECONDS = 90
+_noticed_compile = False
+
+
+def compile_notice(device: Any) -> None:
+    """One line on rank 0 before the first compile: otherwise the first steps sit silent
+    (the kernels compile on first use, once per process; Inductor caches them on disk)."""
+    global _noticed_compile
+    from ..kernels.dispatch import compile_enabled
+
+    if _noticed_compile or torch.device(device).type != "cpu" or not compile_enabled():
+        return
+    _noticed_compile = True
+    if accelerate_cpu.is_rank0():
+        logger.warning(f"hfcompress: compiling the compression kernels, about "
+                       f"{COMPILE_SECONDS} s on a 2-core CPU (first steps only; later runs "
+                       f"reuse the compile cache; HFCOMPRESS_COMPILE=0 runs them eagerly)")
 
 
 def warn_single_process(preset: str) -> None:
