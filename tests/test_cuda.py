@@ -188,7 +188,9 @@ def gathered(preset: str, with_sleep: bool) -> tuple[torch.Tensor, torch.Tensor]
 @pytest.mark.parametrize("preset", WEIGHT_PRESETS)
 def test_async_all_gather_waits_for_the_callers_stream(world, preset):
     (slow, exact), (fast, _) = gathered(preset, True), gathered(preset, False)
-    assert torch.equal(slow, fast), preset
+    # the same numbers (learned levels are fitted with index_add_, whose CUDA sums vary
+    # in the last bits from run to run); a stale read is off by O(1)
+    assert rel_err(slow, fast) < 1e-3, preset
     # the new (negated) weights within the scheme's error; the old ones are 2.0 off
     assert rel_err(fast, exact) <= (0 if preset == "none" else 0.5), preset
 
@@ -218,7 +220,7 @@ def scattered(preset: str, with_sleep: bool) -> tuple[torch.Tensor, torch.Tensor
 @pytest.mark.parametrize("preset", GRAD_PRESETS)
 def test_reduce_scatter_waits_for_the_gradients(world, preset):
     (slow, exact), (fast, _) = scattered(preset, True), scattered(preset, False)
-    assert torch.equal(slow, fast), preset
+    assert rel_err(slow, fast) < 1e-3, preset      # as above
     assert rel_err(fast, exact) < (1e-6 if preset == "none" else 0.5), preset
 
 
