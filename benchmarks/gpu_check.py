@@ -93,8 +93,9 @@ def seconds_per_call(fn: Callable[[], object], reps: int, device) -> float:
 
 
 # -- 1. kernels ------------------------------------------------------------------------------
-def kernel_cases(n: int, device) -> list[tuple[str, Callable[[], object], int]]:
-    """(name, call, bytes read + written per call) of each hot kernel on ``n`` float32 values."""
+def kernel_cases(n: int, device) -> list[tuple[str, Callable[[], tuple[Callable, int]]]]:
+    """(name, setup) of each hot kernel on ``n`` float32 values; ``setup()`` gives the call
+    and the bytes it reads + writes (built lazily: a kernel that fails fails its own row)."""
     import torch
 
     from hfcompress import get_compressor
@@ -104,30 +105,45 @@ def kernel_cases(n: int, device) -> list[tuple[str, Callable[[], object], int]]:
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(n, device=device, generator=g)
     peers = 8
+
+    def int_case(bits: int, what: str):
+        c = get_compressor("int", bits=bits, group_size=128,
+                           rounding="nearest" if what == "nearest" else "stochastic", seed=0)
+        wire = c.wire_bits(n) // 8
+        if what in ("stochastic", "nearest"):
+            return lambda: c.compress(x), 4 * n + wire
+        if what == "dequantize":
+            packed = c.compress(x)
+            return lambda: c.decompress(packed), wire + 4 * n
+        rows = c.compress_rows(x.view(peers, -1))
+        return lambda: c.reduce_rows(rows, (n // peers,), torch.float32), \
+            rows.numel() + 4 * n // peers
+
+    def hadamard(rotate: bool):
+        h = get_compressor("hadamard", bits=4, group_size=128, hadamard_size=32, seed=0)
+        return (lambda: h.rotate(x), 8 * n) if rotate else \
+            (lambda: h.compress(x), 4 * n + h.wire_bits(n) // 8)
+
+    def qwd():
+        ref = x + 0.01 * torch.randn(n, device=device, generator=g)
+        impl = dispatch.pick(x, "auto", gq, "triton_group_quant")
+        return lambda: impl.quantize_difference(x, ref, 4, 2048), 8 * n + n // 2 + 2 * n // 1024
+
+    def global_qsgd():
+        q = get_compressor("global_qsgd", num_peers=peers, seed=0)
+        return lambda: q.compress(x), 4 * n + q.wire_bits(n) // 8
+
     cases = []
     for bits in (4, 8):
-        for rounding in ("stochastic", "nearest"):
-            c = get_compressor("int", bits=bits, group_size=128, rounding=rounding, seed=0)
-            wire = c.wire_bits(n) // 8
-            cases.append((f"int{bits}_g128_quantize_{rounding}", lambda c=c: c.compress(x),
-                          4 * n + wire))
-        packed = c.compress(x)
-        cases.append((f"int{bits}_g128_dequantize", lambda c=c, p=packed: c.decompress(p),
-                      wire + 4 * n))
-        rows = c.compress_rows(x.view(peers, -1))
+        for what in ("stochastic", "nearest"):
+            cases.append((f"int{bits}_g128_quantize_{what}", lambda b=bits, w=what: int_case(b, w)))
+        cases.append((f"int{bits}_g128_dequantize", lambda b=bits: int_case(b, "dequantize")))
         cases.append((f"int{bits}_g128_dequantize_sum_{peers}peers",
-                      lambda c=c, r=rows: c.reduce_rows(r, (n // peers,), torch.float32),
-                      rows.numel() + 4 * n // peers))
-    h = get_compressor("hadamard", bits=4, group_size=128, hadamard_size=32, seed=0)
-    cases.append(("hadamard32_rotate", lambda: h.rotate(x), 8 * n))
-    cases.append(("hadamard32_int4_quantize", lambda: h.compress(x), 4 * n + h.wire_bits(n) // 8))
-    ref = x + 0.01 * torch.randn(n, device=device, generator=g)
-    qwd = dispatch.pick(x, "auto", gq, "triton_group_quant")
-    cases.append(("qwd_int4_g2048_difference_quantize",
-                  lambda: qwd.quantize_difference(x, ref, 4, 2048), 8 * n + n // 2 + 4 * n // 2048))
-    q = get_compressor("global_qsgd", num_peers=peers, seed=0)
-    cases.append(("global_qsgd_int8_quantize", lambda: q.compress(x), 4 * n + q.wire_bits(n) // 8))
-    return cases
+                      lambda b=bits: int_case(b, "sum")))
+    return cases + [("hadamard32_rotate", lambda: hadamard(True)),
+                    ("hadamard32_int4_quantize", lambda: hadamard(False)),
+                    ("qwd_int4_g2048_difference_quantize", qwd),
+                    ("global_qsgd_int8_quantize", global_qsgd)]
 
 
 def check_kernels(device, n: int, reps: int) -> list[Check]:
@@ -148,8 +164,9 @@ def check_kernels(device, n: int, reps: int) -> list[Check]:
     if device.type == "cuda" and backend != "triton":
         checks.append(Check("kernels", "triton_backend", False,
                             detail="the CUDA path runs the torch twins: pip install triton"))
-    for name, fn, nbytes in kernel_cases(n, device):
+    for name, setup in kernel_cases(n, device):
         try:
+            fn, nbytes = setup()
             result = fn()
             tensors = result.payload.values() if hasattr(result, "payload") else (
                 result if isinstance(result, tuple) else (result,))
@@ -371,7 +388,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(part: str, fn: Callable[[], list[Check]]) -> None:
         print(f"gpu_check: {part} ...", flush=True)
-        for c in fn():
+        try:
+            got = fn()
+        except Exception as err:  # noqa: BLE001 - the part fails, the others still run
+            got = [failed(part, "setup", err)]
+        for c in got:
             print(c.line(), flush=True)
             checks.append(c)
 
