@@ -39,11 +39,16 @@ def test_lora_frozen_weights_cost_no_inter_node_bytes():
     """LoRA (peft, r=8 on q/v) under sdp4bit, FSDP2 on 2 emulated nodes: after the exact
     first all-gather, the frozen base weights' differences are not sent. Inter-node bytes of
     steps 2-4 (weights and gradients, all ranks) <= 5% of the path that sends them, and the
-    losses are bit-identical (the same computation: the unsent bytes are rebuilt exactly)."""
+    losses are bit-identical (the same computation: the unsent bytes are rebuilt exactly), also
+    with asynchronous all-gathers and node-sharded references."""
     pytest.importorskip("peft")
     out = run_distributed(tw.lora_worker, 2, timeout=400)[0]
     frozen, today = out["frozen"], out["today"]
     assert frozen["losses"] == today["losses"], (frozen["losses"], today["losses"])
+    # also with asynchronous prefetched all-gathers, and with node-sharded references (one
+    # node of 2 ranks: the rebuilt slots gathered inside the node)
+    assert out["frozen_async"] == today["losses"]
+    assert out["frozen_one_node"] == out["today_one_node"]
     # step 1: exact gathers (the frozen norms, in the references now, skip the backward one)
     assert 0.99 * today["inter"][0] < frozen["inter"][0] <= today["inter"][0]
     for new, old in zip(frozen["inter"][1:], today["inter"][1:]):

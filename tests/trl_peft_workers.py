@@ -104,10 +104,11 @@ def lora_model():
     return model
 
 
-def lora_run(frozen_path: bool) -> dict:
+def lora_run(frozen_path: bool, ranks_per_node: int = 1, async_op: bool = False) -> dict:
     """``LORA_STEPS`` AdamW steps of the LoRA model, sharded by ``hfcompress.apply`` with
-    sdp4bit on 2 emulated nodes; per step the losses and the wire meter's inter-node bytes
-    (all ranks)."""
+    sdp4bit (``ranks_per_node=1``: 2 emulated nodes); per step the losses and the wire
+    meter's inter-node bytes (all ranks). ``async_op``: asynchronous unshards with explicit
+    prefetching of the next layer (FSDP2's ``async_op=True`` all-gathers)."""
     import torch
     import torch.distributed as dist
     import hfcompress
@@ -118,14 +119,22 @@ def lora_run(frozen_path: bool) -> dict:
         fsdp.frozen_columns = lambda *args: None
     try:
         model = lora_model()
-        handle = hfcompress.apply(model, "sdp4bit", ranks_per_node=1, shard=True)
+        handle = hfcompress.apply(model, "sdp4bit", ranks_per_node=ranks_per_node, shard=True)
     finally:
         fsdp.frozen_columns = saved
+    layers = list(model.base_model.model.model.layers)
+    if async_op:
+        for m in [*layers, model]:          # the root: the PeftModel apply sharded
+            m._set_unshard_async_op(True)
+        layers[0].set_modules_to_forward_prefetch([layers[1]])
+        layers[1].set_modules_to_backward_prefetch([layers[0]])
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     out = {"losses": [], "inter": [], "trainable": sum(p.numel() for p in model.parameters()
                                                        if p.requires_grad),
            "params": sum(p.numel() for p in model.parameters())}
     for step in range(LORA_STEPS):
+        if async_op:
+            layers[0].unshard(async_op=True)
         g = torch.Generator().manual_seed(100 * step + dist.get_rank())
         ids = torch.randint(0, 320, (2, 32), generator=g)
         loss = model(input_ids=ids, labels=ids).loss
@@ -146,4 +155,7 @@ def lora_worker(rank: int, world: int) -> dict:
     import os
     os.environ["HFCOMPRESS_COMPILE"] = "0"
     os.environ.pop("LOCAL_WORLD_SIZE", None)
-    return {"frozen": lora_run(True), "today": lora_run(False)}
+    return {"frozen": lora_run(True), "today": lora_run(False),
+            "frozen_async": lora_run(True, async_op=True)["losses"],
+            "frozen_one_node": lora_run(True, ranks_per_node=2)["losses"],
+            "today_one_node": lora_run(False, ranks_per_node=2)["losses"]}
