@@ -111,13 +111,15 @@ def auto_env_check(rank: int) -> str | None:
         del os.environ["HFCOMPRESS_AUTO"]
 
 
-def fsdp_faults_worker(rank: int, world: int, tmp: str) -> dict:
+def faults_worker(rank: int, world: int, tmp: str, seconds: int) -> dict:
+    """Every check of the one spawned job (the ``ddp_timeout`` one replaces the group: last)."""
     setup()
     return {"mismatch": mismatch_checks(rank, tmp), "nan": nan_checks(),
-            "auto": auto_env_check(rank)}
+            "auto": auto_env_check(rank), "ddp_timeout": ddp_timeout_check(rank, world, tmp,
+                                                                            seconds)}
 
 
-def ddp_timeout_worker(rank: int, world: int, tmp: str, seconds: int) -> dict:
+def ddp_timeout_check(rank: int, world: int, tmp: str, seconds: int) -> dict:
     """The launcher's group is replaced by the one ``hfcompress.TrainingArguments`` creates
     (as under torchrun: no group yet); its timeout is ``ddp_timeout``."""
     port = [free_port() if rank == 0 else None]

@@ -4,20 +4,37 @@ differently on the ranks, and ``ddp_timeout`` on a CPU Trainer launch."""
 
 import math
 
+import pytest
+
 from dist_utils import run_distributed
-from faults_workers import ddp_timeout_worker, fsdp_faults_worker
+from faults_workers import faults_worker
+
+TIMEOUT_S = 7
 
 
-def test_fsdp_faults(tmp_path):
-    out = run_distributed(fsdp_faults_worker, 2, str(tmp_path), timeout=300)
-    # a missing rank file: one decision on every rank (rank 0's own file is intact)
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    """One spawned job for every check (``faults_workers.faults_worker``)."""
+    return run_distributed(faults_worker, 2, str(tmp_path_factory.mktemp("faults")), TIMEOUT_S,
+                           timeout=300)
+
+
+def test_missing_rank_file_one_decision_for_all_ranks(out):
+    """``comm_state_mismatch`` with rank 1's file missing: rank 0's own file is intact, yet no
+    rank loads ('reset') and every rank raises the same error ('error'); training goes on."""
     for r in out:
         m = r["mismatch"]
         assert m["reset"] is False, m
         assert "no hfcompress compressor state for rank 1" in m["error"], m["error"]
         assert math.isfinite(m["after_reset"]), m
     assert out[0]["mismatch"]["error"] == out[1]["mismatch"]["error"]
-    # NaN in a gradient reaches the weights: visible; restored weights recover
+
+
+def test_qwd_references_recover_when_finite_weights_are_restored(out):
+    """NaN in a gradient reaches the weights: the loss is NaN (visible, not hidden). Weights
+    restored by ``model.load_state_dict`` train finite at once (qWD references re-gathered
+    exactly); restored with ``p.copy_`` the NaN reference alone keeps the loss NaN until
+    ``reset_references()``."""
     nan = out[0]["nan"]
     assert all(math.isfinite(x) for x in nan["before"]), nan
     assert all(math.isnan(x) for x in nan["poisoned"]), nan
@@ -26,15 +43,18 @@ def test_fsdp_faults(tmp_path):
     assert math.isnan(nan["copy_only"]), nan        # the reference alone stays NaN
     assert all(math.isfinite(x) for x in nan["copy_and_reset"]), nan
     assert nan["copy_and_reset"][0] == nan["load_state_dict"][0], nan   # same exact re-gather
-    # HFCOMPRESS_AUTO differing: every rank raises, naming both values
+
+
+def test_auto_env_differing_across_ranks_is_an_error_on_every_rank(out):
     for r in out:
         assert r["auto"] is not None and "HFCOMPRESS_AUTO differs across ranks" in r["auto"]
         assert "rank 0: 'weights=qwd'" in r["auto"] and "rank 1: 'weights=exact'" in r["auto"]
 
 
-def test_ddp_timeout_reaches_the_cpu_process_group(tmp_path):
+def test_ddp_timeout_reaches_the_cpu_process_group(out):
     """transformers leaves ddp_timeout out under use_cpu (which hfcompress sets on a CPU
-    launch); the gloo group hfcompress.TrainingArguments creates has it."""
-    out = run_distributed(ddp_timeout_worker, 2, str(tmp_path), 7, timeout=120)
+    launch; the group then had gloo's 30 min); the group hfcompress.TrainingArguments
+    creates has it."""
     for r in out:
-        assert r == {"use_cpu": True, "world_size": 2, "timeout_s": 7.0}, r
+        assert r["ddp_timeout"] == {"use_cpu": True, "world_size": 2,
+                                    "timeout_s": float(TIMEOUT_S)}, r
