@@ -96,3 +96,10 @@ class Exchange:
         if self.work is not None:
             self.work.wait()
         return self.received()
+
+    def take(self) -> torch.Tensor:
+        """``wait()``, then let go of the send buffer and the work: the caller holds the only
+        reference to what was received (the buffers are freed as soon as it is done)."""
+        received = self.wait()
+        self.send = self.recv = self.work = None
+        return received

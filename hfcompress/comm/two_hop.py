@@ -10,8 +10,15 @@ int4 inter; None: the values in their own dtype). A hop over a group of one rank
 compresses nothing.
 
 TLq-HS (SDP4Bit 3.3): when both hops are :class:`RotatedDomain` compressors of one size, each row is
-rotated once, both hops use ``compress_rotated`` / ``reduce_rotated``, and one inverse
-rotation follows the final sum.
+rotated once, inside the first hop's compression (``compress_rows`` rotates in the quantize
+kernel: the numbers of ``compress_rotated_rows(rotate_rows(.))``, no rotated copy of the
+input), sums stay in the rotated domain (``reduce_rotated_rows``; the second hop sends them
+with ``compress_rotated_rows``), and one inverse rotation follows the final sum.
+
+Memory: the intra-node hop sends row ``n*X + l`` to local rank l as the rows of an
+``[X, Y * width]`` reordering of the input; it is built and compressed in two halves of its
+rows (two calls, the numbers of one: row keys), so the float32 transients of a call stay
+below ~1.5x its input (``tests/test_transients.py``), whatever the world size.
 
 ``chunks`` > 1 splits the S columns into pipeline stages (ZeRO++ F.1.2, Alg. 2): the
 inter-node hop of chunk c runs while the intra-node hop of chunk c+1 is in flight.
@@ -70,25 +77,27 @@ class TwoHopReduceScatter(StreamOwner):
         s = check_sizes("reduce_scatter_2hop", output, input, p)
         check_scatter_op(op)
         rows = input.reshape(p, s)
-        if self.rotated:  # SDP4Bit 3.3: H once per row, before the first quantization
-            rows = self.streams["intra"].compressor.rotate_rows(rows)
         bounds = _chunk_bounds(s, self.chunks)
         for name in self.streams:
             self.streams[name].check_layout((p, x, s, len(bounds)))
+        # SDP4Bit 3.3: H once per row, in the first hop that compresses (the intra-node hop,
+        # else the inter-node one); the sums stay in the rotated domain
+        rotated_sums = self.rotated and (x > 1 or self.topology.num_nodes > 1)
         hop1 = self._hop1(rows, bounds, 0) if bounds else None
-        hop2 = []
+        hop2, partial = [], None
         for c, (a, b) in enumerate(bounds):
             partial = hop1()
             if c + 1 < len(bounds):
                 hop1 = self._hop1(rows, bounds, c + 1)
-            hop2.append((a, b, self._hop2(partial, b - a, c, input.dtype)))
+            hop2.append((a, b, self._hop2(partial, b - a, c, input.dtype, x > 1)))
+        del rows, partial, hop1   # the input's views: nothing of it is read from here on
         if len(hop2) == 1:  # one chunk: its sum is the result
             total = hop2[0][2]()
         else:
             total = torch.empty(s, dtype=torch.float32, device=input.device)
             for a, b, finish in hop2:
                 total[a:b] = finish()
-        if self.rotated:  # one inverse after the final sum (sum_i H g_i = H sum_i g_i)
+        if rotated_sums:  # one inverse after the final sum (sum_i H g_i = H sum_i g_i)
             total = self.streams["inter"].compressor.rotate(total)
         write_result(output, total, op, p)
 
@@ -100,36 +109,48 @@ class TwoHopReduceScatter(StreamOwner):
 
     def _hop1(self, rows: torch.Tensor, bounds: list[tuple[int, int]], c: int):
         """Start the intra-node all-to-all of chunk c; returns a function giving the node's
-        partial sums of this local rank's Y rows, flat ``(Y * width,)``. Local rank l gets
-        rows ``l, X + l, ..`` (positions ``l*Y ..`` of :func:`slice_order`): row l of the
-        ``[X, Y * width]`` parts, one transposed copy of the chunk's columns."""
+        partial sums of this local rank's Y rows, flat ``(Y * width,)`` (rotated for TLq-HS).
+        Local rank l gets rows ``l, X + l, ..`` (positions ``l*Y ..`` of
+        :func:`slice_order`): row l of the ``[X, Y * width]`` reordering of the chunk's
+        columns, built half of its rows at a time (module docstring, "Memory")."""
         x, y = self.topology.ranks_per_node, self.topology.num_nodes
         a, b = bounds[c]
-        if x == 1:
-            part = rows[:, a:b].reshape(-1)
+        if x == 1:   # no intra-node hop: this rank's rows as they are (not rotated yet)
+            part = rows[:, a:b]
             return lambda: part
-        parts = rows[:, a:b].reshape(y, x, b - a).transpose(0, 1).reshape(x, y * (b - a))
-        return self._exchange("intra", parts, c, self.topology.intra_group)
+        order = rows[:, a:b].reshape(y, x, b - a).transpose(0, 1)   # a view, [X, Y, width]
+        half = (x + 1) // 2
+        send = torch.cat([compress_rows(self.streams["intra"],
+                                        order[lo:hi].reshape(hi - lo, y * (b - a)),
+                                        lambda k, lo=lo: (lo + k, c))
+                          for lo, hi in ((0, half), (half, x))])
+        return self._exchange("intra", send, c, self.topology.intra_group, y * (b - a),
+                              rows.dtype)
 
-    def _hop2(self, partial: torch.Tensor, width: int, c: int, dtype: torch.dtype):
-        """Start the inter-node all-to-all of chunk c; returns a function giving its sum."""
+    def _hop2(self, partial: torch.Tensor, width: int, c: int, dtype: torch.dtype,
+              after_hop1: bool):
+        """Start the inter-node all-to-all of chunk c; returns a function giving its sum.
+        ``partial`` is the intra-node hop's float32 sum (in the rotated domain for TLq-HS),
+        or with no intra-node hop this rank's ``[Y, width]`` rows of the input."""
         if self.raw_inter:  # compression off sends the input's dtype, as torch's collective
             partial = partial.to(dtype)
         parts = partial.reshape(self.topology.num_nodes, width)
         if parts.shape[0] == 1:
             return lambda: parts[0].float()
-        return self._exchange("inter", parts, c, self.topology.inter_group)
+        # TLq-HS: the sums are rotated already; rows of the input are rotated in the kernel
+        send = compress_rows(self.streams["inter"], parts, lambda k: (k, c),
+                             self.rotated and after_hop1)
+        return self._exchange("inter", send, c, self.topology.inter_group, width, parts.dtype)
 
-    def _exchange(self, hop: str, parts: torch.Tensor, c: int, group: dist.ProcessGroup):
-        """Row k of 2-D ``parts`` to group rank k (one compress over the rows when stateless);
-        returns a function giving the float32 sum of the rows received."""
-        streams = self.streams[hop]
-        send = compress_rows(streams, parts, lambda k: (k, c), self.rotated)
+    def _exchange(self, hop: str, send: torch.Tensor, c: int, group: dist.ProcessGroup,
+                  width: int, dtype: torch.dtype):
+        """Row k of the uint8 ``send`` (one compressed part per peer) to group rank k;
+        returns a function giving the float32 sum of the ``width`` values received per row
+        (in the rotated domain for TLq-HS)."""
         ex = Exchange(send, group, self.meter, self.tag, self._remote[hop], async_op=True)
-        recv = streams[("recv", c)]
+        recv = self.streams[hop][("recv", c)]
         reduce = recv.reduce_rotated_rows if self.rotated else recv.reduce_rows
-        shape, dtype = (parts.shape[1],), parts.dtype
-        return lambda: reduce(ex.wait(), shape, dtype).reshape(-1).float()
+        return lambda: reduce(ex.take(), (width,), dtype).reshape(-1).float()
 
 
 def _chunk_bounds(s: int, chunks: int) -> list[tuple[int, int]]:

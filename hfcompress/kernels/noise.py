@@ -106,7 +106,7 @@ def uniform_like(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     narrow = x.numel() // rows < INT32_INDICES
     dtype, hash_fn = (torch.int32, hash_index32) if narrow else (torch.int64, hash_index)
     keys = keys.to(dtype)  # int32: the keys' 32 bits (wrapping conversion)
-    if rows > 1 and x.dim() == 2 and x.shape[0] % rows == 0:
+    if x.dim() == 2 and x.shape[0] % rows == 0:
         # (groups, width) rows of whole groups: the index within a row as (group, column),
         # so compiled code finds a row per group, not a division per value (vectorizes)
         per, width = x.shape[0] // rows, x.shape[1]
