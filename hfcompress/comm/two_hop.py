@@ -118,13 +118,20 @@ class TwoHopReduceScatter(StreamOwner):
         if x == 1:   # no intra-node hop: this rank's rows as they are (not rotated yet)
             part = rows[:, a:b]
             return lambda: part
-        order = rows[:, a:b].reshape(y, x, b - a).transpose(0, 1)   # a view, [X, Y, width]
-        half = (x + 1) // 2
-        send = torch.cat([compress_rows(self.streams["intra"],
-                                        order[lo:hi].reshape(hi - lo, y * (b - a)),
-                                        lambda k, lo=lo: (lo + k, c))
-                          for lo, hi in ((0, half), (half, x))])
-        return self._exchange("intra", send, c, self.topology.intra_group, y * (b - a),
+        width = b - a
+        order = rows[:, a:b].reshape(y, x, width).transpose(0, 1)   # a view, [X, Y, width]
+        streams, half = self.streams["intra"], (x + 1) // 2
+
+        def send(lo: int, hi: int) -> torch.Tensor:
+            key = lambda k: (lo + k, c)   # noqa: E731
+            part = order[lo:hi]
+            if self.rotated and width % streams.compressor.hadamard_size:
+                # Hadamard blocks must not straddle two input rows: rotate them as rows first
+                part = streams.compressor.rotate_rows(part.reshape(-1, width))
+                return compress_rows(streams, part.view(hi - lo, y * width), key, True)
+            return compress_rows(streams, part.reshape(hi - lo, y * width), key)
+        sends = torch.cat([send(0, half), send(half, x)])
+        return self._exchange("intra", sends, c, self.topology.intra_group, y * width,
                               rows.dtype)
 
     def _hop2(self, partial: torch.Tensor, width: int, c: int, dtype: torch.dtype,
