@@ -2,25 +2,23 @@
 under each :class:`~hfcompress.auto.candidates.Plan`, from the probed links and codec rates.
 
 Per FSDP unit (one ``fully_shard``-ed module; ``numel`` values per rank, W ranks = Y nodes x
-X ranks per node), what each collective sends and computes, following the collectives in
-``hfcompress/comm`` (their docstrings cite the papers):
+X ranks per node), the bytes each collective sends are what the collective declares for one
+call (its ``traffic`` method, ``comm/traffic.py``, checked against the WireMeter by
+``tests/test_traffic.py``), timed on the probed link of its primitive and group:
 
-- weight all-gather, exact: ``all_gather`` over the world of ``numel`` values in the weights'
-  dtype, in forward and (unless the unit stays gathered, e.g. the root) in backward;
-- qWD (SDP4Bit Alg. 2, node-sharded references, ``comm/reference_gather.py``): forward, an
-  inter-node ``all_gather`` of the 4-bit differences, one batched decode of the Y rows and an
-  intra-node ``all_gather`` of the rebuilt Y slots in the weights' dtype; backward, only that
-  intra-node gather (X = 1: nothing);
-- gradient reduce-scatter, exact: torch's ``reduce_scatter`` over the world (its own
-  algorithm: the probe timed it, e.g. gloo's sends twice the minimal volume);
-- 2-hop (ZeRO++ B.3, SDP4Bit Alg. 3, ``comm/two_hop.py``): an intra-node ``all_to_all`` of
-  all W rows (compressed: every value compressed and, as X payloads of Y rows, decompressed
-  and summed), then an inter-node ``all_to_all`` of the Y partial sums;
+- weights: ``QuantizedAllGather.traffic`` in forward and (unless the unit stays gathered,
+  e.g. the root) in backward, with the weights unchanged (qWD: node-sharded references,
+  ``comm/reference_gather.py``); the codec: one batched decode of the rows a rank holds;
+- gradients: ``QuantizedReduceScatter.traffic`` (exact: torch's ``reduce_scatter``, its own
+  algorithm, timed by the probe) or ``TwoHopReduceScatter.traffic`` (ZeRO++ B.3, SDP4Bit
+  Alg. 3); the codec: every value compressed and, as X payloads of Y rows, decompressed and
+  summed in hop 1, the Y partial sums in hop 2;
 - the exactly sent columns (norms, biases: ``exact_patterns``) as exact collectives.
 
-DDP / HSDP: one all-reduce of the gradients per bucket (exact: torch's ``all_reduce``;
-``global_qsgd_block``: the codes' SUM through the stock ``all_reduce``; ``global_qsgd_exp``:
-an ``all_to_all`` of code chunks and an ``all_gather`` of the combined ones, Global-QSGD 4.3).
+DDP / HSDP: ``QuantizedAllReduce.traffic`` per bucket (exact: torch's ``all_reduce``;
+``GloballyScaled``: the scales' MAX and the codes' SUM through the stock ``all_reduce``;
+``TreeCombined``: an ``all_to_all`` of code chunks and an ``all_gather`` of the combined
+ones, Global-QSGD 4.3).
 
 ``exposed = wire x (1 - overlap) + codec``: ``overlap`` is the share of the wire time the
 framework hides behind compute (0 here: on CPU / gloo these collectives run in the step's
@@ -34,8 +32,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..comm.all_gather import QuantizedAllGather
+from ..comm.all_reduce import QuantizedAllReduce
+from ..comm.reduce_scatter import QuantizedReduceScatter
+from ..comm.traffic import Phase, payload_bytes  # noqa: F401 (payload_bytes: tests)
+from ..comm.two_hop import TwoHopReduceScatter
 from ..compressors import Compressor
-from ..compressors.base import TreeCombined
 from ..compressors.registry import build_compressor
 from ..integrations.fsdp import Unit  # noqa: F401 (the FSDP units integrations computes)
 from .candidates import OPTIONS, Plan
@@ -74,19 +76,25 @@ class Cost:
         return self.wire * (1.0 - overlap) + self.codec
 
 
-def payload_bytes(compressor: Compressor | None, numel: int, raw_bytes: int) -> float:
-    """Bytes ``compressor`` sends for ``numel`` values (None: the values as they are)."""
-    if compressor is None:
-        return float(numel * raw_bytes)
-    return compressor.wire_bits(numel) / 8.0
+def scheme(kind: str, option: str, world: int) -> Compressor | None:
+    """A compressor of one option built as the collectives build it (a globally scaled
+    scheme sums over ``world`` peers); None = exact."""
+    return build_compressor(OPTIONS[kind][option][0], 0, num_peers=world)
 
 
 def built(kind: str, option: str, world: int) -> Compressor | None:
-    """A compressor of one option as it sends in steady state (its payload sizes, its codec
-    cost: ``Compressor.steady``), built as the collectives build it (a globally scaled
-    scheme sums over ``world`` peers); None = exact."""
-    c = build_compressor(OPTIONS[kind][option][0], 0, num_peers=world)
+    """:func:`scheme` as it sends in steady state (its codec cost: ``Compressor.steady``)."""
+    c = scheme(kind, option, world)
     return None if c is None else c.steady()
+
+
+def wire_seconds(phases: list[Phase], layout: Layout, links: Links, calls: int = 1) -> float:
+    """Seconds of ``calls`` calls of a collective declaring ``phases``, each phase on the
+    probed link of its primitive and group (``intra`` / ``inter`` probed only when both
+    hops exist: else the one non-trivial hop runs over the world group)."""
+    both = layout.ranks_per_node > 1 and layout.nodes > 1
+    return sum(links.seconds(p.primitive, p.group if both else "world", calls * p.nbytes,
+                             calls) for p in phases)
 
 
 def fsdp_needs(layout: Layout) -> list[tuple[str, str]]:
@@ -115,46 +123,41 @@ def fsdp_cost(plan: Plan, units: list[Unit], layout: Layout, links: Links,
     grads_key = f"grads:{plan.grad_intra}+{plan.grad_inter}"
     w, x, y = layout.world, layout.ranks_per_node, layout.nodes
     wb, gb = layout.weight_bytes, layout.grad_bytes
-    both = x > 1 and y > 1        # else the one non-trivial hop runs over the world group
-    intra, inter = ("intra", "inter") if both else ("world", "world")
-    qwd = built("weights", plan.weights, w)
-    hop1 = built("grad_intra", plan.grad_intra, w) if x > 1 else None
-    hop2 = built("grad_inter", plan.grad_inter, w) if y > 1 else None
+    qwd = scheme("weights", plan.weights, w)
+    hop1 = scheme("grad_intra", plan.grad_intra, w)
+    hop2 = scheme("grad_inter", plan.grad_inter, w)
+    exact_grads = plan.grad_intra == "exact" and plan.grad_inter == "exact"
     cost = Cost()
+
+    def gathers(u: Unit, numel: int, c: Compressor | None) -> float:
+        forward = QuantizedAllGather.traffic(numel, x, y, c, wb)
+        backward = QuantizedAllGather.traffic(numel, x, y, c, wb, unchanged=True)
+        return wire_seconds(forward, layout, links) + \
+            (wire_seconds(backward, layout, links) if u.backward_gather else 0.0)
+
     for u in units:
         s, e = u.numel, u.exact_numel
-        gathers = 2 if u.backward_gather else 1
-        cost.add("weights", wire=links.seconds("all_gather", "world", gathers * e * wb, gathers))
-        cost.add("grads", wire=links.seconds("reduce_scatter", "world", w * e * gb))
-        if qwd is None:
-            cost.add("weights", wire=links.seconds("all_gather", "world", gathers * s * wb,
-                                                   gathers))
-        else:   # references node-sharded when X > 1: Y rows per rank, else all W
+        cost.add("weights", wire=gathers(u, e, None) + gathers(u, s, qwd))
+        cost.add("grads", wire=wire_seconds(
+            QuantizedReduceScatter.traffic(e, x, y, None, gb), layout, links))
+        if qwd is not None:   # references node-sharded when X > 1: Y rows per rank, else all W
             rows = y if x > 1 else w
-            if y > 1:
-                cost.add("weights", wire=links.seconds("all_gather", inter,
-                                                       payload_bytes(qwd, s, wb)))
             key = f"weights:{plan.weights}"
             cost.add("weights", codec=measured[key] * s if key in measured
                      else codecs[plan.weights].seconds(s, rows * s))
-            if x > 1:
-                cost.add("weights", wire=links.seconds("all_gather", intra,
-                                                       gathers * y * s * wb, gathers))
-        if plan.grad_intra == "exact" and plan.grad_inter == "exact":
-            cost.add("grads", wire=links.seconds("reduce_scatter", "world", w * s * gb))
+        if exact_grads:
+            cost.add("grads", wire=wire_seconds(
+                QuantizedReduceScatter.traffic(s, x, y, None, gb), layout, links))
             continue
-        if x > 1:   # hop 1: every row, X payloads of Y rows each way
-            cost.add("grads", wire=links.seconds("all_to_all", intra,
-                                                 x * payload_bytes(hop1, y * s, gb)))
-            if hop1 is not None and grads_key not in measured:
-                cost.add("grads", codec=codecs[plan.grad_intra].seconds(w * s, w * s))
-        if y > 1:   # hop 2: the Y partial sums
-            cost.add("grads", wire=links.seconds("all_to_all", inter,
-                                                 y * payload_bytes(hop2, s, gb)))
-            if hop2 is not None and grads_key not in measured:
-                cost.add("grads", codec=codecs[plan.grad_inter].seconds(y * s, y * s))
+        cost.add("grads", wire=wire_seconds(
+            TwoHopReduceScatter.traffic(s, x, y, hop1, hop2, gb), layout, links))
         if grads_key in measured:
             cost.add("grads", codec=measured[grads_key] * s)
+            continue
+        if x > 1 and hop1 is not None:   # hop 1: every row, X payloads of Y rows each way
+            cost.add("grads", codec=codecs[plan.grad_intra].seconds(w * s, w * s))
+        if y > 1 and hop2 is not None:   # hop 2: the Y partial sums
+            cost.add("grads", codec=codecs[plan.grad_inter].seconds(y * s, y * s))
     return cost
 
 
@@ -179,20 +182,11 @@ def ddp_cost(plan: Plan, numel: int, layout: Layout, links: Links,
              codecs: dict[str, CodecRate], bucket_bytes: int = 25 << 20) -> Cost:
     """Seconds per training step of the DDP all-reduce of ``numel`` gradients (fp32 buckets
     of ``bucket_bytes``) under ``plan``."""
-    w = layout.world
     buckets = max(1, math.ceil(numel * 4 / bucket_bytes))
-    c = built("all_reduce", plan.all_reduce, w)
+    c = scheme("all_reduce", plan.all_reduce, layout.world)
+    phases = QuantizedAllReduce.traffic(-(-numel // buckets), layout.ranks_per_node,
+                                        layout.nodes, c, 4)
     cost = Cost()
-    if c is None:
-        cost.add("all_reduce", wire=links.seconds("all_reduce", "world", numel * 4, buckets))
-        return cost
-    nbytes = payload_bytes(c, numel, 4)
-    codec = codecs[plan.all_reduce].seconds(numel, numel)
-    scales = links.seconds("all_reduce", "world", 4 * buckets, buckets)
-    if isinstance(c, TreeCombined):    # all-to-all of code chunks, all-gather of the sums
-        wire = (links.seconds("all_to_all", "world", nbytes, buckets)
-                + links.seconds("all_gather", "world", nbytes / w, buckets))
-    else:
-        wire = links.seconds("all_reduce", "world", nbytes, buckets)
-    cost.add("all_reduce", wire=wire + scales, codec=codec)
+    cost.add("all_reduce", wire=wire_seconds(phases, layout, links, buckets),
+             codec=0.0 if c is None else codecs[plan.all_reduce].seconds(numel, numel))
     return cost

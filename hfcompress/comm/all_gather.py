@@ -35,6 +35,7 @@ from .futures import finish, inline, overlaps, side_stream_call
 from .reference_gather import ShardedReferences
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
+from .traffic import Phase, gather, payload_bytes
 from .wire_meter import WireMeter, peer_is_remote
 
 
@@ -91,6 +92,16 @@ class QuantizedAllGather(StreamOwner):
                 slots[r].decompress_slots(gathered.view(world, n)[r:r + 1], s,
                                           out.view(world, s)[r:r + 1])
         return finish(work, decode, async_op, device)
+
+    @staticmethod
+    def traffic(numel: int, ranks_per_node: int, nodes: int, compressor: Compressor | None,
+                itemsize: int, unchanged: bool = False) -> list[Phase]:
+        """One call over the world of ``numel`` values of ``itemsize`` bytes per rank
+        (``traffic.py``); qWD: :meth:`ShardedReferences.traffic`."""
+        if isinstance(compressor, ReferenceCoded):
+            return ShardedReferences.traffic(numel, ranks_per_node, nodes, compressor,
+                                             itemsize, unchanged)
+        return [gather("world", payload_bytes(compressor, numel, itemsize))]
 
     # -- state ----------------------------------------------------------------------------
     def compressors(self) -> list[Compressor]:

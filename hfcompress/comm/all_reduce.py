@@ -42,6 +42,7 @@ from .hop import Exchange, all_gather_single, compress_rows
 from .reduce_scatter import check_op
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
+from .traffic import Phase, exchange, gather, payload_bytes, stock_all_reduce
 from .wire_meter import WireMeter, peer_is_remote
 
 _STOCK_SUM_BITS = (8, 32)   # gloo and NCCL have no int16 SUM
@@ -90,14 +91,17 @@ class QuantizedAllReduce(StreamOwner):
         world, me = dist.get_world_size(group), dist.get_rank(group)
         dev = devices_of(tensor)
         flat = tensor.reshape(-1) if tensor.is_contiguous() else tensor.contiguous().reshape(-1)
+        if self.compressor is not None:
+            check_op(op)
+        if world == 1 or flat.numel() == 0:
+            # nothing to reduce (and NCCL 2.27's one-rank AVG drops trailing values,
+            # NVIDIA/nccl#1950: never ask for it)
+            return completed(tensor, dev)
         if self.compressor is None:
             self._record(stock_all_reduce_bytes(flat.numel(), flat.element_size(), world, me),
                          group, me)
             fut = dist.all_reduce(flat, op=op, group=group, async_op=True).get_future()
         else:
-            check_op(op)
-            if world == 1 or flat.numel() == 0:
-                return completed(tensor, dev)
             group_size_check(self.compressor, world)
             streams = self.streams["all_reduce"]
             streams.check_layout((world, flat.numel()))
@@ -117,6 +121,28 @@ class QuantizedAllReduce(StreamOwner):
                 tensor.copy_(flat.view(tensor.shape))
             return tensor
         return chain(fut, write_back, dev)
+
+    @staticmethod
+    def traffic(numel: int, ranks_per_node: int, nodes: int, compressor: Compressor | None,
+                itemsize: int) -> list[Phase]:
+        """One call over the world of ``numel`` values of ``itemsize`` bytes (``traffic.py``):
+        by the compressor's capability, as :meth:`launch` runs it."""
+        c, w = compressor, ranks_per_node * nodes
+        if c is None:
+            return [stock_all_reduce("world", w, numel * itemsize)]
+        if w == 1 or numel == 0:
+            return []
+        width = -(-numel // w)
+        if isinstance(c, GloballyScaled):
+            tree = isinstance(c, TreeCombined)
+            scales = w * c.num_scales(width) if tree and c.block_size is not None \
+                else c.num_scales(numel)
+            codes = _codes_bytes(c, width if tree else numel)
+            return [stock_all_reduce("world", w, 4 * scales)] + (
+                [exchange("world", w, codes), gather("world", codes)] if tree
+                else [stock_all_reduce("world", w, codes)])
+        return [exchange("world", w, payload_bytes(c, width, itemsize)),
+                gather("world", payload_bytes(c, width, 4))]
 
     # -- Global-QSGD ----------------------------------------------------------------------
     def _global_scale(self, scale: torch.Tensor, group: dist.ProcessGroup, world: int,
@@ -214,6 +240,12 @@ def _rows(flat: torch.Tensor, world: int) -> torch.Tensor:
     pad = world * width - flat.numel()
     return torch.nn.functional.pad(flat, (0, pad)).view(world, width) if pad \
         else flat.view(world, width)
+
+
+def _codes_bytes(c: GloballyScaled, numel: int) -> int:
+    """Bytes of the integer codes of ``numel`` values (the payload without its scales)."""
+    dtype, count = c.payload_spec(numel)["codes"]
+    return dtype.itemsize * count
 
 
 def stock_all_reduce_bytes(numel: int, itemsize: int, world: int, me: int) -> list[int]:

@@ -20,6 +20,7 @@ from ..compressors.base import Compressor
 from .hop import Exchange, compress_rows, reduce_scatter_single
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
+from .traffic import Phase, exchange, payload_bytes
 from .wire_meter import WireMeter, peer_is_remote
 
 
@@ -107,6 +108,15 @@ class QuantizedReduceScatter(StreamOwner):
         send = compress_rows(streams, rows, lambda k: ("send", k))
         got = Exchange(send, group, self.meter, self.tag, remote).wait()
         write_result(output, streams["recv"].reduce_rows(got, (s,), input.dtype), op, world)
+
+    @staticmethod
+    def traffic(numel: int, ranks_per_node: int, nodes: int, compressor: Compressor | None,
+                itemsize: int) -> list[Phase]:
+        """One call over the world, ``numel`` output values per rank (``traffic.py``)."""
+        w = ranks_per_node * nodes
+        if compressor is None:
+            return [Phase("reduce_scatter", "world", w * numel * itemsize, numel * itemsize)]
+        return [exchange("world", w, payload_bytes(compressor, numel, itemsize))] if w > 1 else []
 
     def check_saved_layout(self, layout: Any) -> None:
         """The saved layout is ``(world, S)``: the world size must match the topology's."""

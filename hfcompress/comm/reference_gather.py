@@ -44,6 +44,7 @@ from ..compressors.base import ReferenceCoded
 from .hop import all_gather_single
 from .futures import finish, overlaps
 from .topology import Topology
+from .traffic import Phase, gather, payload_bytes
 from .wire_meter import WireMeter, peer_is_remote
 
 if TYPE_CHECKING:
@@ -162,6 +163,20 @@ class ShardedReferences:
             # gathered is [local, node, s]; the output is rank-major [node, local, s]
             out.view(y, x, s).copy_(gathered.view(x, y, s).transpose(0, 1))
         return finish(work, place, async_op, out.device)
+
+    @staticmethod
+    def traffic(numel: int, ranks_per_node: int, nodes: int, compressor: ReferenceCoded,
+                itemsize: int, unchanged: bool = False) -> list[Phase]:
+        """One call after the first (exact) one over the world, node-sharded (``traffic.py``):
+        step 1, the inter-node gather of the coded differences (not when ``unchanged``), and
+        with X > 1 step 3, the intra-node gather of the Y rebuilt slots."""
+        x, y = ranks_per_node, nodes
+        phases = []
+        if not unchanged and (y > 1 or x == 1) and x * y > 1:
+            phases.append(gather("inter", payload_bytes(compressor.steady(), numel, itemsize)))
+        if x > 1:
+            phases.append(gather("intra", y * numel * itemsize))
+        return phases
 
     def _check_layout(self, layout: tuple[int, int, int]) -> None:
         if self.layout is not None and self.layout != layout:

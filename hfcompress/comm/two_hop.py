@@ -36,6 +36,7 @@ from .hop import Exchange, RawCodec, compress_rows
 from .reduce_scatter import check_scatter_op, check_sizes, write_result
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
+from .traffic import Phase, exchange, payload_bytes
 from .wire_meter import WireMeter, peer_is_remote
 
 def slice_order(ranks_per_node: int, num_nodes: int) -> list[int]:
@@ -100,6 +101,21 @@ class TwoHopReduceScatter(StreamOwner):
         if rotated_sums:  # one inverse after the final sum (sum_i H g_i = H sum_i g_i)
             total = self.streams["inter"].compressor.rotate(total)
         write_result(output, total, op, p)
+
+    @staticmethod
+    def traffic(numel: int, ranks_per_node: int, nodes: int, intra: Compressor | None,
+                inter: Compressor | None, itemsize: int, chunks: int = 1) -> list[Phase]:
+        """One call, ``numel`` output values per rank (``traffic.py``): per chunk, the
+        intra-node all-to-all of X rows of Y chunk widths, then the inter-node one of Y
+        rows (None: the input's dtype)."""
+        x, y = ranks_per_node, nodes
+        phases = []
+        for a, b in _chunk_bounds(numel, chunks):
+            if x > 1:
+                phases.append(exchange("intra", x, payload_bytes(intra, y * (b - a), itemsize)))
+            if y > 1:
+                phases.append(exchange("inter", y, payload_bytes(inter, b - a, itemsize)))
+        return phases
 
     def check_saved_layout(self, layout: Any) -> None:
         """The saved layout is ``(P, X, S, chunks)``: P and X must match the topology's."""
