@@ -173,6 +173,8 @@ class AllReduceState:
     def _start(self, key: Hashable, flat: torch.Tensor, layout: SlotLayout) -> Future:
         dev = devices_of(flat)
         if not self.enabled:
+            if self.size == 1:     # nothing to average (and no one-rank AVG: all_reduce.py)
+                return completed(flat, dev)
             return chain(dist.all_reduce(flat, op=AVG, group=self.group,
                                          async_op=True).get_future(), lambda _: flat, dev)
         self.meter.record_uncompressed(stock_all_reduce_bytes(
