@@ -53,7 +53,7 @@ def _cmd_demo(args: argparse.Namespace) -> None:
 
 
 def _cmd_compare(args: argparse.Namespace) -> None:
-    from .compare import compare
+    from .compare_runs import compare
 
     code = compare(args.runs, args.plot, make_plot=not args.no_plot)
     if code:

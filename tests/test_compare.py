@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from hfcompress.cli import main
-from hfcompress.compare import default_plot_path
+from hfcompress.compare_runs import default_plot_path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "trainer_examples"))

@@ -14,7 +14,7 @@ import transformers
 
 import hfcompress
 from hfcompress import models
-from hfcompress.compare import compare
+from hfcompress.compare_runs import compare
 from hfcompress.eval import EvalError, TaskError, evaluate
 from hfcompress.eval import task_registry
 from hfcompress.eval.cli import main as eval_main

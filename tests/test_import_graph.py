@@ -23,7 +23,7 @@ LAYERS = [
     ("comm", ("hfcompress.comm",)),
     ("compressors", ("hfcompress.compressors",)),
     ("kernels", ("hfcompress.kernels",)),
-    ("standalone", ("hfcompress.optim", "hfcompress.testing", "hfcompress.compare",
+    ("standalone", ("hfcompress.optim", "hfcompress.testing", "hfcompress.compare_runs",
                     "hfcompress.data", "hfcompress.models")),
 ]
 
