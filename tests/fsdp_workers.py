@@ -288,8 +288,9 @@ def mismatch_checks(rank):
 def failure_worker(rank, world, mode, timeout_s):
     """Rank 1 dies (``mode="dead"``: exits without a word) or stalls for longer than the
     timeout (``"stall"``) at step 2. Rank 0 checks that its next collective raises a
-    CommunicationError naming the collective and the timeout, within the process group's
-    timeout (+ 4 s of slack for a busy machine). FSDP runs on a group with that timeout."""
+    CommunicationError naming the collective and the timeout (instead of hanging: the
+    launcher's own timeout fails a hang; no duration is asserted, a loaded machine only
+    makes it later). FSDP runs on a group with that timeout."""
     setup()
     group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=timeout_s))
     mesh = DeviceMesh.from_group(group, "cpu")
@@ -308,7 +309,6 @@ def failure_worker(rank, world, mode, timeout_s):
         except CommunicationError as err:
             seconds = time.perf_counter() - t0
             assert step == 2, (step, str(err))
-            assert seconds <= timeout_s + 4, seconds
             msg = str(err)
             assert "all-gather of FSDP module" in msg and f"timeout {timeout_s:g} s" in msg, msg
             return {"seconds": seconds, "error": msg}

@@ -46,7 +46,7 @@ def test_logged_bytes_match_the_wire_meter(presets, kind):
         for logged, (intra, inter) in zip(run["comm"], run["meter"]):
             assert logged["comm/intra_node_bytes"] == intra
             assert logged["comm/inter_node_bytes"] == inter
-            assert 0 < logged["comm/time_s"] < 10
+            assert logged["comm/time_s"] > 0       # measured (never asserted as a bound)
         final = run["final"]
         assert final["comm/total_bytes"] == sum(a + b for a, b in run["meter"])
         ratios = [c["comm/compression_ratio"] for c in run["comm"]]
