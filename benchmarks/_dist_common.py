@@ -55,15 +55,12 @@ DDP_PEERS = ["ddp", "ddp_fp16", "ddp_powersgd"]
 def llama(dims: dict, seed: int = 0):
     """A ``LlamaForCausalLM`` from ``dims`` (hidden, intermediate, layers, heads, vocab, seq);
     the same initial weights on every rank."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from hfcompress.testing import llama as build
 
-    cfg = LlamaConfig(vocab_size=dims["vocab"], hidden_size=dims["hidden"],
-                      intermediate_size=dims["intermediate"], num_hidden_layers=dims["layers"],
-                      num_attention_heads=dims["heads"], num_key_value_heads=dims["heads"],
-                      max_position_embeddings=dims["seq"], tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(cfg)
+    return build(seed, vocab_size=dims["vocab"], hidden_size=dims["hidden"],
+                 intermediate_size=dims["intermediate"], num_hidden_layers=dims["layers"],
+                 num_attention_heads=dims["heads"], num_key_value_heads=dims["heads"],
+                 max_position_embeddings=dims["seq"], tie_word_embeddings=False)
 
 
 def describe(dims: dict) -> str:

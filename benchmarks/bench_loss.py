@@ -90,13 +90,12 @@ def batch(data: torch.Tensor, n: int, length: int, seed: int) -> torch.Tensor:
 
 
 def make_model(a, seed: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """The same initial weights on every rank and preset."""
+    from hfcompress.testing import llama
 
-    cfg = LlamaConfig(vocab_size=256, hidden_size=a.hidden, intermediate_size=a.hidden * 8 // 3,
-                      num_hidden_layers=a.layers, num_attention_heads=a.hidden // 32,
-                      num_key_value_heads=a.hidden // 64, max_position_embeddings=a.seq_len)
-    torch.manual_seed(seed)     # the same initial weights on every rank and preset
-    return LlamaForCausalLM(cfg)
+    return llama(seed, vocab_size=256, hidden_size=a.hidden, intermediate_size=a.hidden * 8 // 3,
+                 num_hidden_layers=a.layers, num_attention_heads=a.hidden // 32,
+                 num_key_value_heads=a.hidden // 64, max_position_embeddings=a.seq_len)
 
 
 def lr_at(step: int, steps: int, peak: float) -> float:

@@ -50,15 +50,14 @@ def train_tokenizer(texts: list[str], vocab_size: int = 512):
 
 
 def tiny_model(tokenizer, hidden_size: int = 128, layers: int = 2):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """From the current random state (the caller seeds)."""
+    from hfcompress.testing import llama
 
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size,
-                         intermediate_size=hidden_size * 8 // 3, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
-    return LlamaForCausalLM(config)
+    return llama(None, vocab_size=len(tokenizer), hidden_size=hidden_size,
+                 intermediate_size=hidden_size * 8 // 3, num_hidden_layers=layers,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                 eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
+                 pad_token_id=tokenizer.pad_token_id)
 
 
 def encode(pairs: list[tuple[str, str]], tokenizer) -> list[dict[str, list[int]]]:

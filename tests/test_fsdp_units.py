@@ -12,6 +12,7 @@ from hfcompress.integrations.consistency import differences, flatten, plain
 from hfcompress.integrations.exact_params import Segment, SlotLayout, is_exact
 from hfcompress.compressors.registry import build_compressor as build, stream_seed
 from hfcompress.integrations.fsdp import decoder_layers, hpz_reshard
+from hfcompress.testing import llama
 
 
 def test_is_exact_by_name_and_size():
@@ -89,11 +90,9 @@ def test_stream_seeds_and_build():
 
 
 def test_decoder_layers_and_hpz_reshard():
-    from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaMLP
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                      num_attention_heads=2, num_key_value_heads=2)
-    model = LlamaForCausalLM(cfg)
+    model = llama(None, vocab_size=64, hidden_size=32, intermediate_size=64,
+                  num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2)
     layers = decoder_layers(model)
     assert len(layers) == 3 and all(isinstance(m, LlamaDecoderLayer) for m in layers)
     assert len(decoder_layers(model, (LlamaMLP,))) == 3
