@@ -8,6 +8,7 @@ import sys
 
 from . import __version__
 from .compressors import get_compressor, list_compressors
+from .compressors.base import ReferenceCoded
 from .config import EXACT_GRAD_BITS, get_config, list_presets, preset_bits
 
 
@@ -39,9 +40,11 @@ def _cmd_list(args: argparse.Namespace) -> None:
 
 def _frozen_bits(name: str, bits: dict) -> float:
     """Inter-node bits per frozen parameter per steady-state step: no gradient; the weight
-    all-gathers, except under qWD (references already hold them) and DDP (no gathers)."""
+    all-gathers, except under a reference-coded scheme (qWD: the references already hold
+    them, ``comm/frozen.py``) and DDP (no gathers)."""
     weights = get_config(name).weights
-    if bits["engine"] == "DDP" or (weights is not None and weights.name == "qwd"):
+    if bits["engine"] == "DDP" or (weights is not None
+                                   and isinstance(weights.build(), ReferenceCoded)):
         return 0.0
     return bits["weights_fwd"] + bits["weights_bwd"]
 
