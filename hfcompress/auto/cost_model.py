@@ -38,6 +38,7 @@ from ..comm.reduce_scatter import QuantizedReduceScatter
 from ..comm.traffic import Phase, payload_bytes  # noqa: F401 (payload_bytes: tests)
 from ..comm.two_hop import TwoHopReduceScatter
 from ..compressors import Compressor
+from ..compressors.base import ReferenceCoded
 from ..compressors.registry import build_compressor
 from ..integrations.fsdp import Unit  # noqa: F401 (the FSDP units integrations computes)
 from .candidates import OPTIONS, Plan
@@ -123,7 +124,7 @@ def fsdp_cost(plan: Plan, units: list[Unit], layout: Layout, links: Links,
     grads_key = f"grads:{plan.grad_intra}+{plan.grad_inter}"
     w, x, y = layout.world, layout.ranks_per_node, layout.nodes
     wb, gb = layout.weight_bytes, layout.grad_bytes
-    qwd = scheme("weights", plan.weights, w)
+    gather = scheme("weights", plan.weights, w)
     hop1 = scheme("grad_intra", plan.grad_intra, w)
     hop2 = scheme("grad_inter", plan.grad_inter, w)
     exact_grads = plan.grad_intra == "exact" and plan.grad_inter == "exact"
@@ -137,11 +138,11 @@ def fsdp_cost(plan: Plan, units: list[Unit], layout: Layout, links: Links,
 
     for u in units:
         s, e = u.numel, u.exact_numel
-        cost.add("weights", wire=gathers(u, e, None) + gathers(u, s, qwd))
+        cost.add("weights", wire=gathers(u, e, None) + gathers(u, s, gather))
         cost.add("grads", wire=wire_seconds(
             QuantizedReduceScatter.traffic(e, x, y, None, gb), layout, links))
-        if qwd is not None:   # references node-sharded when X > 1: Y rows per rank, else all W
-            rows = y if x > 1 else w
+        if gather is not None:   # node-sharded references (X > 1): Y rows per rank, else all W
+            rows = y if x > 1 and isinstance(gather, ReferenceCoded) else w
             key = f"weights:{plan.weights}"
             cost.add("weights", codec=measured[key] * s if key in measured
                      else codecs[plan.weights].seconds(s, rows * s))
