@@ -172,7 +172,7 @@ class ShardedReferences:
         with X > 1 step 3, the intra-node gather of the Y rebuilt slots."""
         x, y = ranks_per_node, nodes
         phases = []
-        if not unchanged and (y > 1 or x == 1) and x * y > 1:
+        if not unchanged and y > 1:     # X = 1: the Y = W ranks hold every slot
             phases.append(gather("inter", payload_bytes(compressor.steady(), numel, itemsize)))
         if x > 1:
             phases.append(gather("intra", y * numel * itemsize))
