@@ -18,7 +18,8 @@ with ``compress_rotated_rows``), and one inverse rotation follows the final sum.
 Memory: the intra-node hop sends row ``n*X + l`` to local rank l as the rows of an
 ``[X, Y * width]`` reordering of the input; it is built and compressed in two halves of its
 rows (two calls, the numbers of one: row keys), so the float32 transients of a call stay
-below ~1.5x its input (``tests/test_transients.py``), whatever the world size.
+below ~1.5x its input (``tests/test_transients.py``), whatever the world size. (With
+``chunks`` > 1 TLq-HS rotates the whole input first: one rotated copy more.)
 
 ``chunks`` > 1 splits the S columns into pipeline stages (ZeRO++ F.1.2, Alg. 2): the
 inter-node hop of chunk c runs while the intra-node hop of chunk c+1 is in flight.
@@ -82,15 +83,21 @@ class TwoHopReduceScatter(StreamOwner):
         for name in self.streams:
             self.streams[name].check_layout((p, x, s, len(bounds)))
         # SDP4Bit 3.3: H once per row, in the first hop that compresses (the intra-node hop,
-        # else the inter-node one); the sums stay in the rotated domain
+        # else the inter-node one); the sums stay in the rotated domain. Pipeline chunks cut
+        # the rows: then the whole rows are rotated first, so that every Hadamard block is
+        # the one the final inverse undoes.
         rotated_sums = self.rotated and (x > 1 or self.topology.num_nodes > 1)
-        hop1 = self._hop1(rows, bounds, 0) if bounds else None
+        if self.rotated and len(bounds) > 1:
+            rows = self.streams["intra"].compressor.rotate_rows(rows)
+        rotated_rows = self.rotated and len(bounds) > 1
+        hop1 = self._hop1(rows, bounds, 0, rotated_rows) if bounds else None
         hop2, partial = [], None
         for c, (a, b) in enumerate(bounds):
             partial = hop1()
             if c + 1 < len(bounds):
-                hop1 = self._hop1(rows, bounds, c + 1)
-            hop2.append((a, b, self._hop2(partial, b - a, c, input.dtype, x > 1)))
+                hop1 = self._hop1(rows, bounds, c + 1, rotated_rows)
+            hop2.append((a, b, self._hop2(partial, b - a, c, input.dtype,
+                                          x > 1 or rotated_rows)))
         del rows, partial, hop1   # the input's views: nothing of it is read from here on
         if len(hop2) == 1:  # one chunk: its sum is the result
             total = hop2[0][2]()
@@ -123,12 +130,14 @@ class TwoHopReduceScatter(StreamOwner):
                            {"world_size": self.topology.world_size,
                             "ranks_per_node": self.topology.ranks_per_node})
 
-    def _hop1(self, rows: torch.Tensor, bounds: list[tuple[int, int]], c: int):
+    def _hop1(self, rows: torch.Tensor, bounds: list[tuple[int, int]], c: int,
+              rotated_rows: bool):
         """Start the intra-node all-to-all of chunk c; returns a function giving the node's
-        partial sums of this local rank's Y rows, flat ``(Y * width,)`` (rotated for TLq-HS).
-        Local rank l gets rows ``l, X + l, ..`` (positions ``l*Y ..`` of
-        :func:`slice_order`): row l of the ``[X, Y * width]`` reordering of the chunk's
-        columns, built half of its rows at a time (module docstring, "Memory")."""
+        partial sums of this local rank's Y rows, flat ``(Y * width,)`` (rotated for TLq-HS;
+        ``rotated_rows``: ``rows`` are rotated already). Local rank l gets rows ``l, X + l,
+        ..`` (positions ``l*Y ..`` of :func:`slice_order`): row l of the ``[X, Y * width]``
+        reordering of the chunk's columns, built half of its rows at a time (module
+        docstring, "Memory")."""
         x, y = self.topology.ranks_per_node, self.topology.num_nodes
         a, b = bounds[c]
         if x == 1:   # no intra-node hop: this rank's rows as they are (not rotated yet)
@@ -141,6 +150,8 @@ class TwoHopReduceScatter(StreamOwner):
         def send(lo: int, hi: int) -> torch.Tensor:
             key = lambda k: (lo + k, c)   # noqa: E731
             part = order[lo:hi]
+            if rotated_rows:
+                return compress_rows(streams, part.reshape(hi - lo, y * width), key, True)
             if self.rotated and width % streams.compressor.hadamard_size:
                 # Hadamard blocks must not straddle two input rows: rotate them as rows first
                 part = streams.compressor.rotate_rows(part.reshape(-1, width))
@@ -151,10 +162,11 @@ class TwoHopReduceScatter(StreamOwner):
                               rows.dtype)
 
     def _hop2(self, partial: torch.Tensor, width: int, c: int, dtype: torch.dtype,
-              after_hop1: bool):
+              rotated_partial: bool):
         """Start the inter-node all-to-all of chunk c; returns a function giving its sum.
-        ``partial`` is the intra-node hop's float32 sum (in the rotated domain for TLq-HS),
-        or with no intra-node hop this rank's ``[Y, width]`` rows of the input."""
+        ``partial`` is the intra-node hop's float32 sum, or with no intra-node hop this
+        rank's ``[Y, width]`` rows of the input; for TLq-HS ``rotated_partial`` says whether
+        it is in the rotated domain already (else the quantize kernel rotates it)."""
         if self.raw_inter:  # compression off sends the input's dtype, as torch's collective
             partial = partial.to(dtype)
         parts = partial.reshape(self.topology.num_nodes, width)
@@ -162,7 +174,7 @@ class TwoHopReduceScatter(StreamOwner):
             return lambda: parts[0].float()
         # TLq-HS: the sums are rotated already; rows of the input are rotated in the kernel
         send = compress_rows(self.streams["inter"], parts, lambda k: (k, c),
-                             self.rotated and after_hop1)
+                             self.rotated and rotated_partial)
         return self._exchange("inter", send, c, self.topology.inter_group, width, parts.dtype)
 
     def _exchange(self, hop: str, send: torch.Tensor, c: int, group: dist.ProcessGroup,
