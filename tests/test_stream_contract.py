@@ -17,7 +17,11 @@ import torch
 from dist_utils import run_distributed
 from hfcompress.comm import futures
 from hfcompress.testing import tiny_llama
-from test_ddp_async import INT8, ddp_presets, step
+from test_ddp_async import INT8, step
+
+#: one case per all-reduce path (stock SUM of codes, exponent tree, chunked with error
+#: feedback, chunked int8): the stage structures the CUDA control flow must keep
+DDP_CASES = ("global_qsgd", "global_qsgd_exp", "loco", INT8)
 
 
 def test_chain_runs_inline_with_devices_and_holds_the_tensor():
@@ -53,7 +57,7 @@ def ddp_worker(rank, world):
     from hfcompress.integrations.ddp import AllReduceState, own_group
     os.environ["HFCOMPRESS_COMPILE"] = "0"
     report = {}
-    for config in ddp_presets():
+    for config in DDP_CASES:
         name = config if isinstance(config, str) else config.name
         runs = {}
         for mode in ("chained", "inline"):
@@ -65,7 +69,7 @@ def ddp_worker(rank, world):
             model.register_comm_hook(state, spy_hook(seen))
             opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
             with futures.inline_on_cpu() if mode == "inline" else contextlib.nullcontext():
-                losses = [step(model, opt, state, rank) for _ in range(3)]
+                losses = [step(model, opt, state, rank) for _ in range(2)]
             weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
             runs[mode] = (torch.stack(losses), weights, seen)
         (l1, w1, _), (l2, w2, seen) = runs["chained"], runs["inline"]
@@ -89,7 +93,7 @@ def hsdp_worker(rank, world):
     os.environ["HFCOMPRESS_COMPILE"] = "0"
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     report = {}
-    for config in ("global_qsgd_exp", "loco", INT8):
+    for config in ("global_qsgd_exp", INT8):
         name = config if isinstance(config, str) else config.name
         runs = []
         for mode in ("chained", "inline"):
@@ -98,7 +102,7 @@ def hsdp_worker(rank, world):
             handle = hfcompress.apply(model, config, ranks_per_node=2, shard=True, mesh=mesh)
             opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
             with futures.inline_on_cpu() if mode == "inline" else contextlib.nullcontext():
-                runs.append(torch.stack([step(model, opt, handle, rank) for _ in range(3)]))
+                runs.append(torch.stack([step(model, opt, handle, rank) for _ in range(2)]))
         report[name] = torch.equal(*runs)
     return report
 
@@ -128,7 +132,7 @@ def prefetch_worker(rank, world):
         return work
     fsdp_integration.FSDPAllGather.__call__ = spy
     report = {}
-    for preset in ("sdp4bit", "zeropp", "qsdp"):
+    for preset in ("sdp4bit", "qsdp"):
         runs = []
         for mode in ("chained", "inline"):
             torch.manual_seed(0)
@@ -138,7 +142,7 @@ def prefetch_worker(rank, world):
             seen.clear()
             losses = []
             with futures.inline_on_cpu() if mode == "inline" else contextlib.nullcontext():
-                for _ in range(3):
+                for _ in range(2):
                     for layer in model.model.layers:     # every forward all-gather async
                         layer.unshard(async_op=True)
                     losses.append(step(model, opt, handle, rank))
