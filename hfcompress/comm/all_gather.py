@@ -65,14 +65,14 @@ class QuantizedAllGather(StreamOwner):
         if async_op and inline(input.device):   # CUDA: the side stream (futures.py)
             return side_stream_call(lambda: self(output, input, group, unchanged), output,
                                     keep=[input])
-        device, launch = input.device, overlaps(input.device, async_op)
+        launch = overlaps(input.device, async_op)
         if self.compressor is None:
             self._record([s * input.element_size()] * world, group, me)
             work = all_gather_single(output.view(-1), input.reshape(-1).contiguous(),
                                      group=group, async_op=launch)
-            return finish(work, None, async_op, device)
+            return finish(work, None, async_op)
         if s == 0:
-            return finish(None, None, async_op, device)
+            return finish(None, None, async_op)
         flat = input.reshape(-1)
         out = output.view(-1)
         if self.references is not None:
@@ -91,7 +91,7 @@ class QuantizedAllGather(StreamOwner):
             for r in range(world):   # a stream per slot
                 slots[r].decompress_slots(gathered.view(world, n)[r:r + 1], s,
                                           out.view(world, s)[r:r + 1])
-        return finish(work, decode, async_op, device)
+        return finish(work, decode, async_op)
 
     @staticmethod
     def traffic(numel: int, ranks_per_node: int, nodes: int, compressor: Compressor | None,

@@ -115,8 +115,8 @@ def overlaps(device: torch.device, async_op: bool) -> bool:
     return async_op and not inline(device)
 
 
-def finish(work: dist.Work | None, then: Callable[[], None] | None, async_op: bool,
-           device: torch.device) -> Future | None:
+def finish(work: dist.Work | None, then: Callable[[], None] | None,
+           async_op: bool) -> Future | None:
     """End a collective: ``then()`` (the decode) after ``work``.
 
     ``work`` is the asynchronous exchange (CPU with ``async_op``), else None (the exchange
@@ -163,9 +163,10 @@ def side_stream(device: torch.device):
 def side_stream_call(fn: Callable[[], Any], result: torch.Tensor,
                      keep: Sequence[torch.Tensor] = ()) -> Future:
     """``fn()`` (stages enqueued in order, nothing chained; ``async_op=True`` on an
-    :func:`inline` device comes here) on the side stream of ``result``'s CUDA device, after everything already on the caller's current stream; a
-    future completed on the side stream with ``result`` (its ``wait()`` makes the waiting
-    stream wait for all of ``fn``'s work). ``result`` and ``keep`` (the caller's tensors
+    :func:`inline` device comes here) on the side stream of ``result``'s CUDA device, after
+    everything already on the caller's current stream; a future completed on the side
+    stream with ``result`` (its ``wait()`` makes the waiting stream wait for all of
+    ``fn``'s work). ``result`` and ``keep`` (the caller's tensors
     that ``fn`` reads or writes) are kept alive for the side stream (``record_stream``)."""
     device = result.device
     if device.type != "cuda":    # inline_on_cpu: the same control flow, no streams

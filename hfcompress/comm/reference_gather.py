@@ -148,7 +148,7 @@ class ShardedReferences:
                 if rebuild is not None:
                     rebuild()
                 out.copy_(self.qwd.reference)
-            return finish(work, rebuild_and_copy, async_op, out.device)
+            return finish(work, rebuild_and_copy, async_op)
         if rebuild is not None:   # step 3 gathers the rebuilt references: rebuild first
             rebuild()
         ref = self.qwd.reference
@@ -162,7 +162,7 @@ class ShardedReferences:
         def place() -> None:
             # gathered is [local, node, s]; the output is rank-major [node, local, s]
             out.view(y, x, s).copy_(gathered.view(x, y, s).transpose(0, 1))
-        return finish(work, place, async_op, out.device)
+        return finish(work, place, async_op)
 
     @staticmethod
     def traffic(numel: int, ranks_per_node: int, nodes: int, compressor: ReferenceCoded,

@@ -60,10 +60,6 @@ class Timer:
         yield
         self.seconds += time.perf_counter() - t0
 
-    def in_flight(self) -> int:
-        """Event pairs not yet folded into the count."""
-        return len(self._events)
-
     def _fold(self, block: bool) -> None:
         """Add the finished pairs (all of them, waiting for each, with ``block``)."""
         pending = []

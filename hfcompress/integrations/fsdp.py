@@ -109,6 +109,7 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
                                   self.exact.topology)
         backward = _fsdp2.in_backward(self.param_group)
         what = f"{'backward' if backward else 'forward'} all-gather"
+
         def gather(async_: bool):
             with meter.timed(input_tensor.device):    # on the stream the stages run on
                 return self._gather(output_tensor, input_tensor, group, backward, async_)
