@@ -1,27 +1,53 @@
 """FSDP2 hot path (2 and 4 gloo ranks, tiny LLaMA): asynchronous all-gathers give the same
-numbers as synchronous ones, a steady-state step makes no host sync from hfcompress code."""
+numbers as synchronous ones, a steady-state step makes no host sync from hfcompress code, a
+custom gradient divide factor, the torch ops of a step. One launch per world size runs every
+worker (``run_jobs``); the op count runs first in both, so the two processes have run the
+same code before it."""
 
 import pytest
 import torch
 
 import hfcompress
 from hfcompress.config import get_config
-from dist_utils import run_distributed
-from fsdp_hotpath_workers import host_sync_worker, overlap_worker
+from dist_utils import run_jobs
+from fsdp_hotpath_workers import (divide_factor_worker, host_sync_worker, op_count_worker,
+                                  overlap_worker)
 
 #: every preset with FSDP2 collectives (the all-reduce-only ones are DDP / HSDP presets)
 FSDP_PRESETS = tuple(p for p in hfcompress.config.list_presets()
                      if get_config(p).all_reduce is None)
+OP_PRESETS = ("sdp4bit", "zeropp", "qsdp")
+FACTOR = 3.0
+
+
+@pytest.fixture(scope="module")
+def two():
+    ops, overlap1, overlap2, syncs, div, div_sum = run_jobs(
+        2, (op_count_worker, (None, *OP_PRESETS), 1, 2),
+        (overlap_worker, ("sdp4bit", "qsdp"), 1, 4),
+        (overlap_worker, ("sdp4bit", "qsdp"), 2, 4),
+        (host_sync_worker, FSDP_PRESETS + ("auto",), 1, 2),
+        (divide_factor_worker, ("none", "sdp4bit", "qsdp"), 1, FACTOR, False),
+        (divide_factor_worker, ("none", "sdp4bit", "qsdp"), 1, FACTOR, True), timeout=480)
+    return {"ops": ops[0], "overlap": {1: overlap1, 2: overlap2}, "syncs": syncs,
+            "divide": {False: div, True: div_sum}}
+
+
+@pytest.fixture(scope="module")
+def four():
+    ops, syncs = run_jobs(4, (op_count_worker, (None, *OP_PRESETS), 1, 2),
+                          (host_sync_worker, ("sdp4bit",), 2, 2), timeout=360)
+    return {"ops": ops[0], "syncs": syncs}
 
 
 @pytest.mark.parametrize("ranks_per_node", [1, 2])
-def test_async_all_gather_matches_sync_bit_for_bit(ranks_per_node):
+def test_async_all_gather_matches_sync_bit_for_bit(two, ranks_per_node):
     """``unshard(async_op=True)`` and explicit prefetching with asynchronous unshards: the
     custom all-gather returns a ``dist.Work`` (FSDP2 waits on it before the copy-out) and
     training gives the same losses and weights, bit for bit, as with synchronous calls.
     sdp4bit (qWD references: 2 nodes x 1 rank chains the whole rebuild; 1 node x 2 ranks the
     intra-node gather) and qsdp (stateless weights, exact norms: the mixed layout)."""
-    res = run_distributed(overlap_worker, 2, ("sdp4bit", "qsdp"), ranks_per_node, 4)
+    res = two["overlap"][ranks_per_node]
     for p in ("sdp4bit", "qsdp"):
         for r in res:
             x = r[p]
@@ -34,23 +60,23 @@ def test_async_all_gather_matches_sync_bit_for_bit(ranks_per_node):
             assert sum(x["async_calls"].values()) == sum(x["sync_calls"].values())
 
 
-def test_no_host_sync_in_a_steady_state_step():
+def test_no_host_sync_in_a_steady_state_step(two, four):
     """Every FSDP preset and ``auto`` on 2 ranks (2 nodes x 1), sdp4bit also on 2 x 2: after
     2 warm-up steps, one step (forward, backward, optimizer, ``handle.step()``) makes no call
     that syncs host and device from hfcompress code (``host_sync_guard``; auto's probe syncs
     at ``apply``, before training)."""
-    res = run_distributed(host_sync_worker, 2, FSDP_PRESETS + ("auto",), 1, 2)
-    res4 = run_distributed(host_sync_worker, 4, ("sdp4bit",), 2, 2)
+    res, res4 = two["syncs"], four["syncs"]
     for rs in (res, res4):
         for r in rs:   # the guard works in these processes: the logging step's read-back
-            assert any("hfcompress/trainer/metrics.py" in k for k in r.pop("control")), r
+            assert any("hfcompress/trainer/metrics.py" in k for k in r["control"]), r
     found = {f"{p} (rank {k}, world {len(rs)})": syncs
-             for rs in (res, res4) for k, r in enumerate(rs) for p, syncs in r.items() if syncs}
+             for rs in (res, res4) for k, r in enumerate(rs) for p, syncs in r.items()
+             if syncs and p != "control"}
     assert not found, found
 
 
 @pytest.mark.parametrize("force_sum", [False, True])
-def test_custom_gradient_divide_factor(force_sum):
+def test_custom_gradient_divide_factor(two, force_sum):
     """``set_gradient_divide_factor(3)`` on 2 ranks: FSDP2 reduce-scatters with
     ``PREMUL_SUM(1/3)`` (or, with ``set_force_sum_reduction_for_comms``, SUM and divides by
     3 itself). Exact (``none``, gloo has no PREMUL_SUM: multiplied, then summed) and
@@ -60,10 +86,8 @@ def test_custom_gradient_divide_factor(force_sum):
     exact ones (gradient cosine, the bounds of test_fsdp_training; ``none`` is the exact run
     itself, so only its scaling is checked: a float32 cosine of a vector with itself is 1 only
     up to the summation order of the CPU's instruction set, 0.99999994 on AVX2)."""
-    from fsdp_hotpath_workers import divide_factor_worker
-    factor = 3.0
-    res = run_distributed(divide_factor_worker, 2, ("none", "sdp4bit", "qsdp"), 1, factor,
-                          force_sum)
+    factor = FACTOR
+    res = two["divide"][force_sum]
     for r in res:
         exact = r["none"]["factor"]
         for p, cos_bound in (("none", None), ("sdp4bit", 0.97), ("qsdp", 0.999)):
@@ -75,7 +99,7 @@ def test_custom_gradient_divide_factor(force_sum):
             assert cos >= cos_bound, (p, cos)
 
 
-def test_collective_ops_do_not_grow_with_world_size():
+def test_collective_ops_do_not_grow_with_world_size(two, four):
     """Torch ops of one steady-state step (dispatch-mode count, rank 0), 2 ranks (2 nodes x
     1) against 4 (4 x 1). The all-gather (compress, exchange, one decode of every slot) does
     not grow (sdp4bit 292 + 171 in compress, zeropp 164 + 93/95, qsdp 345 + 205 at both
@@ -87,10 +111,8 @@ def test_collective_ops_do_not_grow_with_world_size():
     launch): one select + one add per peer and reduce-scatter, 3 per step, so +12 ops from
     2 to 4 ranks (sdp4bit 1930 -> 1942, zeropp 256 -> 268, qsdp 163 -> 175; were 2095 ->
     2401, 421 -> 727, 250 -> 400). Plain FSDP2's step is the same at both sizes."""
-    from fsdp_hotpath_workers import op_count_worker
-    presets = ("sdp4bit", "zeropp", "qsdp")
-    two = run_distributed(op_count_worker, 2, (None, *presets), 1, 2)[0]
-    four = run_distributed(op_count_worker, 4, (None, *presets), 1, 2)[0]
+    presets = OP_PRESETS
+    two, four = two["ops"], four["ops"]
     for p in presets:
         print(p, "2 ranks:", two[p], "4 ranks:", four[p])
         for kind in ("all_gather", "all_gather.compress"):
