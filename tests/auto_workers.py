@@ -15,6 +15,14 @@ from hfcompress.config import AutoSettings, get_config
 from fsdp_workers import MP, global_mean, setup, tiny_llama, train_step
 
 
+def pin(env: str | None) -> None:
+    """Set HFCOMPRESS_AUTO (None: unset it; the jobs of one launch share the environment)."""
+    if env is None:
+        os.environ.pop("HFCOMPRESS_AUTO", None)
+    else:
+        os.environ["HFCOMPRESS_AUTO"] = env
+
+
 def train(model, handle, steps: int) -> list[float]:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
@@ -32,8 +40,7 @@ def fsdp_auto(rank: int, world: int, ranks_per_node: int, settings: dict | None,
     """apply("auto") (or AutoSettings(**settings)); the choice, the config that runs, the
     losses, and the state round trip."""
     setup()
-    if pin_env is not None:
-        os.environ["HFCOMPRESS_AUTO"] = pin_env
+    pin(pin_env)
     model = tiny_llama()
     auto = "auto" if settings is None else AutoSettings(**settings)
     handle = hfcompress.apply(model, auto, ranks_per_node=ranks_per_node, shard=True,
@@ -73,8 +80,7 @@ def fsdp_restore(rank: int, world: int, pin_save: str, pin_load: str) -> dict:
 
 def ddp_auto(rank: int, world: int, pin_env: str | None) -> dict:
     setup()
-    if pin_env is not None:
-        os.environ["HFCOMPRESS_AUTO"] = pin_env
+    pin(pin_env)
     torch.manual_seed(0)
     model = DistributedDataParallel(tiny_llama())
     handle = hfcompress.apply(model, "auto", ranks_per_node=1)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from dist_utils import run_distributed
+from dist_utils import run_distributed, run_jobs
 from hfcompress.auto import OPTIONS, Plan, candidates, parse_pins
 from hfcompress.auto.choose import _pick
 from hfcompress.auto.cost_model import (Layout, Unit, built, calibrate, ddp_cost, fsdp_cost,
@@ -167,12 +167,24 @@ def test_pick_prefers_fewer_compressed_kinds_within_the_margin():
 
 
 # -- on gloo ranks ------------------------------------------------------------------------------
-def test_auto_chooses_the_same_plan_on_every_rank_and_trains():
+PIN_SAVE, PIN_EXACT = "weights=qwd,grad_inter=hs4", "weights=exact,grad_inter=exact"
+
+
+@pytest.fixture(scope="module")
+def two():
+    """Every 2-rank job in one launch (each sets or unsets the pin it runs under)."""
+    keys = ("auto", "exact", "restore", "reprobe", "ddp_pinned", "ddp_free")
+    return dict(zip(keys, run_jobs(
+        2, (aw.fsdp_auto, 1, None, None, 6), (aw.exact_losses, 6),
+        (aw.fsdp_restore, PIN_SAVE, PIN_EXACT), (aw.reprobe_switch,),
+        (aw.ddp_auto, "all_reduce=global_qsgd_exp"), (aw.ddp_auto, None), timeout=480)))
+
+
+def test_auto_chooses_the_same_plan_on_every_rank_and_trains(two):
     """2 nodes x 1 rank on the loopback, unpinned: all ranks install the same plan, the
     summary holds a prediction for each of the 4 candidates and the probe's fits, and the
     loss is within 0.05 of the exact run's at every step (every candidate keeps the loss)."""
-    res = run_distributed(aw.fsdp_auto, 2, 1, None, None, 6)
-    exact = run_distributed(aw.exact_losses, 2, 6)[0]
+    res, exact = two["auto"], two["exact"][0]
     assert len({r["chosen"] for r in res}) == 1
     s = res[0]["summary"]
     assert {r["plan"] for r in s["table"]} == {p.label for p in candidates("fsdp2", 1, 2)}
@@ -200,11 +212,10 @@ def test_pinned_plan_on_2x2_runs_the_pinned_collectives():
     assert len(res[0]["summary"]["table"]) == 1
 
 
-def test_checkpoint_switches_to_the_saved_plan():
+def test_checkpoint_switches_to_the_saved_plan(two):
     """State saved under qWD + 4-bit gradients loads into an auto handle that chose exact:
     the handle switches to the saved plan and its qWD references are restored."""
-    res = run_distributed(aw.fsdp_restore, 2, "weights=qwd,grad_inter=hs4",
-                          "weights=exact,grad_inter=exact")
+    res = two["restore"]
     for r in res:
         assert r["before"] == "exact"
         assert r["after"] == "weights=qwd grad_inter=hs4"
@@ -212,11 +223,11 @@ def test_checkpoint_switches_to_the_saved_plan():
         assert r["references"] > 0
 
 
-def test_reprobe_switches_at_a_step_boundary():
+def test_reprobe_switches_at_a_step_boundary(two):
     """reprobe_every=2: the first choice (pinned to qWD + 4-bit gradients) is probed again
     after steps 3 and 5 with the pin moved to exact; the handle switches to exact at step 3,
     training goes on, and the history has the measured step and compute times."""
-    res = run_distributed(aw.reprobe_switch, 2)
+    res = two["reprobe"]
     for r in res:
         assert r["first"] == "weights=qwd grad_inter=hs4"
         assert r["chosen"] == "exact" and r["config"] == "auto: exact"
@@ -228,12 +239,12 @@ def test_reprobe_switches_at_a_step_boundary():
         assert all(math.isfinite(x) for x in r["losses"])
 
 
-def test_ddp_auto_chooses_an_all_reduce():
+def test_ddp_auto_chooses_an_all_reduce(two):
     """DDP: the pinned Global-QSGD exponential all-reduce is installed; unpinned, the table
     predicts all three all-reduce options."""
-    pinned = run_distributed(aw.ddp_auto, 2, "all_reduce=global_qsgd_exp")
+    pinned = two["ddp_pinned"]
     assert pinned[0]["config"]["all_reduce"]["name"] == "global_qsgd_exp"
-    free = run_distributed(aw.ddp_auto, 2, None)
+    free = two["ddp_free"]
     assert len({r["chosen"] for r in free}) == 1
     assert {r["plan"] for r in free[0]["table"]} == {
         "exact", "all_reduce=global_qsgd_exp", "all_reduce=global_qsgd_block"}
