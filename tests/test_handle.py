@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dist_utils import run_distributed
+from dist_utils import run_distributed, run_jobs
 from hfcompress.compressors import get_compressor, register_compressor
 from hfcompress.compressors.base import (ErrorFeedback, GloballyScaled, ReferenceCoded,
                                          RotatedDomain, TreeCombined)
@@ -139,6 +139,13 @@ def hsdp_worker(rank, world):
             "report": h.memory_report(), "streams": len(h.all_reduce.streams)}
 
 
+@pytest.fixture(scope="module")
+def two():
+    """The DDP and FSDP2 workers in one 2-rank launch."""
+    ddp, fsdp = run_jobs(2, (ddp_worker,), (fsdp_worker,))
+    return {"ddp": ddp, "fsdp": fsdp}
+
+
 def test_apply_on_hsdp_returns_the_handle():
     for r in run_distributed(hsdp_worker, 4):
         assert r["type"] == "Compression" and r["kind"] == "hsdp" and r["streams"] == 3
@@ -150,8 +157,8 @@ def test_apply_on_hsdp_returns_the_handle():
             <= 0.01 * rep["full_param_bytes"]
 
 
-def test_apply_on_ddp_returns_the_handle_with_meter_state_and_remove():
-    for r in run_distributed(ddp_worker, 2):
+def test_apply_on_ddp_returns_the_handle_with_meter_state_and_remove(two):
+    for r in two["ddp"]:
         assert r["type"] == "Compression" and r["kind"] == "ddp" and r["is_handle"]
         assert len(r["meter"]) == 3
         for s in r["meter"]:       # 2 ranks, one per node: everything crosses nodes
@@ -160,8 +167,8 @@ def test_apply_on_ddp_returns_the_handle_with_meter_state_and_remove():
         assert r["removed_identical"] and r["removed_unmetered"]
 
 
-def test_memory_report_sums_the_compressors_state():
-    ddp, fsdp = run_distributed(ddp_worker, 2), run_distributed(fsdp_worker, 2)
+def test_memory_report_sums_the_compressors_state(two):
+    ddp, fsdp = two["ddp"], two["fsdp"]
     for r in ddp + fsdp:
         rep = r["report"]
         assert set(rep) == {*STATE_KINDS, "total", "sharded_param_bytes", "full_param_bytes"}
