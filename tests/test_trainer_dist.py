@@ -1,5 +1,6 @@
 """``hfcompress.Trainer`` across 2 gloo processes: the real Hugging Face Trainer with FSDP2 and
-DDP (workers in ``trainer_workers.py``, one spawn per test; ~25 s each on 2 cores)."""
+DDP (workers in ``trainer_workers.py``, all in one launch: the ranks import torch,
+transformers and accelerate once)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,26 @@ import math
 import pytest
 
 import trainer_workers as tw
-from dist_utils import run_distributed
+from dist_utils import run_jobs
 
 PRESETS = ["none", "sdp4bit", "tlq_hs", "zeropp", "loco"]
 STEPS = 10
 
 
 @pytest.fixture(scope="module")
-def presets(tmp_path_factory):
-    return run_distributed(tw.presets_worker, 2, str(tmp_path_factory.mktemp("presets")),
-                           PRESETS, timeout=400)[0]
+def runs(tmp_path_factory):
+    """Rank 0's results of every worker, one launch of 2 ranks."""
+    def d(name):
+        return str(tmp_path_factory.mktemp(name))
+    keys = ("presets", "resume", "loco", "auto")
+    out = run_jobs(2, (tw.presets_worker, d("presets"), PRESETS), (tw.resume_worker, d("resume")),
+                   (tw.loco_models_worker, d("loco")), (tw.auto_worker, d("auto")), timeout=1200)
+    return {k: ranks[0] for k, ranks in zip(keys, out)}
+
+
+@pytest.fixture(scope="module")
+def presets(runs):
+    return runs["presets"]
 
 
 @pytest.mark.parametrize("kind", ["fsdp", "ddp"])
@@ -86,13 +97,13 @@ def test_loco_uses_the_loco_optimizer(presets):
         assert presets[kind, "sdp4bit"]["optimizer"] == "AdamW"
 
 
-def test_resume_continues_the_same_trajectory(tmp_path):
+def test_resume_continues_the_same_trajectory(runs):
     """Save at step 3, resume, compare steps 4-6 with the uninterrupted run: equal to 1e-6
     (FSDP2 + sdp4bit: qWD references and stochastic-rounding RNG; DDP + LoCo with DDP's bucket
     rebuild: LoCo errors). Without the compressor files (comm_state_mismatch='reset', which
     warns) the trajectory moves by > 2e-5: the restored state is what makes them equal.
     Another compressor's checkpoint is a clear error naming what differs."""
-    out = run_distributed(tw.resume_worker, 2, str(tmp_path), timeout=400)[0]
+    out = runs["resume"]
     for kind, preset in (("fsdp", "sdp4bit"), ("ddp", "loco")):
         assert out[kind, "files"] == ["hfcompress_rank0.pt", "hfcompress_rank1.pt"]
         full, resumed, reset = out[kind, "full"], out[kind, "resumed"], out[kind, "reset"]
@@ -114,7 +125,7 @@ def test_resume_continues_the_same_trajectory(tmp_path):
         assert "comm_state_mismatch='reset'" in other
 
 
-def test_loco_optimizers_train_llama_and_mixtral(tmp_path):
+def test_loco_optimizers_train_llama_and_mixtral(runs):
     """LoCo + AdamW / Adafactor under FSDP2 train both tiny models (loss falls by > 0.6 in 12
     steps; the LoCo clock advanced 12 times). Mixtral's fused 3-D experts
     (``experts.gate_up_proj`` / ``experts.down_proj``) are compressed: not exact in the layout,
@@ -123,7 +134,7 @@ def test_loco_optimizers_train_llama_and_mixtral(tmp_path):
     the carried error; 0 would mean skipped). LoCoAdafactor on DTensors equals the unsharded
     Adafactor (FSDP2 vs DDP, exact collectives: 1e-5), and LoCo stays within 0.05 of it. A
     2-node preset on one node warns what it falls back to."""
-    out = run_distributed(tw.loco_models_worker, 2, str(tmp_path), timeout=400)[0]
+    out = runs["loco"]
     for model in ("llama", "mixtral"):
         for optim, cls in (("adamw_torch", "LoCoAdamW"), ("adafactor", "LoCoAdafactor")):
             run = out[model, optim]
@@ -144,12 +155,12 @@ def test_loco_optimizers_train_llama_and_mixtral(tmp_path):
     assert "gradients are sent hadamard 8-bit" in warned[0]
 
 
-def test_auto_trains_and_resumes_its_saved_plan(tmp_path):
+def test_auto_trains_and_resumes_its_saved_plan(runs):
     """``comm_compressor="auto"`` through the HF Trainer (FSDP2, 2 emulated nodes), plan
     pinned to qWD + 4-bit gradients; resumed from step 3 with the pin moved to exact, the
     handle switches back to the checkpoint's plan and steps 4-6 equal the uninterrupted
     run's (the qWD references and rounding streams were restored with it)."""
-    out = run_distributed(tw.auto_worker, 2, str(tmp_path), timeout=400)[0]
+    out = runs["auto"]
     assert out["plans"] == ["weights=qwd grad_inter=hs4"] * 2, out["plans"]
     assert out["config"] == "auto: weights=qwd grad_inter=hs4"
     for step in (4, 5, 6):
