@@ -19,15 +19,21 @@ BLOCKS = CompressionConfig(name="global_qsgd_b1024",
 
 
 def ddp_presets():
-    """Every preset DDP can run (it has a gradient / all-reduce scheme), and two configs."""
+    """Every DDP code path of the presets (one preset per distinct all-reduce scheme, LoCo,
+    seed and exact parameters: what DDP's hook reads of a config; e.g. ``tlq`` and ``zeropp``
+    run ``ulq``'s hook, ``sdp4bit`` runs ``tlq_hs``'s), and two configs."""
     from hfcompress.integrations.ddp import ddp_scheme
-    out = []
+    out, seen = [], set()
     for name in list_presets():
+        config = get_config(name)
         try:
-            ddp_scheme(get_config(name))
+            scheme = ddp_scheme(config)
         except ValueError:
             continue
-        out.append(name)
+        key = repr((scheme, config.loco, config.seed, config.exact_patterns, config.min_numel))
+        if key not in seen:
+            seen.add(key)
+            out.append(name)
     return out + [INT8, BLOCKS]
 
 
@@ -63,7 +69,7 @@ def ddp_worker(rank, world):
     from hfcompress.integrations import AllReduceState
     from host_sync_guard import count_host_syncs
     os.environ["HFCOMPRESS_COMPILE"] = "0"
-    steps = 3
+    steps = 2    # step 1 with DDP's first buckets, step 2 its rebuilt ones: then steady
     report = {}
     # find_unused_parameters: DDP all-reduces its used-parameter map on the main thread
     # while gloo's worker threads launch the hook's later stages

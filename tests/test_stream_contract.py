@@ -12,6 +12,7 @@ bucket / the all-gather output.
 import contextlib
 import os
 
+import pytest
 import torch
 
 from dist_utils import run_distributed
@@ -78,8 +79,19 @@ def ddp_worker(rank, world):
     return report
 
 
-def test_ddp_hook_cuda_control_flow_same_numbers_no_chain_left():
-    report = run_distributed(ddp_worker, 2, timeout=900)[0]
+def ddp_then_prefetch(rank, world):
+    """:func:`ddp_worker`, then :func:`prefetch_worker` (it patches FSDP's all-gather for
+    good): one 2-rank launch for both tests (start-up costs seconds per rank)."""
+    return ddp_worker(rank, world), prefetch_worker(rank, world)
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    return run_distributed(ddp_then_prefetch, 2, timeout=900)[0]
+
+
+def test_ddp_hook_cuda_control_flow_same_numbers_no_chain_left(two_ranks):
+    report = two_ranks[0]
     assert {"global_qsgd", "global_qsgd_exp", "loco", "int8"} <= set(report), report
     for name, r in report.items():
         assert r["same"], (name, "inline stages changed the numbers")
@@ -153,8 +165,8 @@ def prefetch_worker(rank, world):
     return report
 
 
-def test_fsdp2_async_all_gather_cuda_control_flow():
-    report = run_distributed(prefetch_worker, 2, timeout=900)[0]
+def test_fsdp2_async_all_gather_cuda_control_flow(two_ranks):
+    report = two_ranks[1]
     for preset, r in report.items():
         assert r["same"], (preset, "inline stages changed the numbers")
         assert r["async_calls"] > 0 and r["complete_with_output"], (preset, r)
