@@ -14,6 +14,7 @@ import torch
 from hfcompress.compressors import get_compressor
 from hfcompress.compressors.learned_levels import uniform_levels
 from hfcompress.kernels import learned_levels as ll_kernels
+from hfcompress.kernels.dispatch import Compiled
 
 SCHEMES = ("qsgd", "random_shift", "learned")
 T = 20.0  # Bernstein's t (see the module docstring)
@@ -123,7 +124,11 @@ def test_compiled_cpu_path_same_numbers(name, monkeypatch):
     assert all(torch.equal(pe.payload[k], pc.payload[k]) for k in pe.payload)
     assert torch.equal(eager.decompress(pe), compiled.decompress(pc))
     twin = compiled._impl(x)  # the compiled copy of the twin module; None marks a failed graph
-    graphs = [*twin.quantize.graphs.values(), *twin.dequantize.graphs.values()]
+    # its kernels and those of the twin it decodes with (qsgd: group_quant's)
+    kernels = [k for m in (twin, getattr(twin, "_gq", twin)) for k in vars(m).values()
+               if isinstance(k, Compiled) and k.graphs]
+    graphs = [g for k in kernels for g in k.graphs.values()]
+    assert {k.__name__ for k in kernels} >= {"quantize"} and len(kernels) >= 2
     assert graphs and all(g is not None for g in graphs)
 
 

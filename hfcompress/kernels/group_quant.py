@@ -22,8 +22,8 @@ from .noise import noise_values
 from .packing import pack_codes, unpack_codes
 
 #: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU
-COMPILE_ON_CPU = ("quantize", "dequantize", "dequantize_sum", "dequantize_sum_quantize",
-                  "difference", "dequantize_add", "add_rows")
+COMPILE_ON_CPU = ("quantize", "decode", "decode_sum", "decode_sum_quantize", "difference",
+                  "add_to", "add_rows")
 #: Inductor stores a pointwise expression of more than a few dozen ops (here ``y + u`` with
 #: the noise hash of keys inlined) instead of fusing it into its consumer: a float32 pass
 #: through memory. A higher limit keeps the hash in the rounding loop (int4 stochastic
@@ -64,39 +64,86 @@ def quantize(x: torch.Tensor, bits: int, group_size: int,
     return pack_codes(codes.reshape(-1), bits), scale
 
 
+def as_words(packed: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
+    """``packed`` as flat int32 words (a view, eight 4-bit codes per word, the first in the
+    lowest nibble) when it holds 4-bit codes of whole 8-code groups starting at a multiple of
+    4 bytes; else ``packed`` itself. The decoders read either (:func:`decoded_groups`)."""
+    if (bits == 4 and group_size % 8 == 0 and packed.dtype == torch.uint8
+            and packed.is_contiguous() and packed.storage_offset() % 4 == 0):
+        return packed.reshape(-1).view(torch.int32)
+    return packed
+
+
+def decoded_groups(packed: torch.Tensor, scale: torch.Tensor, bits: int,
+                   group_size: int) -> torch.Tensor:
+    """float32 values of ``P`` payloads (``scale`` ``(P, groups)``), ``(P, groups, ..)``.
+
+    ``packed`` is bytes, or int32 words (:func:`as_words`), split with per-lane shifts: then
+    compiled CPU code loads whole vectors and reads each group's scale once per row. From
+    one byte per code, its 8-of-32-byte loads took a slow path and the second peer's scales a
+    division per value (decode ~7x slower on one AVX2 core). Same numbers either way."""
+    peers = scale.shape[0]
+    if packed.dtype == torch.int32:
+        w = packed.reshape(peers, -1, group_size // 8, 1)
+        shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+        q = ((w >> shifts) & 15).float() - (qmax_of(bits) + 1)
+        return q * scale.view(peers, -1, 1, 1)
+    q = unpack_codes(packed, bits).view(peers, -1, group_size).float() - (qmax_of(bits) + 1)
+    return q * scale.view(peers, -1, 1)
+
+
+def decode(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
+           dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """:func:`dequantize` of bytes or words (the compiled kernel)."""
+    return decoded_groups(packed, scale.reshape(1, -1), bits, group_size).reshape(-1).to(dtype)
+
+
+def decode_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int,
+               group_size: int) -> torch.Tensor:
+    """:func:`dequantize_sum` of bytes or words (the compiled kernel): peers added in order
+    0..P-1 in float32 (the Triton kernel adds in the same order)."""
+    values = decoded_groups(packed, scale, bits, group_size)
+    total = values[0]
+    for p in range(1, values.shape[0]):
+        total = total + values[p]
+    return total.reshape(-1)
+
+
+def decode_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
+                        out_bits: int, out_group_size: int,
+                        noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`dequantize_sum_quantize` of bytes or words (the compiled kernel)."""
+    return quantize(decode_sum(packed, scale, bits, group_size), out_bits, out_group_size, noise)
+
+
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Inverse of :func:`quantize`: 1-D tensor of ``scale.numel() * group_size`` values."""
-    q = unpack_codes(packed, bits).reshape(-1, group_size).float() - (qmax_of(bits) + 1)
-    return (q * scale[:, None]).reshape(-1).to(dtype)
+    return decode(as_words(packed, bits, group_size), scale, bits, group_size, dtype)
 
 
 def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int,
                    group_size: int) -> torch.Tensor:
-    """Sum over peers: ``packed`` (P, nbytes), ``scale`` (P, groups) -> float32 sum (numel,).
-
-    Every peer decoded in one :func:`dequantize` (a group never spans two peers), then the
-    peers added in order 0..P-1 in float32 (the Triton kernel adds in the same order).
-    """
-    values = dequantize(packed.reshape(-1), scale.reshape(-1), bits,
-                        group_size).view(scale.shape[0], -1)
-    total = values[0]
-    for p in range(1, values.shape[0]):
-        total = total + values[p]
-    return total
+    """Sum over peers: ``packed`` (P, nbytes), ``scale`` (P, groups) -> float32 sum (numel,);
+    every peer decoded (a group never spans two peers), added in order 0..P-1."""
+    return decode_sum(as_words(packed, bits, group_size), scale, bits, group_size)
 
 
 def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int,
                             group_size: int, out_bits: int, out_group_size: int,
                             noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of P peers' payloads requantized to ``out_bits`` (the hop between two all-to-alls)."""
-    return quantize(dequantize_sum(packed, scale, bits, group_size), out_bits, out_group_size, noise)
+    return decode_sum_quantize(as_words(packed, bits, group_size), scale, bits, group_size,
+                               out_bits, out_group_size, noise)
 
 
 def difference(x: torch.Tensor, ref: torch.Tensor, group_size: int) -> torch.Tensor:
     """float32 ``x - ref`` (same numel, any float dtypes), flat, zero-padded to whole groups."""
     d = x.reshape(-1).float() - ref.reshape(-1).float()
-    return torch.nn.functional.pad(d, (0, -d.numel() % group_size))
+    pad = -d.numel() % group_size
+    # not F.pad: compiled, it loads every value under a mask (a scalar path on AVX2, ~6x
+    # slower); whole groups need no padding at all
+    return torch.cat([d, d.new_zeros(pad)]) if pad else d
 
 
 def add_to(ref: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -114,8 +161,10 @@ def quantize_difference(x: torch.Tensor, ref: torch.Tensor, bits: int, group_siz
 
 def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
                    ref: torch.Tensor) -> torch.Tensor:
-    """``add_to(ref, dequantize(...))``: qWD's update ``w~ + deq(C(w - w~))`` (SDP4Bit Alg. 2)
-    in one kernel on CPU."""
+    """``add_to(ref, dequantize(...))``: qWD's update ``w~ + deq(C(w - w~))`` (SDP4Bit Alg. 2),
+    two kernels on CPU: fused, the add read the float32 values flat, each value's code word
+    and bf16 ``ref`` a partial vector away (~8x slower on one AVX2 core than storing the
+    decoded values once)."""
     return add_to(ref, dequantize(packed, scale, bits, group_size))
 
 

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import torch
 
-from .group_quant import dequantize, dequantize_sum, qmax_of  # noqa: F401 (same decode)
+from . import group_quant as _gq
+from .group_quant import qmax_of
 from .noise import noise_values
 from .packing import pack_codes
 
-#: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU (same numbers)
-COMPILE_ON_CPU = ("quantize", "dequantize", "dequantize_sum")
+#: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU (same numbers; the
+#: decoders are group_quant's, compiled there)
+COMPILE_ON_CPU = ("quantize",)
 #: keep the inlined noise hash in the rounding loop (see ``group_quant.COMPILE_OPTIONS``)
 COMPILE_OPTIONS = {"realize_opcount_threshold": 200}
 
@@ -42,3 +44,15 @@ def quantize(x: torch.Tensor, bits: int, bucket_size: int,
     level = torch.nan_to_num(level, nan=0.0).clamp_(0, s)
     q = torch.where(g < 0, -level, level)
     return pack_codes((q + (s + 1)).to(torch.uint8).reshape(-1), bits), scale
+
+
+def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, bucket_size: int,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``group_quant.dequantize`` (the same wire layout)."""
+    return _gq.dequantize(packed, scale, bits, bucket_size, dtype)
+
+
+def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int,
+                   bucket_size: int) -> torch.Tensor:
+    """``group_quant.dequantize_sum`` (the same wire layout)."""
+    return _gq.dequantize_sum(packed, scale, bits, bucket_size)
