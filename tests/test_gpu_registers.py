@@ -6,18 +6,23 @@ configuration that changes its code (bits 2/4/8, group sizes 128 and 2048, Hadam
 32 and 1, every noise mode, float32 and bfloat16 outputs), and reads ``ptxas -v`` of
 Triton's own ptxas run (its flags): registers per thread and bytes of spill stores / loads.
 Each must stay <= 128 registers (two resident 256-thread blocks per SM) with no spill (no
-local-memory traffic). The table (~35 s of CPU)::
+local-memory traffic). The kernels are split between two such subprocesses (every other
+one), run at once: the compiles are independent and a machine has at least two cores. The
+table (~35 s of CPU)::
 
     python tests/test_gpu_registers.py
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from gpu_compile import run_compile_script
 
 MAX_REGISTERS = 128
+SHARDS = 2      # subprocesses compiling at once; shard i compiles rows i, i + SHARDS, ..
 
 _SCRIPT = r"""
 import contextlib, io, re
@@ -30,8 +35,12 @@ from hfcompress.kernels import (triton_global_qsgd as GQ, triton_group_quant as 
                                 triton_tiles as TT)
 
 triton.knobs.nvidia.dump_ptxas_log = True  # Triton's own ptxas run (its flags) prints -v
+ROWS = iter(range(1 << 20))
 
 def row(label, fn, sig, consts, num_warps):
+    index = next(ROWS)
+    if index % SHARDS != SHARD:
+        return
     src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
                     constexprs=consts)
     with contextlib.redirect_stdout(io.StringIO()) as log:
@@ -43,7 +52,7 @@ def row(label, fn, sig, consts, num_warps):
     assert regs and spill, f"no ptxas -v report for {label}:\n{log[-2000:]}"
     regs = max(regs)
     st, ld = (sum(int(m[j]) for m in spill) for j in (0, 1))
-    print(f"{label}\t{num_warps}\t{regs}\t{st}\t{ld}", flush=True)
+    print(f"{index}\t{label}\t{num_warps}\t{regs}\t{st}\t{ld}", flush=True)
 
 u8, f32, i64, i32 = "*u8", "*fp32", "*i64", "i32"
 RG, RK, RW = N.ROW_GROUPS, N.ROW_KEYS, N.ROW_KEYS_WIDE
@@ -151,19 +160,28 @@ for bits, out in [(b, o) for b in (8, 4) for o in (f32, "*bf16")]:
         GQ._exp_dequantize_kernel,
         dict(codes_ptr=u8, scale_ptr=f32, out_ptr=out, nbytes=i32, per=i32, headroom=i32),
         dict(BITS=bits, **blk), GQ.NUM_WARPS)
+print(f"rows\t{next(ROWS)}")
 """
 
 
 def usage() -> list[tuple[str, int, int, int, int]]:
     """(kernel and configuration, num_warps, registers, spill store bytes, spill load bytes)
-    for every kernel the presets launch, compiled for sm_90 in a clean subprocess."""
-    r = run_compile_script(_SCRIPT, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = []
-    for line in r.stdout.splitlines():
-        label, *nums = line.split("\t")
-        rows.append((label, *map(int, nums)))
-    return rows
+    for every kernel the presets launch, compiled for sm_90 in clean subprocesses."""
+    scripts = [f"SHARD, SHARDS = {i}, {SHARDS}\n{_SCRIPT}" for i in range(SHARDS)]
+    with ThreadPoolExecutor(SHARDS) as pool:
+        runs = list(pool.map(lambda s: run_compile_script(s, timeout=600), scripts))
+    rows, totals = {}, set()
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-3000:]
+        for line in r.stdout.splitlines():
+            index, label, *nums = line.split("\t")
+            if index == "rows":
+                totals.add(int(label))
+            else:
+                rows[int(index)] = (label, *map(int, nums))
+    [total] = totals
+    assert sorted(rows) == list(range(total)), "a kernel's report is missing"
+    return [rows[i] for i in range(total)]
 
 
 def table(rows) -> str:
