@@ -262,9 +262,10 @@ def test_compiled_kernels_equal_eager(monkeypatch):
         packs = [twin.quantize(torch.randn(n, generator=g), 4, 128) for _ in range(3)]
         pk, sc = torch.stack([p[0] for p in packs]), torch.stack([p[1] for p in packs])
         assert _same(mod.dequantize_sum(pk, sc, 4, 128), twin.dequantize_sum(pk, sc, 4, 128))
-        for nz in (noise, keys):
-            assert all(map(_same, mod.dequantize_sum_quantize(pk, sc, 4, 128, 8, 128, nz),
-                           twin.dequantize_sum_quantize(pk, sc, 4, 128, 8, 128, nz)))
+        # keys only (the production noise): rounding with noise values is quantize's code,
+        # checked above; each combination is a graph of its own (seconds to compile)
+        assert all(map(_same, mod.dequantize_sum_quantize(pk, sc, 4, 128, 8, 128, keys),
+                       twin.dequantize_sum_quantize(pk, sc, 4, 128, 8, 128, keys)))
         ref = torch.randn(n - 3, generator=g).bfloat16()        # qWD: any numel, bf16 w~
         w = x[:n - 3].bfloat16()
         assert all(map(_same, mod.quantize_difference(w, ref, 4, 128),
