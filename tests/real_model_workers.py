@@ -1,7 +1,9 @@
 """Worker of the real-model test (``test_real_model.py``): SmolLM2-135M-Instruct loaded from
 its GGUF file on each rank, fine-tuned by ``hfcompress.Trainer`` under FSDP2 with bf16 mixed
 precision and ``sdp4bit`` on 2 gloo processes as 2 emulated nodes, a few steps on one fixed
-batch of real text."""
+sequence of real text per rank (one sequence of a few tokens: bf16 matmuls are emulated on
+CPUs without native bf16, ~20x slower than fp32, and their cost grows with the tokens, while
+the compressed bytes depend on the parameters only)."""
 
 from __future__ import annotations
 
@@ -40,12 +42,12 @@ def finetune_worker(rank: int, world: int, out: str, steps: int, seq: int) -> di
     tok = load_tokenizer("smollm2-135m")
     ids = tok(TEXT, return_tensors="pt").input_ids[0, :seq]
     args = hfcompress.TrainingArguments(
-        output_dir=out, max_steps=steps, per_device_train_batch_size=2, logging_steps=1,
+        output_dir=out, max_steps=steps, per_device_train_batch_size=1, logging_steps=1,
         learning_rate=1e-4, warmup_steps=0, lr_scheduler_type="constant", report_to=[],
         save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0, fsdp=True,
         fsdp_config={"version": 2}, comm_compressor="sdp4bit", ranks_per_node=1, bf16=True)
     trainer = hfcompress.Trainer(model=model, args=args,
-                                 train_dataset=FixedBatch(ids, 2 * world * steps))
+                                 train_dataset=FixedBatch(ids, world * steps))
     trainer.train()
     hist = trainer.state.log_history
     return {"master_dtypes": master_dtypes, "n_params": sum(p.numel() for p in

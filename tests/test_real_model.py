@@ -154,7 +154,7 @@ def test_smollm2_finetunes_under_fsdp2_with_sdp4bit(tmp_path):
     from real_model_workers import finetune_worker
 
     steps = 3
-    out = run_distributed(finetune_worker, 2, str(tmp_path), steps, 16, timeout=900)[0]
+    out = run_distributed(finetune_worker, 2, str(tmp_path), steps, 8, timeout=900)[0]
     assert out["master_dtypes"] == {torch.float32}   # fp32 master by default
     assert out["trained_dtypes"] == {torch.float32}  # bf16 only in compute
     assert 134e6 < out["n_params"] < 135e6
