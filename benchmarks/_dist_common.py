@@ -12,6 +12,7 @@
   (``ddp``, ``ddp_fp16``: torch's ``fp16_compress_hook``, ``ddp_powersgd``: torch's
   ``powerSGD_hook``, and the hfcompress all-reduce presets ``global_qsgd`` /
   ``global_qsgd_exp``). DDP computes under bf16 autocast, like FSDP's bf16 parameters.
+  Every variant steps AdamW's fused kernel.
 - ``set_compute``: how every rank computes (``cpu_compute.py``: bf16 natively, or bf16 on
   the wire with fp32 matmuls where this CPU only emulates bf16), passed to the workers.
 - ``run_info`` / ``write_meta`` / ``write_csv`` / ``markdown_table``: results files (with the
@@ -133,7 +134,9 @@ class Variant:
                                          matrix_approximation_rank=powersgd_rank,
                                          start_powerSGD_iter=2)
                 self.net.register_comm_hook(state, serialized_powersgd_hook)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        # fused: one vectorized pass over all parameters, as on a GPU (its default there is
+        # foreach); CPU's default loops over the tensors, a cost the same for every variant
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, fused=True)
         self.layers = list(self.model.model.layers) if prefetch and not self.ddp else []
         for a, b in zip(self.layers, self.layers[1:]):     # FSDP2 explicit prefetching
             a.set_modules_to_forward_prefetch([b])
