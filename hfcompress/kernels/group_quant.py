@@ -67,7 +67,9 @@ def quantize(x: torch.Tensor, bits: int, group_size: int,
 def as_words(packed: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
     """``packed`` as flat int32 words (a view, eight 4-bit codes per word, the first in the
     lowest nibble) when it holds 4-bit codes of whole 8-code groups starting at a multiple of
-    4 bytes; else ``packed`` itself. The decoders read either (:func:`decoded_groups`)."""
+    4 bytes; else ``packed`` itself. The decoders read either (:func:`decoded_groups`).
+    Called by the public decoders before their compiled kernels (``decode*``), never inside
+    one: a graph that reads ``storage_offset()`` breaks in two."""
     if (bits == 4 and group_size % 8 == 0 and packed.dtype == torch.uint8
             and packed.is_contiguous() and packed.storage_offset() % 4 == 0):
         return packed.reshape(-1).view(torch.int32)
