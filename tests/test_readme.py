@@ -32,7 +32,7 @@ def test_fresh_machine_is_two_short_commands():
     cmds = shell_commands()
     assert cmds[0] == ('pip install torch==2.13.0 && pip install -e ".[dev]" && '
                        'bash trainer_examples/quickstart.sh')
-    assert cmds[1] == "python -m pytest -q"
+    assert cmds[1] == "python -m pytest -q -n 2"
     ci = (ROOT / ".ci" / "run").read_text()
     assert "pip install -q torch==2.13.0" in ci and 'pip install -q -e ".[dev]"' in ci
     assert ci.rstrip().endswith(cmds[1])
