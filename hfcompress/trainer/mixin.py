@@ -32,13 +32,14 @@ from typing import Any
 
 import torch
 import transformers
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..comm.topology import resolve_ranks_per_node
 from ..config import AUTO, AutoSettings, CompressionConfig, resolve
 from ..integrations.fsdp import fsdp_modules, hpz_reshard
 from ..optim import LoCoOptimizer, loco_optimizer_class
 from . import accelerate_cpu, checkpoint
+from . import resume as resume_mod
 from .callback import CommCallback, unwrap_optimizer
 from .install import check_integration, uses_hpz, uses_loco
 
@@ -168,23 +169,8 @@ class CompressionMixin:
 
     # -- training, logging, checkpoints ----------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
-        resume = resume_from_checkpoint
-        if isinstance(resume, str) and not os.path.isdir(resume) \
-                and resume.strip().lower() in ("true", "false", "none", ""):
-            # --resume_from_checkpoint True (HF's convention: the last checkpoint in
-            # output_dir) arrives as the string "True", not as a folder named True
-            resume = True if resume.strip().lower() == "true" else None
-        if resume is True:
-            last = get_last_checkpoint(self.args.output_dir) \
-                if os.path.isdir(self.args.output_dir) else None
-            if last is None:
-                raise ValueError(f"resume_from_checkpoint=True: no checkpoint-* folder in "
-                                 f"output_dir {self.args.output_dir!r} to resume from")
-            resume = last
-        if isinstance(resume, str) and not os.path.isdir(resume):
-            raise ValueError(f"resume_from_checkpoint={resume!r}: no such folder (give a "
-                             f"checkpoint-* folder, or True for the last one in output_dir)")
-        self.resume_dir = resume if isinstance(resume, str) else None
+        resume = resume_mod.resolve(resume_from_checkpoint, self.args.output_dir)
+        self.resume_dir = resume
         if self.comm_config is not None and self.args.world_size > 1:
             compile_notice(self.args.device)
         try:
@@ -209,7 +195,8 @@ class CompressionMixin:
         return output
 
     def _save_checkpoint(self, model, trial) -> None:
-        super()._save_checkpoint(model, trial)
+        """The compressor state first, then HF's files: HF writes ``trainer_state.json``
+        last, so a folder that has it is complete (``resume.py``)."""
         if self.compression is not None:
             folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             st = self.comm_callback.state
@@ -217,6 +204,9 @@ class CompressionMixin:
             checkpoint.save(self.compression, st.settings,
                             os.path.join(self._get_output_dir(trial=trial), folder),
                             self.args.process_index, st.stats, self.state.global_step)
+            if torch.distributed.is_initialized():
+                torch.distributed.barrier()     # every rank's file is there before HF's
+        super()._save_checkpoint(model, trial)
 
 
 _warned_single_process = False
