@@ -9,6 +9,13 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HFCOMPRESS_COMPILE", "0")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # a parallel run (-n 2) has a worker per core: one thread each, for the processes the
+    # tests start too (their ranks already run one thread each)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
 
 #: the test files of tens of seconds each (process launches, cold compiles, a real model),
 #: longest first (measured on 2 AVX2 cores): they start first, so the README's parallel run
