@@ -230,8 +230,7 @@ def test_pick_chooses_compiled_only_when_enabled(monkeypatch):
     assert dispatch.pick(x, "auto", twin, "triton_group_quant") is twin
     monkeypatch.setenv("HFCOMPRESS_COMPILE", "1")
     mod = dispatch.pick(x, "auto", twin, "triton_group_quant")
-    assert mod is dispatch.compiled(twin) and isinstance(mod.quantize_groups, dispatch.Compiled)
-    assert mod.quantize.__globals__ is vars(mod)   # splits row keys, calls the compiled kernel
+    assert mod is dispatch.compiled(twin) and isinstance(mod.quantize, dispatch.Compiled)
     # helpers and composites stay Python, calling the compiled kernels (their globals: the copy)
     assert mod.qmax_of(4) == 7 and mod.qmax_of.__globals__ is vars(mod)
     from hfcompress.kernels import hadamard

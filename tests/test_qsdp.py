@@ -128,8 +128,7 @@ def test_compiled_cpu_path_same_numbers(name, monkeypatch):
     kernels = [k for m in (twin, getattr(twin, "_gq", twin)) for k in vars(m).values()
                if isinstance(k, Compiled) and k.graphs]
     graphs = [g for k in kernels for g in k.graphs.values()]
-    # the quantize kernel (qsgd: ``quantize_buckets``, called once per row of row keys)
-    assert any(k.__name__.startswith("quantize") for k in kernels) and len(kernels) >= 2
+    assert {k.__name__ for k in kernels} >= {"quantize"} and len(kernels) >= 2
     assert graphs and all(g is not None for g in graphs)
 
 

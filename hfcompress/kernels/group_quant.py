@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from .noise import is_keys, noise_values
-from .packing import pack_codes, packed_nbytes, unpack_codes
+from .noise import noise_values
+from .packing import pack_codes, unpack_codes
 
 #: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU
-COMPILE_ON_CPU = ("quantize_groups", "decode", "decode_sum", "decode_sum_quantize", "difference",
+COMPILE_ON_CPU = ("quantize", "decode", "decode_sum", "decode_sum_quantize", "difference",
                   "add_to", "add_rows")
 #: Inductor stores a pointwise expression of more than a few dozen ops (here ``y + u`` with
 #: the noise hash of keys inlined) instead of fusing it into its consumer: a float32 pass
@@ -58,33 +58,10 @@ def round_codes(y: torch.Tensor, bits: int, noise: torch.Tensor | None) -> torch
 def quantize(x: torch.Tensor, bits: int, group_size: int,
              noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """1-D x -> (packed uint8 codes, float32 scales of shape (numel // group_size,))."""
-    return by_row_keys(quantize_groups, x, bits, group_size, noise)
-
-
-def quantize_groups(x: torch.Tensor, bits: int, group_size: int,
-                    noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`quantize` in one kernel (the compiled one)."""
     g = x.reshape(-1, group_size).float()
     scale, inv = group_scales(g, bits)
     codes = round_codes(g * inv[:, None], bits, noise)
     return pack_codes(codes.reshape(-1), bits), scale
-
-
-def by_row_keys(kernel, x: torch.Tensor, bits: int, group_size: int,
-                noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``kernel(x, bits, group_size, noise)``, one call per row under row keys ``(rows, 2)``
-    whose rows hold whole groups and whole bytes of codes: the same numbers (each row's noise
-    is that of a call keyed by its keys, ``noise.py``), and a row's keys are constants of its
-    call. In one call over the rows, compiled CPU code found a value's row by a division by
-    the row length (a runtime value) per vector of values: the int4 stochastic quantize of
-    2 x 1.58M values took 2x longer on one AVX2 core than two calls."""
-    rows = noise.shape[0] if is_keys(noise) and noise.dim() == 2 else 1
-    n = x.numel() // rows
-    if rows == 1 or n * rows != x.numel() or n % group_size \
-            or packed_nbytes(n, bits) * rows != packed_nbytes(x.numel(), bits):
-        return kernel(x, bits, group_size, noise)
-    parts = [kernel(x[r * n:(r + 1) * n], bits, group_size, noise[r]) for r in range(rows)]
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def as_words(packed: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
@@ -138,8 +115,7 @@ def decode_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, gr
                         out_bits: int, out_group_size: int,
                         noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`dequantize_sum_quantize` of bytes or words (the compiled kernel)."""
-    return quantize_groups(decode_sum(packed, scale, bits, group_size), out_bits, out_group_size,
-                           noise)
+    return quantize(decode_sum(packed, scale, bits, group_size), out_bits, out_group_size, noise)
 
 
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,

@@ -25,7 +25,7 @@ from .packing import pack_codes
 
 #: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU (same numbers; the
 #: decoders are group_quant's, compiled there)
-COMPILE_ON_CPU = ("quantize_buckets",)
+COMPILE_ON_CPU = ("quantize",)
 #: keep the inlined noise hash in the rounding loop (see ``group_quant.COMPILE_OPTIONS``)
 COMPILE_OPTIONS = {"realize_opcount_threshold": 200}
 
@@ -33,12 +33,6 @@ COMPILE_OPTIONS = {"realize_opcount_threshold": 200}
 def quantize(x: torch.Tensor, bits: int, bucket_size: int,
              noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """1-D x -> (packed uint8 codes, float32 scales ``norm / s`` of shape (buckets,))."""
-    return _gq.by_row_keys(quantize_buckets, x, bits, bucket_size, noise)
-
-
-def quantize_buckets(x: torch.Tensor, bits: int, bucket_size: int,
-                     noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`quantize` in one kernel (the compiled one)."""
     s = qmax_of(bits)
     g = x.reshape(-1, bucket_size).float()
     norm = g.abs().amax(dim=1)
