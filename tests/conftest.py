@@ -3,6 +3,8 @@
 ``TRITON_INTERPRET`` is read when ``@triton.jit`` runs, so it is set before anything
 imports hfcompress's Triton modules. ``HFCOMPRESS_COMPILE=0`` keeps the CPU twins eager
 (compilation costs seconds per kernel); the tests of the compiled path turn it back on.
+A parallel run (``-n 2``, the README's) gets one thread per worker and the longest files
+first.
 """
 
 import os
