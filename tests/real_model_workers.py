@@ -28,9 +28,9 @@ class FixedBatch(torch.utils.data.Dataset):
 
 
 def finetune_worker(rank: int, world: int, out: str, steps: int, seq: int) -> dict:
+    # MASTER_ADDR / MASTER_PORT: the launcher's free port (not a fixed one: pytest -n 2)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
-                       "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": "29500", "OMP_NUM_THREADS": "1"})
+                       "LOCAL_WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"})
     warnings.filterwarnings("ignore", category=FutureWarning)
     from transformers.utils import logging
     logging.set_verbosity_error()

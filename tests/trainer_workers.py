@@ -23,9 +23,10 @@ LR = 3e-3
 
 
 def setup(rank: int, world: int) -> None:
+    # MASTER_ADDR / MASTER_PORT: the launcher's free port (a fixed one collides with the
+    # ranks of another test running at the same time: pytest -n 2)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": "29500", "OMP_NUM_THREADS": "1",
+                       "LOCAL_WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1",
                        "HFCOMPRESS_COMPILE": "0"})
     warnings.filterwarnings("ignore", category=FutureWarning)
     from transformers.utils import logging
