@@ -242,19 +242,29 @@ def gguf_parsed_once():
     import gguf
 
     reader_cls, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    readers: dict = {}
-
-    def reader(path, *args, **kwargs):
-        key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
-        if key not in readers:
-            readers[key] = reader_cls(path, *args, **kwargs)
-        return readers[key]
-
-    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(name_map)
+    gguf.GGUFReader, gguf.get_tensor_name_map = _memo(reader_cls), _memo(name_map)
     try:
         yield
     finally:
         gguf.GGUFReader, gguf.get_tensor_name_map = reader_cls, name_map
+
+
+def _memo(fn):
+    """``fn`` returning one result per arguments (unhashable arguments: a plain call)."""
+    results: dict = {}
+
+    def once(*args, **kwargs):
+        key = (tuple(os.fspath(a) if isinstance(a, os.PathLike) else a for a in args),
+               tuple(sorted(kwargs.items())))
+        try:
+            hash(key)
+        except TypeError:
+            return fn(*args, **kwargs)
+        if key not in results:
+            results[key] = fn(*args, **kwargs)
+        return results[key]
+
+    return once
 
 
 def check_model(name: str) -> str:
