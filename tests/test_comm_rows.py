@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dist_utils import run_distributed
+from dist_utils import run_distributed, run_jobs
 from hfcompress import get_compressor
 from hfcompress.comm import QuantizedReduceScatter, Topology, TwoHopReduceScatter
 from hfcompress.comm.all_reduce import QuantizedAllReduce
@@ -97,12 +97,15 @@ def worker(rank, world):
 
 @pytest.fixture(scope="module")
 def four_ranks():
-    """One 4-rank launch for both tests (process start-up costs seconds per rank)."""
-    return run_distributed(worker_then_ops, 4)
+    """One 4-rank launch for both tests (process start-up costs seconds per rank):
+    :func:`worker`, then :func:`ops_worker` (in this order: the latter runs the all-reduce's
+    chain inline for good)."""
+    checked, ops = run_jobs(4, (worker,), (ops_worker,))
+    return {"checked": checked, "ops": ops}
 
 
 def test_one_compress_per_hop_is_the_per_destination_path(four_ranks):
-    counts = [checked for checked, _ in four_ranks]
+    counts = four_ranks["checked"]
     assert counts[0] == counts[-1] > 0
 
 
@@ -161,12 +164,6 @@ def ops_worker(rank, world):
     return out
 
 
-def worker_then_ops(rank, world):
-    """:func:`worker`, then :func:`ops_worker` (in this order: the latter runs the
-    all-reduce's chain inline for good)."""
-    return worker(rank, world), ops_worker(rank, world)
-
-
 def test_collective_ops_do_not_grow_with_world_size(four_ranks):
     """One compress per hop: from 2 to 4 ranks a collective's torch ops grow only by the
     receiver's in-order float32 adds of the peers (one select + one add per extra peer and
@@ -174,7 +171,7 @@ def test_collective_ops_do_not_grow_with_world_size(four_ranks):
     exponential Global-QSGD all-reduce by one level of its combine tree (log2 of the
     world size levels, each one call)."""
     two = run_distributed(ops_worker, 2)[0]
-    four = four_ranks[0][1]
+    four = four_ranks["ops"][0]
     print("2 ranks:", two, "4 ranks:", four)
     for name in two:
         if name == "tree_level":

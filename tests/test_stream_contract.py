@@ -15,7 +15,7 @@ import os
 import pytest
 import torch
 
-from dist_utils import run_distributed
+from dist_utils import run_distributed, run_jobs
 from hfcompress.comm import futures
 from hfcompress.testing import tiny_llama
 from test_ddp_async import INT8, step
@@ -79,19 +79,17 @@ def ddp_worker(rank, world):
     return report
 
 
-def ddp_then_prefetch(rank, world):
-    """:func:`ddp_worker`, then :func:`prefetch_worker` (it patches FSDP's all-gather for
-    good): one 2-rank launch for both tests (start-up costs seconds per rank)."""
-    return ddp_worker(rank, world), prefetch_worker(rank, world)
-
-
 @pytest.fixture(scope="module")
 def two_ranks():
-    return run_distributed(ddp_then_prefetch, 2, timeout=900)[0]
+    """Rank 0's reports of :func:`ddp_worker`, then :func:`prefetch_worker` (it patches FSDP's
+    all-gather for good): one 2-rank launch for both tests (start-up costs seconds per
+    rank)."""
+    ddp, prefetch = run_jobs(2, (ddp_worker,), (prefetch_worker,), timeout=900)
+    return {"ddp": ddp[0], "prefetch": prefetch[0]}
 
 
 def test_ddp_hook_cuda_control_flow_same_numbers_no_chain_left(two_ranks):
-    report = two_ranks[0]
+    report = two_ranks["ddp"]
     assert {"global_qsgd", "global_qsgd_exp", "loco", "int8"} <= set(report), report
     for name, r in report.items():
         assert r["same"], (name, "inline stages changed the numbers")
@@ -166,7 +164,7 @@ def prefetch_worker(rank, world):
 
 
 def test_fsdp2_async_all_gather_cuda_control_flow(two_ranks):
-    report = two_ranks[1]
+    report = two_ranks["prefetch"]
     for preset, r in report.items():
         assert r["same"], (preset, "inline stages changed the numbers")
         assert r["async_calls"] > 0 and r["complete_with_output"], (preset, r)

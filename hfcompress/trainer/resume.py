@@ -16,11 +16,10 @@ import json
 import logging
 import os
 
+from transformers.trainer import TRAINER_STATE_NAME as STATE_FILE
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 logger = logging.getLogger(__name__)
-
-STATE_FILE = "trainer_state.json"   # transformers.trainer.TRAINER_STATE_NAME
 
 
 def incomplete_reason(folder: str) -> str | None:
