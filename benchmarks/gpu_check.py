@@ -321,7 +321,7 @@ def check_tests(device, quick: bool, log: Path) -> list[Check]:
     else:
         env.update(TRITON_INTERPRET="1", HFCOMPRESS_CUDA_TESTS_DEVICE="cpu")
     cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
-           "tests/test_cuda.py"]
+           "-o", "addopts=", "tests/test_cuda.py"]
     if quick:
         cmd += ["-k", "all_gather and qw and not qwd"]     # one test
     start = time.perf_counter()
@@ -357,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=HERE / "results" / "gpu_check")
     ap.add_argument("--quick", action="store_true",
                     help="fewest sizes, steps and tests (a smoke test of this script)")
+    ap.add_argument("--skip-tests", action="store_true",
+                    help="leave out part 3 (benchmarks/gpu_run.sh runs the cuda tests itself, "
+                         "streaming their log)")
     args = ap.parse_args(argv)
     if args.quick and args.device == "cpu":
         os.environ.setdefault("HFCOMPRESS_COMPILE", "0")     # eager twins: no compile time
@@ -386,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
 
     checks: list[Check] = []
 
+    def save() -> None:
+        write_csv(args.out / "gpu_check.csv", [c.row() for c in checks], FIELDS)
+        info["load_average_end"] = load_average()
+        write_meta(args.out / "gpu_check_meta.csv", info)
+
     def run(part: str, fn: Callable[[], list[Check]]) -> None:
         print(f"gpu_check: {part} ...", flush=True)
         try:
@@ -395,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in got:
             print(c.line(), flush=True)
             checks.append(c)
+        save()                    # after each part: a run cut short keeps what is done
 
     run("kernels", lambda: check_kernels(device, n, reps))
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
@@ -406,8 +415,9 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy_process_group()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    run("correctness (pytest -m cuda)",
-        lambda: check_tests(device, args.quick, args.out / "pytest_cuda.log"))
+    if not args.skip_tests:
+        run("correctness (pytest -m cuda)",
+            lambda: check_tests(device, args.quick, args.out / "pytest_cuda.log"))
 
     bad = [c for c in checks if not c.ok]
     overall = Check("summary", "overall", not bad, time.perf_counter() - start, "s", "",
@@ -416,11 +426,11 @@ def main(argv: list[str] | None = None) -> int:
                        if bad else ""))
     checks.append(overall)
     print(overall.line())
-    write_csv(args.out / "gpu_check.csv", [c.row() for c in checks], FIELDS)
-    info["load_average_end"] = load_average()
-    write_meta(args.out / "gpu_check_meta.csv", info)
-    print(f"wrote {args.out / 'gpu_check.csv'}, {args.out / 'gpu_check_meta.csv'}, "
-          f"{args.out / 'pytest_cuda.log'}: send these three files and the lines above")
+    save()
+    written = ["gpu_check.csv", "gpu_check_meta.csv"] + ([] if args.skip_tests else
+                                                         ["pytest_cuda.log"])
+    print(f"wrote {', '.join(str(args.out / f) for f in written)}: send these files and the "
+          f"lines above")
     return 0 if not bad else 1
 
 

@@ -22,7 +22,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 import hfcompress
 from hfcompress.comm.hop import all_gather_single
 from hfcompress.config import Scheme, get_config
-from hfcompress.integrations import CommunicationError, shard_model
+from hfcompress.integrations import CommunicationError, _fsdp2, shard_model
 from hfcompress.testing import tiny_llama as _tiny_llama
 
 MP = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -82,10 +82,10 @@ def gathered_weights_identical(model) -> bool:
     weights byte for byte across ranks."""
     ok = True
     for m in model.modules():
-        if not isinstance(m, FSDPModule) or not m._get_fsdp_state()._fsdp_param_groups:
+        if not isinstance(m, FSDPModule) or not _fsdp2.param_groups(m):
             continue
         m.unshard()
-        pg = m._get_fsdp_state()._fsdp_param_groups[0]
+        pg = _fsdp2.param_groups(m)[0]
         flat = torch.cat([fp.unsharded_param.detach().reshape(-1) for fp in pg.fsdp_params])
         ok &= same_on_all_ranks(flat)
         m.reshard()
@@ -102,9 +102,9 @@ def weights_match_main(model) -> dict[str, bool]:
     the parameter dtype, bit for bit?"""
     out = {}
     for m in model.modules():
-        if not isinstance(m, FSDPModule) or not m._get_fsdp_state()._fsdp_param_groups:
+        if not isinstance(m, FSDPModule) or not _fsdp2.param_groups(m):
             continue
-        pg = m._get_fsdp_state()._fsdp_param_groups[0]
+        pg = _fsdp2.param_groups(m)[0]
         mains = [fp.sharded_param.full_tensor() for fp in pg.fsdp_params]
         m.unshard()
         for fp, main in zip(pg.fsdp_params, mains):

@@ -270,7 +270,7 @@ def test_the_scheme_name_check_sees_what_it_refuses(tmp_path):
 # -- FSDP2 internals -------------------------------------------------------------------------
 def test_nothing_outside_fsdp2_module_touches_fsdp2_internals():
     private = re.compile(r"torch\.distributed\.fsdp\._|_fully_shard\b|_get_fsdp_state|"
-                         r"_fsdp_param_groups|_training_state|_is_hsdp|_module_info|"
+                         r"_fsdp_param_groups?\b(?!\.py)|_training_state|_is_hsdp|_module_info|"
                          r"_all_gather_comm|_reduce_scatter_comm|_orig_size")
     offenders = [f"{p.relative_to(PACKAGE)}:{i + 1}: {line.strip()}"
                  for p in sorted(PACKAGE.rglob("*.py")) if p.name != "_fsdp2.py"
@@ -288,7 +288,7 @@ def test_fsdp2_internals_that_moved_raise_a_clear_error(monkeypatch):
         _fsdp2.check_internals("9.1.0")
     msg = str(err.value)
     assert "FSDPModule.set_all_reduce_hook" in msg and "torch 9.1.0" in msg
-    assert "checked against torch 2.13" in msg and isinstance(err.value, ImportError)
+    assert "checked against torch 2.11, 2.13" in msg and isinstance(err.value, ImportError)
     monkeypatch.setitem(sys.modules, "torch.distributed.fsdp._fully_shard._fsdp_api", None)
     with pytest.raises(_fsdp2.FSDP2InternalsError, match="module/name"):
         _fsdp2.check_internals("9.1.0")
@@ -298,3 +298,29 @@ def test_fsdp2_internals_that_moved_raise_a_clear_error(monkeypatch):
     monkeypatch.setattr(_fsdp2, "_problem", _fsdp2._moved("FSDPParamGroup.x", "9.1.0"))
     with pytest.raises(_fsdp2.FSDP2InternalsError, match="FSDPParamGroup.x"):
         _fsdp2.require()                   # what apply() calls before touching FSDP2
+
+
+@pytest.mark.parametrize("layout", ["_fsdp_param_groups", "_fsdp_param_group"])
+def test_param_groups_read_either_torch_layout(monkeypatch, layout):
+    """torch 2.13 keeps a list of param groups per FSDPState, 2.11 one group or None: both
+    are read; a state with neither attribute fails at import time, not at the first apply."""
+    import types
+
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    from hfcompress.integrations import _fsdp2
+    group = object()
+
+    def module(value):
+        state = types.SimpleNamespace(**{layout: value})
+        return types.SimpleNamespace(_get_fsdp_state=lambda: state)
+
+    one, none = ([group], []) if layout == "_fsdp_param_groups" else (group, None)
+    assert _fsdp2.param_groups(module(one)) == [group]
+    assert _fsdp2.param_groups(module(none)) == []
+
+    monkeypatch.setattr(FSDPState, "__init__", lambda self: None)
+    if hasattr(FSDPState, "_fsdp_param_group"):          # 2.13: a class-level property
+        monkeypatch.delattr(FSDPState, "_fsdp_param_group")
+    with pytest.raises(_fsdp2.FSDP2InternalsError, match="FSDPState._fsdp_param_groups"):
+        _fsdp2.check_internals("9.1.0")

@@ -26,10 +26,12 @@ from .wire_meter import WireMeter, peer_is_remote
 
 def premul_factor(op: Any) -> Any:
     """The factor of ``ReduceOp.PREMUL_SUM(factor)`` (FSDP2's custom gradient divide factor
-    f arrives as ``PREMUL_SUM(1 / f)``), else None."""
-    if getattr(op, "op", op) == dist.ReduceOp.PREMUL_SUM:
-        return op.factor
-    return None
+    f arrives as ``PREMUL_SUM(1 / f)``), else None. torch 2.13 has ``op.factor``; older
+    releases give it only through the op's pickle state ``(PREMUL_SUM, factor)``."""
+    if getattr(op, "op", op) != dist.ReduceOp.PREMUL_SUM:
+        return None
+    factor = getattr(op, "factor", None)
+    return op.__getstate__()[1] if factor is None else factor
 
 
 def check_op(op: Any) -> None:

@@ -23,7 +23,11 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 
 #: torch releases whose FSDP2 internals this module was checked against (major.minor)
-CHECKED_TORCH = ("2.13",)
+CHECKED_TORCH = ("2.11", "2.13")
+
+
+#: where an FSDPState keeps its param groups: a list (torch 2.13), or one group or None (2.11)
+_PARAM_GROUP_ATTRS = ("_fsdp_param_groups", "_fsdp_param_group")
 
 
 class FSDP2InternalsError(ImportError):
@@ -39,14 +43,19 @@ def _moved(what: str, version: str = torch.__version__) -> FSDP2InternalsError:
 
 
 def check_internals(version: str = torch.__version__) -> dict[str, Any]:
-    """Import the private names and check the class-level API; FSDP2InternalsError if one
-    moved. Returns the names (``AllGather``, ``ReduceScatter``, ``TrainingState``)."""
+    """Import the private names and check the class-level API and a fresh ``FSDPState``'s
+    param-group attribute; FSDP2InternalsError if one moved. Returns the names
+    (``AllGather``, ``ReduceScatter``, ``TrainingState``)."""
     try:
         from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
         from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
         from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
     except ImportError as err:
         raise _moved(f"module/name ({err})", version) from err
+    state = FSDPState()            # no process group needed: the attributes are set in __init__
+    if not any(hasattr(state, a) for a in _PARAM_GROUP_ATTRS):
+        raise _moved(f"FSDPState.{' or .'.join(_PARAM_GROUP_ATTRS)}", version)
     needed = [(TrainingState, "PRE_BACKWARD"), (FSDPParamGroup, "is_sharded_post_forward"),
               (FSDPParamGroup, "_is_hsdp"), (FSDPModule, "_get_fsdp_state"),
               (FSDPModule, "set_custom_all_gather"), (FSDPModule, "set_custom_reduce_scatter"),
@@ -89,7 +98,11 @@ def _get(obj: Any, attr: str) -> Any:
 # -- modules and param groups ---------------------------------------------------------------
 def param_groups(module: FSDPModule) -> list:
     """The FSDP param groups of one ``fully_shard``-ed module (empty: no parameters)."""
-    return list(_get(module._get_fsdp_state(), "_fsdp_param_groups"))
+    state = module._get_fsdp_state()
+    if hasattr(state, _PARAM_GROUP_ATTRS[0]):
+        return list(getattr(state, _PARAM_GROUP_ATTRS[0]))
+    group = _get(state, _PARAM_GROUP_ATTRS[1])
+    return [] if group is None else [group]
 
 
 def in_backward(param_group) -> bool:
