@@ -232,6 +232,34 @@ def test_random_shift_unbiased_over_the_shift():
     assert msq.max() <= step**2 / 4
 
 
+def test_random_shift_shifts_are_the_counter_hash_of_each_call():
+    """The shift of bucket b is the counter-hash noise of value b under the call's keys (one
+    call) or row r's keys (``compress_rows``): a pure function of (seed, call, index), so a
+    GPU draws what the CPU draws (a per-device torch.Generator did not: seen on an H200)."""
+    from hfcompress.compressors.rng import SeededRNG
+    from hfcompress.kernels import noise
+
+    bucket, x = 32, torch.randn(3, 4 * 32)
+    c = make("random_shift", bits=8, bucket_size=bucket, seed=7)
+    rng = SeededRNG(7)
+    lo = x.reshape(-1, bucket).amin(1)
+
+    def shifts(base, step):
+        return (base - lo) / step + 0.5             # u of base = lo + (u - 1/2) * step
+
+    p = c.compress(x)
+    want = noise.uniform_like(torch.empty(12), rng.next_keys("cpu"))
+    assert torch.allclose(shifts(p.payload["base"], p.payload["step"]), want, atol=1e-4)
+    c.compress_rows(x)                               # three rows: three calls' row keys
+    want = noise.uniform_like(torch.empty(3, 4), rng.next_keys("cpu", 3))
+    again = make("random_shift", bits=8, bucket_size=bucket, seed=7)
+    again.compress(x)
+    for r in range(3):                               # the same as three separate calls
+        q = again.compress(x[r])
+        got = (q.payload["base"] - x[r].reshape(-1, bucket).amin(1)) / q.payload["step"] + 0.5
+        assert torch.allclose(got, want[r], atol=1e-4)
+
+
 # -- learned levels (QSDP 5.2, Alg. 2, App. C) --------------------------------------------
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7, 8])
 def test_learned_code_packing_round_trip(bits):

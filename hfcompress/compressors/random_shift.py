@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels import dispatch
+from ..kernels import noise as noise_twin
 from ..kernels import random_shift as _twin
 from .bucketed import BucketQuantizer
 from .registry import register_compressor
@@ -35,9 +37,10 @@ class RandomShift(BucketQuantizer):
     edge_padded = True
 
     def _quantize(self, flat: torch.Tensor, rows: int | None) -> tuple[torch.Tensor, ...]:
-        """One shift per bucket, drawn in bucket order: ``rows`` rows draw what ``rows``
-        successive calls would (on CPU; a CUDA generator's offsets may differ, same law)."""
-        nb = flat.numel() // self.bucket_size
-        shift = torch.rand(nb, generator=self.rng.generator(flat.device), device=flat.device,
-                           dtype=torch.float32)
+        """One shift per bucket from the counter hash (``rng.py``): the same numbers on every
+        device and backend; ``rows`` rows draw what ``rows`` successive calls would (row
+        keys). A ``torch.Generator`` per device drew other shifts on a GPU than on the CPU."""
+        shift = torch.empty(flat.numel() // self.bucket_size, device=flat.device)
+        keys = self.rng.next_keys(flat.device, rows)
+        shift = dispatch.pick(shift, "auto", noise_twin, "triton_noise").uniform_like(shift, keys)
         return self._impl(flat).quantize(flat, self.bits, self.bucket_size, shift)

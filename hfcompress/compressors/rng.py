@@ -9,7 +9,8 @@ Triton ones hash each value's index themselves (no noise tensor in memory), same
 ``next_keys(device, rows)`` draws the keys of ``rows`` successive calls at once, as row keys
 (``kernels/noise.py``), so one kernel over ``rows`` rows rounds each row as its own call would. ``generator(device)``
 is a ``torch.Generator`` per device, seeded from a mix of ``seed`` (not the stream of
-``torch.manual_seed(seed)``), for small draws (random shifts, level initialization). Both
+``torch.manual_seed(seed)``), for learned levels' sample batches (its numbers differ
+between a CPU and a CUDA generator; every rounding noise and random shift is the hash). Both
 states go into the compressor's ``state_dict`` so a resumed run draws the same noise.
 """
 

@@ -47,8 +47,11 @@ def scale_inverse(scale: torch.Tensor) -> torch.Tensor:
 
 
 def linear_step(scale: torch.Tensor, levels: int) -> torch.Tensor:
-    """The value of one linear level: ``scale / levels`` (float32, one per scale)."""
-    return scale.reshape(-1).float() / levels
+    """The value of one linear level: ``scale / levels`` (float32, one per scale). Divided by
+    a tensor: CUDA divides by a Python number as a multiply by its float32 reciprocal, off
+    by an ulp from the IEEE quotient the CPU computes (seen on an H200)."""
+    s = scale.reshape(-1).float()
+    return s / torch.full_like(s, levels)
 
 
 def per_value(v: torch.Tensor, numel: int, block_size: int | None) -> torch.Tensor:
