@@ -8,12 +8,15 @@
    Triton on CUDA, the compiled torch twin on CPU), against the device's memory bandwidth
    measured the same way (a device-to-device copy; on CPU a clone);
 2. steps: on a small LLaMA at world size 1 (NCCL on CUDA, gloo on CPU, one process, a
-   ``file://`` store): the training step of plain FSDP2 and of DDP with each all-reduce
-   preset's hook (a preset passes when its losses are finite and its last loss is within
-   5% of ``none``'s); FSDP2 calls no collective at world size 1, so for each FSDP2 preset
-   the time per step of its collectives (every module's all-gather with ``async_op=True``
-   and gradient reduce-scatter, called as FSDP2 calls them with more ranks), passing when
-   the results are within the scheme's error of the exact collectives';
+   ``file://`` store), under ``compress_one_rank()`` (``hfcompress/comm/one_rank.py``: the
+   compressed collectives run every stage over the one rank, so the rows time real codecs):
+   the training step of plain FSDP2 and of DDP with each all-reduce preset's hook (a preset
+   passes when its losses are finite and its last loss is within 5% of ``none``'s); FSDP2
+   calls no collective at world size 1, so for each FSDP2 preset the time per step of its
+   collectives (every module's all-gather with ``async_op=True`` and gradient
+   reduce-scatter, called as FSDP2 calls them with more ranks), passing when the results
+   are within the scheme's error of the exact collectives' (``qwd``'s is 0: the weights do
+   not change between its all-gathers, and it sends its gradients exactly);
 3. correctness: ``python -m pytest -m cuda -q tests/test_cuda.py`` in a subprocess (streams
    under ``torch.cuda._sleep``, every Triton kernel against its twin, a few steps of every
    preset), with ``TRITON_INTERPRET=0`` on CUDA; on CPU the same tests dry-run over gloo
@@ -281,9 +284,16 @@ def rel_err(a, b) -> float:
 def check_steps(device, steps: int, warmup: int) -> list[Check]:
     from _dist_common import DDP_PRESETS, FSDP_PRESETS
 
+    from hfcompress.comm.one_rank import compress_one_rank
+
+    with compress_one_rank():
+        return steps_at_one_rank(device, steps, warmup, DDP_PRESETS, FSDP_PRESETS)
+
+
+def steps_at_one_rank(device, steps: int, warmup: int, ddp_presets, fsdp_presets) -> list[Check]:
     checks = []
     trained = {}
-    for v in ["fsdp2", "ddp", "ddp:none"] + [f"ddp:{p}" for p in DDP_PRESETS]:
+    for v in ["fsdp2", "ddp", "ddp:none"] + [f"ddp:{p}" for p in ddp_presets]:
         try:
             trained[v] = train(v, device, steps, warmup)
         except Exception as err:  # noqa: BLE001
@@ -299,7 +309,7 @@ def check_steps(device, steps: int, warmup: int) -> list[Check]:
                             + ("" if finite else ", non-finite loss")
                             + ("" if close else ", last loss not within 5% of ddp:none's")))
     plain = trained["fsdp2"][1] * 1e3 if "fsdp2" in trained else ""
-    for preset in FSDP_PRESETS:
+    for preset in fsdp_presets:
         try:
             seconds, err = fsdp_collectives(preset, device, steps)
         except Exception as e:  # noqa: BLE001

@@ -14,12 +14,15 @@ any CUDA call. Three parts:
 - training: a few FSDP2 / DDP steps of every preset on a tiny LLaMA, loss close to ``none``'s.
 
 One process is world size 1 over NCCL (a ``file://`` store). The streams, futures and
-kernels run as with more ranks, but: FSDP2 (torch 2.13) calls no all-gather / reduce-scatter
-at world size 1, so the tests call the objects hfcompress installed on an FSDP module as
-FSDP2 does with more ranks; an all-reduce over one rank is the identity (and the compressed
-all-reduce / reduce-scatter of one rank skip their exchange), so at world size 1 the DDP /
-HSDP hook checks only show errors and hangs, not mis-ordered stages; and the FSDP2 training
-steps run no hfcompress collective. On a machine with several GPUs,
+kernels run as with more ranks: every test runs under ``compress_one_rank()``
+(``hfcompress/comm/one_rank.py``), so the compressed all-reduce (DDP / HSDP hooks) and
+reduce-scatters (1-hop, 2-hop) run their compress / exchange / decode stages over the one
+rank instead of returning before them (``tests/test_one_rank.py`` shows it on CPU). What one
+GPU cannot show: FSDP2 calls no all-gather / reduce-scatter at world size 1 (the tests call
+the objects hfcompress installed on an FSDP module as FSDP2 does with more ranks, and the
+FSDP2 training steps run no hfcompress collective); exact collectives stay the identity;
+nothing crosses a link (NCCL's transports, several ranks' ordering). On a machine with
+several GPUs,
 ``torchrun --nproc_per_node N -m pytest -m cuda -q tests/test_cuda.py`` runs the same tests
 with N ranks (one GPU each, different data per rank), where all of it runs.
 
@@ -39,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import hfcompress
 from hfcompress.compressors import get_compressor
 from hfcompress.compressors.base import GloballyScaled
+from hfcompress.comm.one_rank import compress_one_rank
 from hfcompress.compressors.rng import SeededRNG
 from hfcompress.config import get_config, list_presets
 from hfcompress.kernels import dispatch
@@ -74,6 +78,13 @@ SLEEP_CYCLES = 200_000_000    # ~0.1 s of GPU clock (1.4-2 GHz)
 
 
 # -- set-up ---------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def every_stage_at_one_rank():
+    """Compressed collectives over one rank run all their stages (``one_rank.py``)."""
+    with compress_one_rank():
+        yield
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """The process group: torchrun's (``WORLD_SIZE`` set), else one rank over a file store.
@@ -150,17 +161,19 @@ def layer_comms(preset: str):
     return handle, comms, [params[n] for n in comms.layouts.names]
 
 
-def gathered(preset: str, with_sleep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def gathered(preset: str, with_sleep: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Layer 0's all-gather with ``async_op=True`` (explicit prefetching) as FSDP2 makes it:
     copy-in on the caller's stream, the call, ``wait()``, copy-out on the caller's stream;
     and torch's exact all-gather of the same input. The weights are negated (after the
     spin) before the second gather: a gather that does not wait for the caller's stream
     sees the old weights or an unwritten buffer, a ``wait()`` that does not order the
-    caller's stream after the decode gives the copy-out an unwritten output."""
+    caller's stream after the decode gives the copy-out an unwritten output. Also returns
+    whether the Work said it was completed right after the call (behind the spin on a GPU
+    it must not)."""
     handle, comms, params = layer_comms(preset)
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    def gather() -> tuple[torch.Tensor, torch.Tensor]:
+    def gather() -> tuple[torch.Tensor, torch.Tensor, bool]:
         shard = torch.cat([p.to_local().reshape(-1) for p in params])
         n = shard.numel()
         assert n == comms.layouts.full.numel, "not FSDP2's all-gather buffer"
@@ -168,11 +181,12 @@ def gathered(preset: str, with_sleep: bool) -> tuple[torch.Tensor, torch.Tensor]
         out[rank * n:(rank + 1) * n].copy_(shard)
         work = comms.ag(output_tensor=out, input_tensor=out[rank * n:(rank + 1) * n],
                         group=dist.group.WORLD, async_op=True)
+        done_at_once = work.is_completed()
         work.wait()
         got = out.clone()
         exact = torch.empty_like(out)
         dist.all_gather_into_tensor(exact, shard)
-        return got, exact
+        return got, exact, done_at_once
 
     with torch.no_grad():
         gather()                  # the first gather (qWD: exact, sets the references)
@@ -180,14 +194,15 @@ def gathered(preset: str, with_sleep: bool) -> tuple[torch.Tensor, torch.Tensor]
             sleep()
         for p in params:
             p.neg_()
-        got, exact = gather()
+        got, exact, done_at_once = gather()
     handle.remove()
-    return cpu_copy(got), cpu_copy(exact)
+    return cpu_copy(got), cpu_copy(exact), done_at_once
 
 
 @pytest.mark.parametrize("preset", WEIGHT_PRESETS)
 def test_async_all_gather_waits_for_the_callers_stream(world, preset):
-    (slow, exact), (fast, _) = gathered(preset, True), gathered(preset, False)
+    (slow, exact, done_at_once), (fast, _, _) = gathered(preset, True), gathered(preset, False)
+    assert not (ON_GPU and done_at_once), (preset, "is_completed() before the spin ended")
     # the same numbers (learned levels are fitted with index_add_, whose CUDA sums vary
     # in the last bits from run to run); a stale read is off by O(1)
     assert rel_err(slow, fast) < 1e-3, preset
@@ -256,22 +271,31 @@ def ddp_grads(preset: str, with_sleep: bool) -> dict[str, torch.Tensor]:
     return grads
 
 
+def concat(grads: dict) -> torch.Tensor:
+    return torch.cat([g.reshape(-1) for g in grads.values()])
+
+
 def assert_same_grads(slow: dict, fast: dict, what: str) -> None:
     """Same gradients up to the GPU's run-to-run noise (atomics in attention / embedding
-    backward); a stage that read stale data is off by O(1)."""
+    backward; a compressor may round a value that noise moved to the next level); a stage
+    that read stale data (the other pass's sign) is off by O(1)."""
     for name, g in fast.items():
         assert torch.isfinite(slow[name]).all(), (what, name)
-        assert rel_err(slow[name], g) < 1e-3, (what, name, rel_err(slow[name], g))
+        if what == "none":
+            assert rel_err(slow[name], g) < 1e-3, (what, name, rel_err(slow[name], g))
+    err = rel_err(concat(slow), concat(fast))
+    assert err < 0.05, (what, err)
 
 
 @pytest.mark.parametrize("preset", HOOK_PRESETS)
 def test_ddp_hook_waits_for_the_gradients(world, preset):
     slow, fast = ddp_grads(preset, True), ddp_grads(preset, False)
     assert_same_grads(slow, fast, preset)
-    if dist.get_world_size() == 1:   # the average over one rank is its own gradient
+    if dist.get_world_size() == 1:   # the average over one rank: its own gradient, coded
         plain = tiny_llama(seed=0).to(device())
-        for name, g in two_backward_passes(plain, plain, False).items():
-            assert rel_err(fast[name], g) < 1e-3, (preset, name)
+        err = rel_err(concat(fast), concat(two_backward_passes(plain, plain, False)))
+        assert err < (1e-3 if preset == "none" else 0.5), (preset, err)
+        assert preset == "none" or err > 0, (preset, "the codec did not run")
 
 
 @pytest.mark.parametrize("preset", HOOK_PRESETS)

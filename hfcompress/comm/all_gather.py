@@ -70,9 +70,9 @@ class QuantizedAllGather(StreamOwner):
             self._record([s * input.element_size()] * world, group, me)
             work = all_gather_single(output.view(-1), input.reshape(-1).contiguous(),
                                      group=group, async_op=launch)
-            return finish(work, None, async_op)
+            return finish(work, None, async_op, input.device)
         if s == 0:
-            return finish(None, None, async_op)
+            return finish(None, None, async_op, input.device)
         flat = input.reshape(-1)
         out = output.view(-1)
         if self.references is not None:
@@ -91,7 +91,7 @@ class QuantizedAllGather(StreamOwner):
             for r in range(world):   # a stream per slot
                 slots[r].decompress_slots(gathered.view(world, n)[r:r + 1], s,
                                           out.view(world, s)[r:r + 1])
-        return finish(work, decode, async_op)
+        return finish(work, decode, async_op, input.device)
 
     @staticmethod
     def traffic(numel: int, ranks_per_node: int, nodes: int, compressor: Compressor | None,

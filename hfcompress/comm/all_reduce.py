@@ -39,6 +39,7 @@ from torch.futures import Future
 from ..compressors.base import Compressor, ErrorFeedback, GloballyScaled, Packed, TreeCombined
 from .futures import chain, completed, devices_of
 from .hop import Exchange, all_gather_single, compress_rows
+from .one_rank import skips
 from .reduce_scatter import check_op
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
@@ -93,9 +94,9 @@ class QuantizedAllReduce(StreamOwner):
         flat = tensor.reshape(-1) if tensor.is_contiguous() else tensor.contiguous().reshape(-1)
         if self.compressor is not None:
             check_op(op)
-        if world == 1 or flat.numel() == 0:
+        if flat.numel() == 0 or (world == 1 and (self.compressor is None or skips(world))):
             # nothing to reduce (and NCCL 2.27's one-rank AVG drops trailing values,
-            # NVIDIA/nccl#1950: never ask for it)
+            # NVIDIA/nccl#1950: never ask for it); one_rank.py runs the compressed stages
             return completed(tensor, dev)
         if self.compressor is None:
             self._record(stock_all_reduce_bytes(flat.numel(), flat.element_size(), world, me),

@@ -115,14 +115,23 @@ def overlaps(device: torch.device, async_op: bool) -> bool:
     return async_op and not inline(device)
 
 
-def finish(work: dist.Work | None, then: Callable[[], None] | None,
-           async_op: bool) -> Future | None:
-    """End a collective: ``then()`` (the decode) after ``work``.
+def check_not_inline(device: torch.device, async_op: bool) -> None:
+    """``async_op`` on an inline device (CUDA) must come through :func:`side_stream_call`:
+    a future completed here with None would order the waiting stream after nothing."""
+    if async_op and inline(device):
+        raise RuntimeError("hfcompress internal error: an async_op collective on "
+                           f"{device} must run through futures.side_stream_call")
+
+
+def finish(work: dist.Work | None, then: Callable[[], None] | None, async_op: bool,
+           device: torch.device) -> Future | None:
+    """End a collective on ``device``: ``then()`` (the decode) after ``work``.
 
     ``work`` is the asynchronous exchange (CPU with ``async_op``), else None (the exchange
     already ran or is enqueued on the current stream). Returns None without ``async_op``,
     else a future that completes when the exchange and ``then()`` are done (and raises
-    their error)."""
+    their error); never for ``async_op`` on CUDA (:func:`check_not_inline`)."""
+    check_not_inline(device, async_op)
     if work is None:
         if then is not None:
             then()
@@ -137,7 +146,9 @@ def finish(work: dist.Work | None, then: Callable[[], None] | None,
 
 def finish_all(futures: Sequence[Future | None], then: Callable[[], None], async_op: bool,
                device: torch.device) -> Future | None:
-    """``then()`` after every future (None entries already done): one future, or None."""
+    """``then()`` after every future (None entries already done): one future, or None
+    (never for ``async_op`` on CUDA: :func:`check_not_inline`)."""
+    check_not_inline(device, async_op)
     pending = [f for f in futures if f is not None]
     if not pending or not overlaps(device, async_op):
         for f in pending:
@@ -154,9 +165,12 @@ def finish_all(futures: Sequence[Future | None], then: Callable[[], None], async
 
 # -- the side stream of asynchronous calls on CUDA ------------------------------------------
 def side_stream(device: torch.device):
-    """This process's private stream for ``async_op`` collectives on ``device`` (CUDA)."""
+    """This process's private stream for ``async_op`` collectives on ``device`` (CUDA), of
+    high priority as FSDP2's own communication streams (its kernels go ahead of queued
+    compute). One stream: every rank enqueues its collectives in one order, as NCCL needs,
+    and NCCL runs one communicator's collectives one after another anyway."""
     if device not in _SIDE_STREAMS:
-        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device, priority=-1)
     return _SIDE_STREAMS[device]
 
 
@@ -189,9 +203,16 @@ class FutureWork(dist.Work):
     returns True.)"""
 
     def __init__(self, future: Future,
-                 on_error: Callable[[BaseException], BaseException] | None = None) -> None:
+                 on_error: Callable[[BaseException], BaseException] | None = None,
+                 device: torch.device | None = None) -> None:
         super().__init__()
         self.future, self.on_error = future, on_error
+        # CUDA: the future is complete once enqueued; the work is done when the stream
+        # that completed it (the current one here: side_stream_call's) has run this far
+        self.done = torch.cuda.Event() if device is not None and device.type == "cuda" \
+            else None
+        if self.done is not None:
+            self.done.record(side_stream(device))
 
     def wait(self, timeout=None) -> bool:
         try:
@@ -203,7 +224,8 @@ class FutureWork(dist.Work):
         return True
 
     def is_completed(self) -> bool:
-        return self.future.done()
+        """Done (no host wait): the future, and on CUDA the side stream's event."""
+        return self.future.done() and (self.done is None or self.done.query())
 
     def get_future(self) -> Future:
         return self.future

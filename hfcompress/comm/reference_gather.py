@@ -25,7 +25,7 @@ all-gather, FSDP's backward all-gather) skips steps 1-2: what zero differences w
 is the reference itself (Alg. 2 with no step in between). Only step 3 runs: no inter-node
 traffic.
 
-``async_op=True`` (``pending.py``): on CPU with X > 1, steps 1-2 run before the call returns
+``async_op=True`` (``futures.py``): on CPU with X > 1, steps 1-2 run before the call returns
 (step 3 gathers their result, and every collective is launched from the caller's thread);
 step 3's intra-node all-gather and the copy into the output complete in the returned
 future. With X = 1 (step 3 is a copy) and for the backward all-gather (``unchanged``: step 3
@@ -148,7 +148,7 @@ class ShardedReferences:
                 if rebuild is not None:
                     rebuild()
                 out.copy_(self.qwd.reference)
-            return finish(work, rebuild_and_copy, async_op)
+            return finish(work, rebuild_and_copy, async_op, out.device)
         if rebuild is not None:   # step 3 gathers the rebuilt references: rebuild first
             rebuild()
         ref = self.qwd.reference
@@ -162,7 +162,7 @@ class ShardedReferences:
         def place() -> None:
             # gathered is [local, node, s]; the output is rank-major [node, local, s]
             out.view(y, x, s).copy_(gathered.view(x, y, s).transpose(0, 1))
-        return finish(work, place, async_op)
+        return finish(work, place, async_op, out.device)
 
     @staticmethod
     def traffic(numel: int, ranks_per_node: int, nodes: int, compressor: ReferenceCoded,

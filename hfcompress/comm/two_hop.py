@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from ..compressors.base import Compressor, RotatedDomain
 from .hop import Exchange, RawCodec, compress_rows
+from .one_rank import skips
 from .reduce_scatter import check_scatter_op, check_sizes, write_result
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
@@ -86,7 +87,7 @@ class TwoHopReduceScatter(StreamOwner):
         # else the inter-node one); the sums stay in the rotated domain. Pipeline chunks cut
         # the rows: then the whole rows are rotated first, so that every Hadamard block is
         # the one the final inverse undoes.
-        rotated_sums = self.rotated and (x > 1 or self.topology.num_nodes > 1)
+        rotated_sums = self.rotated and (x > 1 or not skips(self.topology.num_nodes))
         if self.rotated and len(bounds) > 1:
             rows = self.streams["intra"].compressor.rotate_rows(rows)
         rotated_rows = self.rotated and len(bounds) > 1
@@ -170,7 +171,7 @@ class TwoHopReduceScatter(StreamOwner):
         if self.raw_inter:  # compression off sends the input's dtype, as torch's collective
             partial = partial.to(dtype)
         parts = partial.reshape(self.topology.num_nodes, width)
-        if parts.shape[0] == 1:
+        if skips(parts.shape[0]):   # one node: nothing to send (one_rank.py runs it)
             return lambda: parts[0].float()
         # TLq-HS: the sums are rotated already; rows of the input are rotated in the kernel
         send = compress_rows(self.streams["inter"], parts, lambda k: (k, c),

@@ -51,9 +51,10 @@ class Timer:
         if device.type == "cuda":
             self._fold(block=False)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            stream = torch.cuda.current_stream(device)   # device's, not the current device's
+            start.record(stream)
             yield
-            end.record()
+            end.record(stream)
             self._events.append((start, end))
             return
         t0 = time.perf_counter()

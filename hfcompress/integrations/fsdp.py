@@ -122,7 +122,8 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
                 fut = gather(async_op)
         if not async_op:
             return None
-        return FutureWork(fut, lambda err: communication_error(what, self.name, group, err))
+        return FutureWork(fut, lambda err: communication_error(what, self.name, group, err),
+                          input_tensor.device if inline(input_tensor.device) else None)
 
     def _gather(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                 group: dist.ProcessGroup, backward: bool, async_op: bool):
