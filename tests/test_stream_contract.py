@@ -38,6 +38,19 @@ def test_chain_runs_inline_with_devices_and_holds_the_tensor():
     assert futures.devices_of(t) is None                           # chained again on CPU
 
 
+def test_async_op_on_cuda_never_gets_an_eventless_future():
+    """On CUDA an ``async_op`` collective must run through ``side_stream_call``: ``finish``
+    / ``finish_all`` refuse it (their ``completed(None)`` would order the waiter after
+    nothing). No CUDA call is made: the check is on the device type alone."""
+    cuda = torch.device("cuda", 0)
+    with pytest.raises(RuntimeError, match="side_stream_call"):
+        futures.finish(None, None, True, cuda)
+    with pytest.raises(RuntimeError, match="side_stream_call"):
+        futures.finish_all([], lambda: None, True, cuda)
+    assert futures.finish(None, None, False, cuda) is None          # blocking: fine
+    assert futures.finish(None, None, True, torch.device("cpu")).done()
+
+
 def spy_hook(seen):
     """``all_reduce_hook`` recording, per bucket, whether its future was complete when
     returned and held the bucket's own buffer."""
