@@ -80,3 +80,19 @@ def test_nearest_is_stateless():
     c = get_compressor("int", bits=4)
     assert c.state_dict() == {}
     c.load_state_dict({})
+
+
+@pytest.mark.parametrize("value, on", [("0", False), ("false", False), ("Off", False),
+                                       ("no", False), ("1", True), ("TRUE", True),
+                                       ("", True)])
+def test_compile_switch_reads_the_usual_spellings(monkeypatch, value, on):
+    from hfcompress.kernels import dispatch
+    monkeypatch.setenv("HFCOMPRESS_COMPILE", value)
+    assert dispatch.compile_enabled() is on
+
+
+def test_compile_switch_refuses_a_value_it_cannot_read(monkeypatch):
+    from hfcompress.kernels import dispatch
+    monkeypatch.setenv("HFCOMPRESS_COMPILE", "nope")
+    with pytest.raises(ValueError, match="HFCOMPRESS_COMPILE='nope'.*false"):
+        dispatch.compile_enabled()

@@ -28,18 +28,36 @@ BACKENDS = ("auto", "torch", "triton")
 @functools.cache
 def triton_available() -> bool:
     """Triton is importable and not disabled with ``HFCOMPRESS_DISABLE_TRITON=1``."""
-    if os.environ.get("HFCOMPRESS_DISABLE_TRITON", "0") == "1":
+    if env_flag("HFCOMPRESS_DISABLE_TRITON", False):
         return False
     return importlib.util.find_spec("triton") is not None
 
 
 def triton_interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Triton's own reading of ``TRITON_INTERPRET`` (1 / true / yes / on)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _ON
+
+
+_OFF, _ON = ("0", "false", "no", "off"), ("1", "true", "yes", "on")
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """A boolean environment variable: 0 / false / no / off or 1 / true / yes / on (any
+    case); anything else is refused with the accepted spellings."""
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    if value.strip().lower() in _OFF:
+        return False
+    if value.strip().lower() in _ON:
+        return True
+    raise ValueError(f"{name}={value!r}: use one of {', '.join(_OFF)} (off) or "
+                     f"{', '.join(_ON)} (on)")
 
 
 def compile_enabled() -> bool:
-    """CPU twins run compiled unless ``HFCOMPRESS_COMPILE=0``."""
-    return os.environ.get("HFCOMPRESS_COMPILE", "1") != "0"
+    """CPU twins run compiled unless ``HFCOMPRESS_COMPILE`` is off (0 / false / no / off)."""
+    return env_flag("HFCOMPRESS_COMPILE", True)
 
 
 def use_triton(t: torch.Tensor, backend: str = "auto") -> bool:
