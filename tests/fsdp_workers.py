@@ -97,9 +97,10 @@ def exact_names(h) -> set[str]:
     return {s.name for m in h.comms.values() for s in m.layouts.segments if s.exact}
 
 
-def weights_match_main(model) -> dict[str, bool]:
-    """Per parameter: do the all-gathered (unsharded) weights equal the main weights cast to
-    the parameter dtype, bit for bit?"""
+def forward_and_main(model) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per parameter: (the all-gathered, unsharded weights a forward pass computes with, the
+    main weights cast to their dtype); every FSDP module is all-gathered through the
+    installed comms once."""
     out = {}
     for m in model.modules():
         if not isinstance(m, FSDPModule) or not _fsdp2.param_groups(m):
@@ -108,10 +109,16 @@ def weights_match_main(model) -> dict[str, bool]:
         mains = [fp.sharded_param.full_tensor() for fp in pg.fsdp_params]
         m.unshard()
         for fp, main in zip(pg.fsdp_params, mains):
-            got = fp.unsharded_param.detach()
-            out[fp._param_fqn] = torch.equal(got, main.to(got.dtype))
+            got = fp.unsharded_param.detach().clone()
+            out[fp._param_fqn] = (got, main.to(got.dtype))
         m.reshard()
     return out
+
+
+def weights_match_main(model) -> dict[str, bool]:
+    """Per parameter: do the all-gathered (unsharded) weights equal the main weights cast to
+    the parameter dtype, bit for bit?"""
+    return {n: torch.equal(got, main) for n, (got, main) in forward_and_main(model).items()}
 
 
 def train(preset, ranks_per_node: int, steps: int, probes=()) -> dict:
@@ -315,3 +322,58 @@ def failure_worker(rank, world, mode, timeout_s):
         opt.step()
         opt.zero_grad()
     raise AssertionError(f"rank 1 {mode}, but rank 0 trained on without an error")
+
+
+# -- parameters frozen at apply that change later (issue 29, F1) ------------------------------
+#: frozen at apply, unfrozen after step 2 and trained: a projection (qWD) and a norm (exact)
+UNFROZEN = ("model.layers.0.mlp.down_proj.weight", "model.layers.0.post_attention_layernorm.weight")
+#: frozen throughout, written in place after step 5 (a merge, weight surgery)
+WRITTEN = ("model.layers.1.mlp.up_proj.weight", "model.layers.1.input_layernorm.weight")
+#: frozen throughout, never written
+KEPT = ("model.layers.1.mlp.gate_proj.weight", "model.embed_tokens.weight")
+#: trainable throughout, also written in place after step 5
+TRAINED_WRITTEN = "model.layers.1.self_attn.o_proj.weight"
+
+
+def frozen_updates(preset: str, ranks_per_node: int) -> dict:
+    """8 AdamW steps (``foreach=True``: its updates of a DTensor move no version counter) of
+    the tiny LLaMA with the ``UNFROZEN``, ``WRITTEN`` and ``KEPT`` parameters frozen when
+    ``apply`` runs; ``UNFROZEN`` unfrozen after step 2; ``WRITTEN`` and ``TRAINED_WRITTEN``
+    written in place after step 5. Then, per parameter, the largest gap between the
+    forward weights and the main ones (0: bit-identical), how far the main weights moved
+    since apply, whether the gathered weights are identical on every rank, and the
+    wire meter's inter-node bytes per step."""
+    model = tiny_llama()
+    for name, p in model.named_parameters():
+        if name in UNFROZEN + WRITTEN + KEPT:
+            p.requires_grad_(False)
+    h = hfcompress.apply(model, preset, ranks_per_node=ranks_per_node, shard=True,
+                         mp_policy=MP)
+    named = dict(model.named_parameters())
+    start = {n: p.full_tensor() for n, p in named.items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, foreach=True)
+    for step in range(8):
+        if step == 2:
+            for n in UNFROZEN:
+                named[n].requires_grad_(True)
+        if step == 6:
+            with torch.no_grad():
+                for n in WRITTEN:
+                    named[n].mul_(1.5).add_(0.01)
+                named[TRAINED_WRITTEN].add_(0.05)
+        train_step(model, step)
+        opt.step()
+        opt.zero_grad()
+        h.step()
+    inter = [s["inter_bytes"] for s in h.meter.history]
+    weights = forward_and_main(model)
+    gap = {n: (got.float() - main.float()).abs().max().item()
+           for n, (got, main) in weights.items()}
+    moved = {n: (p.full_tensor() - start[n]).abs().max().item() for n, p in named.items()}
+    return {"gap": gap, "moved": moved, "identical": gathered_weights_identical(model),
+            "inter": inter}
+
+
+def frozen_updates_worker(rank, world, runs):
+    setup()
+    return {(preset, x): frozen_updates(preset, x) for preset, x in runs}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hfcompress.comm.frozen import SentBytes, runs_of
+from hfcompress.comm import QuantizedAllGather
+from hfcompress.comm.frozen import FrozenParams, SentBytes, runs_of
 from hfcompress.compressors import get_compressor
 
 
@@ -36,3 +37,39 @@ def test_other_inner_sends_everything():
 
 def test_runs_of_merges_adjacent_segments():
     assert runs_of([(3, True), (2, True), (4, False), (0, True), (1, True)]) == [(0, 5), (9, 10)]
+
+
+def test_frozen_params_restart_qwd_when_the_frozen_set_or_a_frozen_value_changes():
+    """Read on the host before each all-gather: nothing changed, or a trainable parameter
+    written (its differences are sent anyway): same split, references kept. A frozen
+    parameter written in place, or unfrozen: the references start afresh (the next
+    all-gather is exact) and the split follows the new frozen set."""
+    qwd = QuantizedAllGather(get_compressor("qwd"))
+    refs = qwd.references
+    w, norm = torch.zeros(300, requires_grad=True), torch.ones(4)
+    frozen = FrozenParams([(300, False), (4, True)], qwd, lambda: [w, norm])
+
+    def gathered(numel):            # what an all-gather leaves behind
+        refs.qwd.reference, refs.layout = torch.zeros(numel), (1, 1, numel)
+
+    columns = frozen.current()
+    assert columns.qwd_numel == 304 and columns.exact_numel == 0
+    gathered(304)
+    with torch.no_grad():
+        w.add_(1)
+    assert frozen.current() is columns and refs.qwd.reference is not None
+    with torch.no_grad():
+        norm.mul_(2)
+    columns = frozen.current()
+    assert columns.qwd_numel == 304 and refs.qwd.reference is None and refs.layout is None
+    gathered(304)
+    assert frozen.current() is columns and refs.qwd.reference is not None
+    norm.requires_grad_(True)       # unfrozen: sent exactly, no frozen columns left
+    assert frozen.current() is None and refs.qwd.reference is None
+    gathered(300)
+    norm.requires_grad_(False)
+    frozen.rebase()                 # references loaded: kept if their layout fits
+    assert frozen.current().qwd_numel == 304 and refs.qwd.reference is None
+    gathered(304)
+    frozen.rebase()
+    assert frozen.current().qwd_numel == 304 and refs.qwd.reference is not None

@@ -288,7 +288,7 @@ def test_fsdp2_internals_that_moved_raise_a_clear_error(monkeypatch):
         _fsdp2.check_internals("9.1.0")
     msg = str(err.value)
     assert "FSDPModule.set_all_reduce_hook" in msg and "torch 9.1.0" in msg
-    assert "checked against torch 2.11, 2.13" in msg and isinstance(err.value, ImportError)
+    assert "checked against torch 2.9, 2.10, 2.11, 2.12, 2.13" in msg and isinstance(err.value, ImportError)
     monkeypatch.setitem(sys.modules, "torch.distributed.fsdp._fully_shard._fsdp_api", None)
     with pytest.raises(_fsdp2.FSDP2InternalsError, match="module/name"):
         _fsdp2.check_internals("9.1.0")

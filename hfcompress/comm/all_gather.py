@@ -144,10 +144,11 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, compressor: Compressor
 
 class VersionWatch:
     """"Unchanged since the last call", known on the host: the tensors' storage pointers and
-    autograd version counters, which every in-place update through the tensor or a view of
-    it bumps (``optimizer.step()``, ``copy_``, ``load_state_dict``). No device sync, no
-    copy. Updates through ``.data`` are not seen: use it where nothing changes the tensors
-    that way between two calls (FSDP's forward and backward all-gather of one step)."""
+    autograd version counters, which in-place updates through the tensor or a view of it
+    bump (``copy_``, ``load_state_dict``, a plain optimizer step; not a ``foreach`` /
+    ``fused`` step of DTensor parameters, nor ``.data``). No device sync, no copy: use it
+    where nothing else changes the tensors between two calls (FSDP's forward and backward
+    all-gather of one step)."""
 
     def __init__(self, tensors: Callable[[], Sequence[torch.Tensor]]) -> None:
         self.tensors = tensors

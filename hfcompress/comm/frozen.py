@@ -1,9 +1,9 @@
-"""Frozen parameters under qWD: zero inter-node bytes after the first all-gather.
+"""Frozen parameters under qWD: zero inter-node bytes after an exact all-gather.
 
-qWD (SDP4Bit Alg. 2) sends ``Q(w - w~)``; a frozen parameter (``requires_grad=False`` when
-the collectives are installed: a LoRA base model, frozen embeddings) never changes, so after
-the exact first all-gather every holder of a reference already has it, and its differences
-are zero. They are still quantized, but not sent:
+qWD (SDP4Bit Alg. 2) sends ``Q(w - w~)``; a frozen parameter (``requires_grad=False``: a LoRA
+base model, frozen embeddings) does not change, so once an exact all-gather has made every
+holder's reference equal to it, its differences are zero. They are still quantized, but not
+sent:
 
 - :class:`SentBytes`: the bytes of one rank's difference payload that carry the trainable
   values (``WeightDifferenceQuantizer.difference_byte_runs``: the quantizer groups touching
@@ -11,14 +11,22 @@ are zero. They are still quantized, but not sent:
   differences, which is byte for byte what the frozen groups would have sent, so the
   decoded references, hence the losses, are bit-identical to sending everything. The wire
   meter counts the bytes actually sent.
-- :class:`FrozenColumns`: the columns of a flat all-gather slot (FSDP2's: parameter after
-  parameter) split into the ones qWD carries (the compressed parameters, then the frozen
-  parameters that are otherwise sent exactly: norms, biases; appended after the compressed
-  ones, so the quantizer groups of those stay as they were, the frozen ones only fill the
-  last group's zero padding with zero differences) and the trainable exact ones (an exact
-  all-gather of their own). The frozen parameters' version counters are watched on the
-  host: if anything writes to them (``load_state_dict``, unfreezing and training them),
-  that all-gather sends every byte, so the references follow.
+- :class:`FrozenColumns`: for one set of frozen parameters, the columns of a flat all-gather
+  slot (FSDP2's: parameter after parameter) split into the ones qWD carries (the compressed
+  parameters, then the frozen parameters that are otherwise sent exactly: norms, biases;
+  appended after the compressed ones, so the quantizer groups of those stay as they were,
+  the frozen ones only fill the last group's zero padding with zero differences) and the
+  trainable exact ones (an exact all-gather of their own).
+- :class:`FrozenParams`: which parameters are frozen *now*, read on the host at every
+  all-gather (no device sync, no bytes): the ``requires_grad`` flags, and the frozen
+  parameters' own version counters, which in-place writes through them move (``copy_``,
+  ``add_``, ``load_state_dict``: a LoRA merge, weight surgery). A new frozen set (gradual
+  unfreezing, freezing) or a write to a frozen parameter restarts the slot's qWD stream: that
+  all-gather is exact (SDP4Bit Alg. 4 line 2), so every reference equals the weights again,
+  and the columns are split for the new set. Writes no version counter sees (through
+  ``.data``) need ``Compression.reset_references()``. Optimizer steps need nothing: they
+  update trainable parameters only, whose differences are always sent (FSDP2's DTensor
+  parameters move no version counter under ``foreach`` / ``fused`` optimizers).
 
 Other weight schemes (``qw``, ``zeropp``, QSDP) keep no references: frozen weights are
 compressed and sent every step like the others; gradient-only presets gather them exactly.
@@ -31,7 +39,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .all_gather import QuantizedAllGather, VersionWatch
+from .all_gather import QuantizedAllGather
 from .futures import finish_all
 
 Runs = Sequence[tuple[int, int]]
@@ -102,11 +110,10 @@ class FrozenColumns:
     """The all-gather of a flat slot holding frozen parameters, under qWD (module docstring).
 
     ``segments``: per parameter of the slot, in order, ``(numel, exact, trainable)``;
-    ``qwd``: the slot's qWD all-gather; ``frozen``: returns the frozen parameters' local
-    tensors (for their version counters)."""
+    ``qwd``: the slot's qWD all-gather."""
 
-    def __init__(self, segments: Sequence[tuple[int, bool, bool]], qwd: QuantizedAllGather,
-                 frozen: Callable[[], Sequence[torch.Tensor]]) -> None:
+    def __init__(self, segments: Sequence[tuple[int, bool, bool]], qwd: QuantizedAllGather
+                 ) -> None:
         self.qwd_runs = runs_of([(n, not e) for n, e, _ in segments]) + \
             runs_of([(n, e and not t) for n, e, t in segments])
         self.exact_runs = runs_of([(n, e and t) for n, e, t in segments])
@@ -116,16 +123,15 @@ class FrozenColumns:
         trainable = runs_of([(n, t) for n, e, t in segments if not e])
         self.qwd = qwd
         self.sent = SentBytes(qwd.references.qwd, self.qwd_numel, trainable)
-        self.watch = VersionWatch(frozen)
 
     def __call__(self, exact: QuantizedAllGather, output: torch.Tensor, input: torch.Tensor,
                  group: dist.ProcessGroup, unchanged: bool, async_op: bool):
         """The slot's all-gather: qWD on its columns (differences of trainable groups only,
-        while the frozen parameters are unchanged), the trainable exact columns exactly."""
+        after the exact first one), the trainable exact columns exactly."""
         world, device = group.size(), input.device
         rows = input.reshape(1, -1)
         qwd_out = torch.empty(world * self.qwd_numel, dtype=input.dtype, device=device)
-        sent = self.sent if self.watch.unchanged() and self.sent.active else None
+        sent = self.sent if self.sent.active else None
         qwd = self.qwd
         futures = [qwd.references(qwd_out, take(rows, self.qwd_runs).reshape(-1), group,
                                   unchanged, qwd.meter, qwd.tag, async_op, sent=sent)]
@@ -141,3 +147,55 @@ class FrozenColumns:
             if exact_out is not None:
                 put(out, self.exact_runs, exact_out.view(world, -1))
         return finish_all(futures, merge, async_op, device)
+
+
+class FrozenParams:
+    """The frozen parameters of a flat slot under qWD as they are now (module docstring).
+
+    ``segments``: per parameter of the slot, in order, ``(numel, exact)``; ``qwd``: the
+    slot's qWD all-gather; ``params``: the slot's parameters, in order (their
+    ``requires_grad`` flags and version counters are read)."""
+
+    def __init__(self, segments: Sequence[tuple[int, bool]], qwd: QuantizedAllGather,
+                 params: Callable[[], Sequence[torch.Tensor]]) -> None:
+        self.segments, self.qwd, self.params = tuple(segments), qwd, params
+        self.columns: FrozenColumns | None = None
+        self._seen: tuple | None = None
+
+    def current(self) -> FrozenColumns | None:
+        """The split for the parameters frozen now (None: none is), before an all-gather of
+        the slot; every rank calls it at the same all-gathers, with the same parameters
+        frozen and written. Restarts the qWD stream when the frozen set changed or a frozen
+        parameter was written since the last call."""
+        seen = tuple((p.requires_grad, None if p.requires_grad else p._version)
+                     for p in self.params())
+        if seen == self._seen:
+            return self.columns
+        trainable = [t for t, _ in seen]
+        columns = None if all(trainable) else FrozenColumns(
+            [(n, e, t) for (n, e), t in zip(self.segments, trainable)], self.qwd)
+        refs = self.qwd.references
+        numel = refs.layout[2] if refs.layout is not None else None
+        if self._seen is not None or (numel is not None and numel != self._numel(columns)):
+            restart(self.qwd)
+        self.columns, self._seen = columns, seen
+        return columns
+
+    def rebase(self) -> None:
+        """References loaded from a checkpoint: the next call takes the parameters as they
+        are as its baseline (their writes were before the references were saved)."""
+        self._seen = None
+
+    def _numel(self, columns: FrozenColumns | None) -> int:
+        """Values per rank the qWD stream codes with ``columns`` (None: the compressed
+        parameters, ``integrations/fsdp.py``'s path without frozen parameters)."""
+        if columns is not None:
+            return columns.qwd_numel
+        return sum(n for n, e in self.segments if not e)
+
+
+def restart(qwd: QuantizedAllGather) -> None:
+    """The next all-gather of ``qwd`` is exact and sets every reference to the weights, for
+    the columns it is then given (their number may change)."""
+    qwd.references.qwd.reset_reference()
+    qwd.references.layout = None

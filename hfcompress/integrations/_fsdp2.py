@@ -23,7 +23,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 
 #: torch releases whose FSDP2 internals this module was checked against (major.minor)
-CHECKED_TORCH = ("2.11", "2.13")
+CHECKED_TORCH = ("2.9", "2.10", "2.11", "2.12", "2.13")
 
 
 #: where an FSDPState keeps its param groups: a list (torch 2.13), or one group or None (2.11)
@@ -159,9 +159,12 @@ def reduce_dtype(param_group) -> torch.dtype:
     return policy.reduce_dtype or all_gather_dtype_device(param_group)[0]
 
 
-def sharded_param_data(param_group) -> list:
-    """This rank's shard of each parameter (what optimizer steps update in place)."""
-    return [_get(p, "_sharded_param_data") for p in fsdp_params(param_group)]
+def sharded_params(param_group) -> list:
+    """Each parameter as the model holds it between steps (a DTensor ``nn.Parameter``): its
+    ``requires_grad`` flag, and its version counter, which in-place writes through it move
+    (the local tensors' counters never do; ``foreach`` / ``fused`` optimizer steps move
+    neither)."""
+    return [_get(p, "sharded_param") for p in fsdp_params(param_group)]
 
 
 def param_owner(fsdp_param) -> tuple[Any, str]:

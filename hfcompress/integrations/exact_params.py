@@ -114,21 +114,28 @@ class GroupLayouts:
 
     The all-gather slot holds every parameter. The reduce-scatter rows hold only the
     parameters that got a gradient; when that is not all of them, the layout of the
-    parameters that require gradients is tried, and ``None`` (no known layout) is returned
-    when neither matches the buffer size.
+    parameters that require gradients now (unfreezing changes it) is tried, and ``None``
+    (no known layout) is returned when neither matches the buffer size.
     """
 
     def __init__(self, model: nn.Module, param_group, patterns: Sequence[str],
                  min_numel: int) -> None:
         self.param_group = param_group
         self.names = param_names(model, param_group)
-        params = _fsdp2.fsdp_params(param_group)
+        self.params = _fsdp2.fsdp_params(param_group)
         self.segments = [Segment(n, _fsdp2.padded_shard_numel(fp),
                                  is_exact(n, _fsdp2.orig_numel(fp), patterns, min_numel))
-                         for n, fp in zip(self.names, params)]
+                         for n, fp in zip(self.names, self.params)]
         self.full = SlotLayout(self.segments)
-        trainable = [s for s, fp in zip(self.segments, params) if _fsdp2.requires_grad(fp)]
-        self.trainable = SlotLayout(trainable)
+        self._trainable: tuple[tuple[bool, ...], SlotLayout] | None = None
+
+    @property
+    def trainable(self) -> SlotLayout:
+        """The layout of the parameters that require gradients now."""
+        flags = tuple(_fsdp2.requires_grad(fp) for fp in self.params)
+        if self._trainable is None or self._trainable[0] != flags:
+            self._trainable = (flags, SlotLayout([s for s, t in zip(self.segments, flags) if t]))
+        return self._trainable[1]
 
     def for_numel(self, numel: int) -> SlotLayout | None:
         for layout in (self.full, self.trainable):

@@ -32,7 +32,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from ..comm import (QuantizedAllGather, QuantizedReduceScatter, Topology, TwoHopReduceScatter,
                     WireMeter)
 from ..comm.all_gather import VersionWatch
-from ..comm.frozen import FrozenColumns
+from ..comm.frozen import FrozenParams
 from ..comm.futures import FutureWork, finish_all, inline, side_stream_call
 from ..compressors.base import FLOAT_DTYPES
 from ..compressors.registry import build_compressor
@@ -83,7 +83,7 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
         self.frozen = frozen_columns(layouts, param_group, compressed)
         self._warned = False
         # qWD: "no optimizer step since the forward all-gather", known on the host
-        self.versions = VersionWatch(lambda: _fsdp2.sharded_param_data(param_group))
+        self.versions = VersionWatch(lambda: _fsdp2.sharded_params(param_group))
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False) -> dist.Work | None:
@@ -137,9 +137,9 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
             # hpZ's secondary partition already holds the compressed weights: exact
             return self.exact(output_tensor, input_tensor, group, async_op=async_op)
         self.compressed.tag = tag
-        if self.frozen is not None:   # qWD with frozen parameters (comm/frozen.py)
-            return self.frozen(self.exact, output_tensor, input_tensor, group, unchanged,
-                               async_op)
+        columns = self.frozen.current() if self.frozen is not None else None
+        if columns is not None:   # qWD with frozen parameters (comm/frozen.py)
+            return columns(self.exact, output_tensor, input_tensor, group, unchanged, async_op)
         if not layout.mixed:
             return self.compressed(output_tensor, input_tensor, group, unchanged=unchanged,
                                    async_op=async_op)
@@ -171,19 +171,13 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
 
 
 def frozen_columns(layouts: GroupLayouts, param_group,
-                   compressed: QuantizedAllGather | None) -> FrozenColumns | None:
-    """qWD on a module with frozen parameters: their differences are never sent after the
-    exact first all-gather (``comm/frozen.py``); None otherwise."""
-    params = _fsdp2.fsdp_params(param_group)
-    trainable = [_fsdp2.requires_grad(fp) for fp in params]
-    if compressed is None or compressed.references is None or all(trainable) \
-            or layouts.full.all_exact:
+                   compressed: QuantizedAllGather | None) -> FrozenParams | None:
+    """qWD: the differences of the parameters frozen at an all-gather are not sent while
+    they stay frozen and unwritten (``comm/frozen.py``); None without qWD."""
+    if compressed is None or compressed.references is None or layouts.full.all_exact:
         return None
-
-    def frozen() -> list[torch.Tensor]:
-        return [d for d, t in zip(_fsdp2.sharded_param_data(param_group), trainable) if not t]
-    return FrozenColumns([(s.numel, s.exact, t) for s, t in zip(layouts.segments, trainable)],
-                         compressed, frozen)
+    return FrozenParams([(s.numel, s.exact) for s in layouts.segments], compressed,
+                        lambda: _fsdp2.sharded_params(param_group))
 
 
 class FSDPReduceScatter(_Alloc, _fsdp2.ReduceScatter):
@@ -365,6 +359,8 @@ class FSDPInstall:
                                  f"{sorted(modules[name])}, expected {sorted(colls)}")
             for k, coll in colls.items():
                 coll.load_state_dict(modules[name][k])
+            if m.ag.frozen is not None:    # the loaded references go with today's weights
+                m.ag.frozen.rebase()
 
     def describe(self) -> str:
         return f"{len(self.comms)} FSDP modules"
