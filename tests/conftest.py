@@ -30,7 +30,8 @@ LONGEST_FIRST = (
     "test_compress_rows.py", "test_fsdp_hotpath.py", "test_examples.py", "test_lm_eval_cli.py",
     "test_ddp_hook.py", "test_ddp_async.py", "test_gpu_check.py", "test_gpu_registers.py",
     "test_global_qsgd.py", "test_all_reduce.py", "test_eval_errors.py", "test_trl_peft.py",
-    "test_qsdp.py", "test_stream_contract.py", "test_fsdp_memory.py",
+    "test_qsdp.py", "test_stream_contract.py", "test_readme_snippets.py",
+    "test_frozen_updates.py", "test_fsdp_memory.py",
 )
 
 

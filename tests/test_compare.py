@@ -117,3 +117,29 @@ def test_auto_runs_show_their_choice(tmp_path, capsys):
     main(["compare", run, "--no_plot"])
     row = capsys.readouterr().out.splitlines()[1].split()
     assert row[:2] == ["llama-auto", "auto(weights=qwd,grad_inter=hs4)"]
+
+
+def test_auto_that_chose_exact_says_so(tmp_path, capsys):
+    """An ``auto`` run whose plan was exact collectives (first choice and every re-probe) is
+    reported as exact, not with the compressed runs' break-even note; one that compressed at
+    some point keeps that note."""
+    from run_summary import report
+
+    for name, history in (("exact", [{"was": "exact", "chose": "exact"}]),
+                          ("switched", [{"was": "weights=qwd", "chose": "exact"}])):
+        write_run(tmp_path, name, "auto", "fsdp2", [7.0, 6.0, 5.5, 5.0], NONE)
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        summary["comm_auto"] = {"chosen": "exact", "history": history}
+        report(summary, 3)
+        out = capsys.readouterr().out
+        if name == "exact":
+            assert "1.00x less" not in out
+            assert "8.0 MiB sent (4.0 MiB inter-node): exact collectives (auto's choice), " \
+                "metered, all ranks" in out
+            # 8 MiB / 12 steps / 4 ranks = 0.1667 MiB per rank and step in 0.1 s: 14 Mbit/s
+            assert "note:       auto chose exact collectives (its probe predicted that " \
+                "compressing would not pay on these links): 0.2 MiB per rank and step in " \
+                "100 ms, ~0.014 Gbit/s" in out
+            assert "compressed ones" not in out
+        else:
+            assert "the compressed ones took" in out and "auto's choice" not in out

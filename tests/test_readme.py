@@ -19,7 +19,9 @@ def shell_commands() -> list[str]:
 
 
 def test_readme_is_short_and_links_resolve():
-    assert len(README.splitlines()) <= 180
+    # 180 until the Quick start's snippets became runnable files (tests/test_readme_snippets.py)
+    # and the checkpoint-size table was added
+    assert len(README.splitlines()) <= 205
     for link in re.findall(r"\]\(([^)#]+)\)", README):
         if not link.startswith("http"):
             assert (ROOT / link).exists(), link

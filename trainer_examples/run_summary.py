@@ -94,14 +94,30 @@ def describe(trainer, model: dict, world: int, ranks_per_node: int, start_step: 
     return out
 
 
+def auto_chose_exact(summary: dict) -> bool:
+    """A ``comm_compressor="auto"`` run whose every plan (the first choice, each re-probe's)
+    was exact collectives: nothing was compressed."""
+    auto = summary.get("comm_auto")
+    if summary.get("comm_compressor") != "auto" or not auto:
+        return False
+    plans = [h.get("was") for h in auto.get("history") or []] + [auto.get("chosen")]
+    return all(plan == "exact" for plan in plans)
+
+
 def link_note(summary: dict) -> str | None:
     """The link speed above which this run's compressed collectives took longer than the
-    exact ones would have (their bytes alone, at that speed, take the steady-state time)."""
+    exact ones would have (their bytes alone, at that speed, take the steady-state time);
+    for an ``auto`` run that chose exact collectives, that choice and the speed they ran at."""
     steady, steps = summary.get("comm_steady_s_per_step"), summary.get("comm_steps")
     if summary.get("comm_compressor") in (None, "none") or not steady or not steps:
         return None
     per_rank = summary["comm_uncompressed_bytes"] / steps / summary["world_size"]
     gbit = 8 * per_rank / steady / 1e9
+    if auto_chose_exact(summary):
+        return (f"auto chose exact collectives (its probe predicted that compressing would "
+                f"not pay on these links): {per_rank / 2**20:.1f} MiB per rank and step in "
+                f"{steady * 1e3:.0f} ms, ~{gbit:.2g} Gbit/s; its predictions are under "
+                f"comm_auto in summary.json")
     return (f"compression pays off only where each rank's link is slower than ~{gbit:.2g} "
             f"Gbit/s: there the exact collectives' {per_rank / 2**20:.1f} MiB per rank and "
             f"step would take longer than the {steady * 1e3:.0f} ms the compressed ones took "
@@ -135,6 +151,8 @@ def report(summary: dict, logging_steps: int) -> None:
             if covered < s["steps"] else ""
         if s["comm_compressor"] == "none":
             what = ": exact collectives, metered"
+        elif auto_chose_exact(s):
+            what = ": exact collectives (auto's choice), metered"
         else:
             what = (f" instead of {mib['comm_uncompressed_bytes']:.1f} MiB "
                     f"({s['comm_ratio']:.2f}x less)")
