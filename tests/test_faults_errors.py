@@ -1,8 +1,8 @@
 """Bad input that used to hurt (issue 23): one clear line, fast, for a corrupt
 ``summary.json``, ``hfcompress eval --dtype garbage`` / ``--limit -1`` / a mistyped task name
-(rejected before lm-eval is imported, close matches offline tasks first),
-``--resume_from_checkpoint True``, a model name that does not exist (no minute of hub
-retries), and a mistake found after parsing under ``accelerate launch``."""
+(rejected before lm-eval is imported, close matches offline tasks first), a model name
+that does not exist (no minute of hub retries), and a mistake found after parsing under
+``accelerate launch``. (Resuming: ``test_trainer_differential.py``, ``test_trainer_units.py``.)"""
 
 import json
 import os
@@ -10,16 +10,12 @@ import subprocess
 import sys
 
 import pytest
-import torch
-import transformers
 
-import hfcompress
 from hfcompress import models
 from hfcompress.compare_runs import compare
 from hfcompress.eval import EvalError, TaskError, evaluate
 from hfcompress.eval import task_registry
 from hfcompress.eval.cli import main as eval_main
-from hfcompress.testing import tiny_llama
 from test_example_args import clm, launch_in
 
 
@@ -80,68 +76,6 @@ def test_a_mistyped_task_is_refused_before_lm_eval_is_imported(tmp_path):
             task_registry.check_names_fast(["mmlu_ofline"])
         finally:
             del os.environ["HFCOMPRESS_CACHE"]
-
-
-def test_resume_from_checkpoint_true_as_a_string(tmp_path, monkeypatch, caplog):
-    """``--resume_from_checkpoint True`` (a string from the command line) is HF's True: the
-    newest complete checkpoint in output_dir (``trainer_state.json``, HF's last file, reads
-    with its step); a missing folder, no checkpoint or an incomplete one is one clear error."""
-    monkeypatch.setattr(transformers.Trainer, "train", lambda self, resume, *a, **k: resume)
-    args = hfcompress.TrainingArguments(output_dir=str(tmp_path), report_to=[], max_steps=1)
-    trainer = hfcompress.Trainer(model=tiny_llama(), args=args)
-    with pytest.raises(ValueError, match="no checkpoint-\\* folder in output_dir"):
-        trainer.train(resume_from_checkpoint="True")
-    with pytest.raises(ValueError, match="resume_from_checkpoint='nope': no such folder"):
-        trainer.train(resume_from_checkpoint="nope")
-    for step in (2, 10, 9):
-        (tmp_path / f"checkpoint-{step}").mkdir()
-        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(
-            json.dumps({"global_step": step}))
-    assert trainer.train(resume_from_checkpoint="True") == str(tmp_path / "checkpoint-10")
-    assert trainer.train(resume_from_checkpoint=True) == str(tmp_path / "checkpoint-10")
-    assert trainer.train(resume_from_checkpoint="False") is None
-    # a run stopped while saving: step 10's state file cut short, step 11's never written
-    (tmp_path / "checkpoint-10" / "trainer_state.json").write_text('{"global_step": 1')
-    (tmp_path / "checkpoint-11").mkdir()
-    with caplog.at_level("WARNING"):
-        assert trainer.train(resume_from_checkpoint=True) == str(tmp_path / "checkpoint-9")
-    skipped = [r.getMessage() for r in caplog.records if "not resuming from" in r.getMessage()]
-    assert len(skipped) == 2 and "checkpoint-11: it has no trainer_state.json" in skipped[0] \
-        and "checkpoint-10: its trainer_state.json is unreadable" in skipped[1], skipped
-    with pytest.raises(ValueError, match="checkpoint-10.* is incomplete: its trainer_state"):
-        trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-10"))
-    (tmp_path / "checkpoint-9" / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
-    with pytest.raises(ValueError, match="checkpoint-9.* is incomplete: .* of step 2"):
-        trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-9"))
-    for step in (2, 9, 10):
-        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").unlink()
-    with pytest.raises(ValueError, match="no complete checkpoint in output_dir.*checkpoint-11"):
-        trainer.train(resume_from_checkpoint=True)
-
-
-def test_resume_skips_a_checkpoint_cut_short_while_saving(tmp_path):
-    """A real run stopped while writing checkpoint-4 (its weights cut short, no
-    ``trainer_state.json``): ``True`` resumes from checkpoint-2 and reaches the same weights
-    as the run that never stopped (HF's own True took checkpoint-4 and failed reading it)."""
-    def run(out, resume=None):
-        args = hfcompress.TrainingArguments(
-            output_dir=str(out), max_steps=4, save_steps=2, per_device_train_batch_size=2,
-            report_to=[], use_cpu=True, seed=0, data_seed=0, learning_rate=1e-2,
-            disable_tqdm=True, logging_steps=1)
-        ids = torch.randint(0, 256, (8, 8), generator=torch.Generator().manual_seed(0))
-        trainer = hfcompress.Trainer(model=tiny_llama(), args=args,
-                                     train_dataset=[{"input_ids": x, "labels": x} for x in ids])
-        trainer.train(resume_from_checkpoint=resume)
-        return trainer.state.global_step, [p.detach().clone() for p in trainer.model.parameters()]
-
-    steps, full = run(tmp_path)
-    assert steps == 4
-    cut = tmp_path / "checkpoint-4"
-    (cut / "trainer_state.json").unlink()
-    weights = cut / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:1000])
-    steps, resumed = run(tmp_path, resume=True)
-    assert steps == 4 and all(torch.equal(a, b) for a, b in zip(full, resumed))
 
 
 def test_model_names_that_do_not_exist(tmp_path, monkeypatch):

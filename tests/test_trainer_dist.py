@@ -125,6 +125,23 @@ def test_resume_continues_the_same_trajectory(runs):
         assert "comm_state_mismatch='reset'" in other
 
 
+def test_resume_true_skips_a_checkpoint_cut_short_while_saving(runs):
+    """With compressor state, ``resume_from_checkpoint=True`` skips a newest checkpoint that a
+    run stopped while saving left without ``trainer_state.json`` (HF's True takes it and
+    fails), with a warning, and continues checkpoint-3's trajectory; a checkpoint whose
+    ``trainer_state.json`` is of another step is taken, and refused for its compressor state
+    of step 6 (not called incomplete)."""
+    out = runs["resume"]
+    true, full = out["true"], out["fsdp", "full"]
+    for step in (4, 5, 6):
+        assert math.isclose(true["losses"][step], full[step], rel_tol=0, abs_tol=1e-6), step
+    assert len(true["skipped"]) == 1 and "checkpoint-6: it has no trainer_state.json" in \
+        true["skipped"][0], true["skipped"]
+    refused = true["refused"]
+    assert "hfcompress_rank0.pt was saved at global step 6, but training resumes at step 3" \
+        in refused and "incomplete" not in refused, refused
+
+
 def test_loco_optimizers_train_llama_and_mixtral(runs):
     """LoCo + AdamW / Adafactor under FSDP2 train both tiny models (loss falls by > 0.6 in 12
     steps; the LoCo clock advanced 12 times). Mixtral's fused 3-D experts

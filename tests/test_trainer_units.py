@@ -3,10 +3,14 @@ checkpoint state files, messages."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
+import transformers
 from transformers import HfArgumentParser
 from transformers.optimization import Adafactor
 
@@ -158,6 +162,51 @@ def test_state_file_round_trip_and_mismatch(tmp_path):
     assert fresh.loaded is None
     with pytest.raises(ValueError, match="no hfcompress compressor state for rank 0"):
         trainer_state.load(FakeHandle(), loco, str(tmp_path), 0)
+
+
+def test_resume_where_compressor_state_is_restored(tmp_path, monkeypatch, caplog):
+    """Several processes with a compressor (a callback installed): ``True`` takes the newest
+    checkpoint whose ``trainer_state.json`` reads (a run stopped while saving leaves it
+    missing or cut short), warning about each newer one; HF's message starts ours; a
+    checkpoint of another step is not skipped (its compressor state is refused when loaded);
+    the rest reaches HF's ``train`` as given (a Path as a str). Without: all as given."""
+    monkeypatch.setattr(transformers.Trainer, "train", lambda self, resume, *a, **k: resume)
+    trainer = hfcompress.Trainer(model=tiny_llama(), args=args(tmp_path / "out", max_steps=1))
+    assert trainer.comm_callback is None
+    for given in (True, "True", tmp_path, None):
+        assert trainer.train(resume_from_checkpoint=given) is given
+    trainer.comm_callback = SimpleNamespace()       # what several processes have
+    out = tmp_path / "out"
+    shutil.rmtree(out)
+    with pytest.raises(FileNotFoundError):           # as HF's get_last_checkpoint's listdir
+        trainer.train(resume_from_checkpoint=True)
+    out.mkdir()
+    with pytest.raises(ValueError) as err:
+        trainer.train(resume_from_checkpoint=True)
+    assert str(err.value) == f"No valid checkpoint found in output directory ({out})"
+    assert trainer.train(resume_from_checkpoint="True") == "True"
+    assert trainer.train(resume_from_checkpoint=out / "x") == str(out / "x")
+    assert trainer.train(resume_from_checkpoint=False) is None
+    for step in (2, 10, 9):
+        (out / f"checkpoint-{step}").mkdir()
+        (out / f"checkpoint-{step}" / "trainer_state.json").write_text(
+            json.dumps({"global_step": step}))
+    assert trainer.train(resume_from_checkpoint=True) == str(out / "checkpoint-10")
+    (out / "checkpoint-10" / "trainer_state.json").write_text('{"global_step": 1')
+    (out / "checkpoint-11").mkdir()
+    (out / "checkpoint-9" / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    with caplog.at_level("WARNING"):
+        assert trainer.train(resume_from_checkpoint=True) == str(out / "checkpoint-9")
+    skipped = [r.getMessage() for r in caplog.records if "not resuming from" in r.getMessage()]
+    assert len(skipped) == 2 and "checkpoint-11: it has no trainer_state.json" in skipped[0] \
+        and "checkpoint-10: its trainer_state.json is unreadable" in skipped[1], skipped
+    for step in (2, 9, 10):
+        (out / f"checkpoint-{step}" / "trainer_state.json").unlink()
+    with pytest.raises(ValueError) as err:
+        trainer.train(resume_from_checkpoint=True)
+    assert str(err.value).startswith(f"No valid checkpoint found in output directory ({out}): "
+                                     f"none has a readable trainer_state.json (the newest, "
+                                     f"{out / 'checkpoint-11'}: it has no trainer_state.json")
 
 
 def test_comm_stats_window_averages_and_totals():

@@ -174,7 +174,40 @@ def resume_worker(rank: int, world: int, tmp: str) -> dict:
         out[kind, "reset"] = losses(reset)
         out[kind, "reset_warnings"] = [str(w.message) for w in caught
                                        if "hfcompress" in str(w.message)]
+    out["true"] = resume_true(rank, tmp, os.path.join(tmp, "fsdp-sdp4bit"))
     return out
+
+
+def resume_true(rank: int, tmp: str, saved: str) -> dict:
+    """``resume_from_checkpoint=True`` with compressor state (FSDP2, sdp4bit), the saved run's
+    checkpoint-3 and checkpoint-6: checkpoint-6 cut short while saving (no
+    ``trainer_state.json``) is skipped with a warning; with checkpoint-3's
+    ``trainer_state.json`` it is taken, and its compressor state (of step 6) refused."""
+    import logging
+    d = os.path.join(tmp, "fsdp-true")
+    state = os.path.join(d, "checkpoint-6", "trainer_state.json")
+    if rank == 0:
+        shutil.copytree(saved, d)
+        os.remove(state)
+    dist.barrier()
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("hfcompress").addHandler(handler)
+    try:
+        resumed, _ = train(d, "fsdp", "sdp4bit", steps=6, resume=True, ranks_per_node=1)
+    finally:
+        logging.getLogger("hfcompress").removeHandler(handler)
+    if rank == 0:
+        shutil.copy(os.path.join(d, "checkpoint-3", "trainer_state.json"), state)
+    dist.barrier()
+    try:
+        train(d, "fsdp", "sdp4bit", steps=6, resume=True, ranks_per_node=1)
+        refused = "no error"
+    except ValueError as err:
+        refused = str(err)
+    return {"losses": losses(resumed), "skipped": [m for m in lines if "not resuming" in m],
+            "refused": refused}
 
 
 def loco_models_worker(rank: int, world: int, tmp: str) -> dict:

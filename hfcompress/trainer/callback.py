@@ -10,12 +10,10 @@ collective): ``on_train_begin``, ``on_optimizer_step``, ``on_step_end``, ``on_ep
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from transformers import TrainerCallback, TrainerState
-from transformers.trainer import TRAINER_STATE_NAME
+from transformers import TrainerCallback
 
 from ..comm.topology import resolve_ranks_per_node
 from ..config import AutoSettings, CompressionConfig, request_dict
@@ -61,15 +59,14 @@ class CommCallback(TrainerCallback):
         self.state = CommInstall()
 
     # -- installing -------------------------------------------------------------------------
-    def install(self, resume_dir: str | None) -> None:
+    def install(self, resume_dir: str | None, step: int) -> None:
         """Install the compressed collectives on the prepared model (once per model), bind a
-        LoCo optimizer, restore the compressor state when resuming. Runs on every rank."""
+        LoCo optimizer, restore the compressor state when resuming (saved at ``step``, the
+        step training resumes at). Runs on every rank."""
         t, st = self.trainer, self.state
         model = t.model_wrapped
         if st.handle is None or st.model is not model:
             world = t.args.world_size
-            if world < 2:      # the Trainer said so when it was created
-                return
             x = resolve_ranks_per_node(world, self.ranks_per_node)
             st.handle, st.model = install(model, self.config, x), model
             st.stats = CommStats(st.handle.meter)
@@ -80,8 +77,7 @@ class CommCallback(TrainerCallback):
         self._bind_loco_optimizer()
         if resume_dir is not None:
             checkpoint.load(st.handle, st.settings, resume_dir, t.args.process_index,
-                            self.on_mismatch, t.args.device, st.stats,
-                            step=checkpoint_step(resume_dir))
+                            self.on_mismatch, t.args.device, st.stats, step=step)
         st.seen = st.handle.meter.steps
 
     def _bind_loco_optimizer(self) -> None:
@@ -96,7 +92,7 @@ class CommCallback(TrainerCallback):
 
     # -- trainer events -----------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
-        self.install(self.trainer.resume_dir)
+        self.install(self.trainer.resume_dir, state.global_step)
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         st = self.state
@@ -134,12 +130,6 @@ class CommCallback(TrainerCallback):
         st.logs += 1
         if self.log_every and st.logs % self.log_every == 0:
             st.pending_logs = st.stats.reduce(args.device)
-
-
-def checkpoint_step(checkpoint_dir: str) -> int | None:
-    """The global step of a Trainer checkpoint (its ``trainer_state.json``), None without."""
-    path = os.path.join(checkpoint_dir, TRAINER_STATE_NAME)
-    return TrainerState.load_from_json(path).global_step if os.path.isfile(path) else None
 
 
 def unwrap_optimizer(opt: Any) -> Any:

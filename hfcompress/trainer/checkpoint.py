@@ -110,9 +110,9 @@ def _verify(saved: dict[str, Any], path: str, rank: int, step: int | None,
         return None, (f"{path} holds the state of rank {saved['rank']}, not of rank {rank} "
                       f"(rank files swapped or renamed?)")
     if step is not None and saved["global_step"] != step:
-        return None, (f"{path} was saved at global step {saved['global_step']}, but the "
-                      f"checkpoint's training state is at step {step} (a file from another "
-                      f"checkpoint?)")
+        return None, (f"{path} was saved at global step {saved['global_step']}, but "
+                      f"training resumes at step {step} (a file from another checkpoint, or "
+                      f"a trainer_state.json of another step?)")
     body = saved["body"].numpy().tobytes()
     digest = hashlib.sha256(body).hexdigest()
     if digest != saved["sha256"]:
@@ -138,8 +138,8 @@ def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
          on_mismatch: str = "error", map_location: Any = None, stats: Any = None,
          step: int | None = None) -> bool:
     """Restore this rank's compressor state (and ``stats``' run totals, when saved) from
-    ``checkpoint_dir``; True if restored. ``step``: the checkpoint's global step (the file
-    must have been saved at it; None: not checked).
+    ``checkpoint_dir``; True if restored. ``step``: the global step training resumes at (the
+    file must have been saved at it; None: not checked).
 
     Every rank reads and checks its own file, then the ranks of the default process group
     exchange what they found: they all load, or all raise (``"error"``) / all start fresh

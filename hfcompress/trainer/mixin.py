@@ -42,6 +42,7 @@ from . import accelerate_cpu, checkpoint
 from . import resume as resume_mod
 from .callback import CommCallback, unwrap_optimizer
 from .install import check_integration, uses_hpz, uses_loco
+from .signatures import show_trainer_signatures
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,11 @@ class CompressionMixin:
     settings override the fields of the same name in ``args``; ``args`` may be any
     ``TrainingArguments`` (``SFTConfig``, ...). Unset everywhere: the plain Trainer."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """``__init__`` / ``train`` / ``log`` show the Trainer's signatures (``signatures``)."""
+        super().__init_subclass__(**kwargs)
+        show_trainer_signatures(cls, CompressionMixin)
+
     def __init__(self, model: Any = None, args: transformers.TrainingArguments | None = None,
                  *rest: Any,
                  comm_compressor: str | CompressionConfig | AutoSettings | None = None,
@@ -115,17 +121,19 @@ class CompressionMixin:
             raise ValueError("hfcompress compresses FSDP2 and DDP communication; DeepSpeed is "
                              "not supported (drop comm_compressor or DeepSpeed)")
         check_integration(self.comm_config, self.is_fsdp_enabled)
-        self.comm_callback = CommCallback(self, self.comm_config, self.ranks_per_node,
-                                          s["comm_log_every"], s["comm_state_mismatch"])
-        self.add_callback(self.comm_callback)
         if uses_loco(self.comm_config):
             self._check_loco_optimizer()
         if self.is_fsdp_enabled and uses_hpz(self.comm_config):
             self._set_hpz_resharding()
+        if self.args.world_size > 1:      # one process: nothing to install (the warning said)
+            self.comm_callback = CommCallback(self, self.comm_config, self.ranks_per_node,
+                                              s["comm_log_every"], s["comm_state_mismatch"])
+            self.add_callback(self.comm_callback)
 
     @property
     def compression(self) -> Any:
-        """The installed handle (None before training starts or without comm_compressor)."""
+        """The installed handle (None before training starts, without comm_compressor, or in
+        one process)."""
         return self.comm_callback.state.handle if self.comm_callback is not None else None
 
     # -- set-up ----------------------------------------------------------------------------
@@ -168,13 +176,24 @@ class CompressionMixin:
             self.optimizer_cls_and_kwargs = saved
 
     # -- training, logging, checkpoints ----------------------------------------------------
-    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
-        resume = resume_mod.resolve(resume_from_checkpoint, self.args.output_dir)
-        self.resume_dir = resume
-        if self.comm_config is not None and self.args.world_size > 1:
+    def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any):
+        """HF's ``train``; with compressor state to restore, ``True`` skips a half-written
+        newest checkpoint (``resume``). A re-run into checkpoints, and Ctrl-C, say one line."""
+        if resume_from_checkpoint is None or resume_from_checkpoint is False:
+            notice = resume_mod.rerun_notice(self.args.output_dir)
+            if notice is not None and self.is_world_process_zero():
+                logger.warning(notice)
+        if self.comm_callback is not None:
+            resume_from_checkpoint = resume_mod.resolve(resume_from_checkpoint,
+                                                        self.args.output_dir)
+            self.resume_dir = resume_from_checkpoint
             compile_notice(self.args.device)
         try:
-            return super().train(resume, *args, **kwargs)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        except KeyboardInterrupt as e:
+            resume_mod.report_interrupt(e, self.args.process_index, self.state.global_step,
+                                        self.args.output_dir)
+            raise
         finally:
             self.resume_dir = None
 

@@ -75,9 +75,10 @@ class TrainingArguments(transformers.TrainingArguments):
     @cached_property
     def _setup_devices(self):
         """Accelerate's set-up, after creating a CPU launch's process group with
-        ``ddp_timeout`` (``accelerate_cpu.init_process_group``)."""
+        ``ddp_timeout`` (``accelerate_cpu.init_process_group``). The parent's through
+        ``super()``: ``transformers.TrainingArguments`` may be this class (substituted)."""
         accelerate_cpu.init_process_group(self)
-        return transformers.TrainingArguments._setup_devices.func(self)
+        return super()._setup_devices
 
 
 class Trainer(CompressionMixin, transformers.Trainer):
