@@ -105,8 +105,9 @@ for bits, inv, bf16 in [(b, i, o) for b in (4, 8) for i in (True, False) for o i
     row(f"hadamard._dequantize_kernel bits={bits} inverse={inv} bf16={bf16}",
         H._dequantize_kernel,
         dict(packed_ptr=u8, scale_ptr=f32, out_ptr="*i16" if bf16 else f32, n_peers=i32,
-             n_groups=i32, peer_bytes=i32),
-        dict(**H._consts(bits, 128, 32, H.GPU_BLOCK_ELEMS), INVERSE=inv, OUT_BF16=bf16),
+             n_groups=i32, peer_bytes=i32, BIG="fp32"),
+        dict(**H._consts(bits, 128, 32, H.GPU_BLOCK_ELEMS), INVERSE=inv, OUT_BF16=bf16,
+             CLIP=bf16),
         H.NUM_WARPS)
 
 # bucketed, buckets of 1024: qsdp (qsgd 8 bits, random shift 8 bits), qsdp_learned (5 / 4)

@@ -247,6 +247,24 @@ def test_non_finite_stays_non_finite(numel, bad):
             assert not torch.isfinite(out[first_bad_group:]).any()
 
 
+def test_finite_fp16_near_its_maximum_stays_finite():
+    """4-bit codes of values near fp16's maximum come back rotated with an error that can
+    pass 65504: clipped to it (finite in, finite out); NaN groups stay NaN."""
+    c = get_compressor("hadamard", bits=4)
+    x = (torch.randn(1024, generator=gen(5)) * 3e4).clamp(-65504, 65504)
+    x[::7] = 65504.0
+    x = x.half()
+    p = c.compress(x)
+    wide = hk.dequantize(p.payload["codes"], p.payload["scales"], 4, 128, 32)   # float32
+    assert wide.abs().max() > 65520            # past fp16's range: a plain cast gives Inf
+    y = c.decompress(p)
+    assert y.dtype == torch.float16 and torch.isfinite(y).all()
+    assert torch.equal(y, wide.clamp(-65504, 65504).half())   # the float32 decode, clipped
+    x[5] = float("nan")
+    y = c.decompress(c.compress(x))
+    assert y[:128].isnan().all() and torch.isfinite(y[128:]).all()
+
+
 @pytest.mark.parametrize("params,match", [
     (dict(hadamard_size=24), "must be a power of two >= 2 dividing group_size=128"),
     (dict(hadamard_size=1), "power of two >= 2"),
@@ -367,8 +385,8 @@ for bits, gs, n, hashed in ((4, 128, 32, 1), (6, 96, 32, 0), (2, 256, 2, 4), (8,
              "noise_row": "i64", "packed_ptr": "*u8", "scale_ptr": "*fp32", "n_groups": "i32"},
              {**k, "STOCHASTIC": True, "HASH": hashed})
     d = comp(th._dequantize_kernel, {"packed_ptr": "*u8", "scale_ptr": "*fp32", "out_ptr": "*i16",
-             "n_peers": "i32", "n_groups": "i32", "peer_bytes": "i32"},
-             {**k, "INVERSE": True, "OUT_BF16": True})
+             "n_peers": "i32", "n_groups": "i32", "peer_bytes": "i32", "BIG": "fp32"},
+             {**k, "INVERSE": True, "OUT_BF16": True, "CLIP": True})
     assert not re.search(r"\bfma\.", q + d), "contracted multiply-add"
     assert "div.rn.f32" in q and "div.full" not in q and "div.approx" not in q
 print("ok")

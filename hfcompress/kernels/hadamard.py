@@ -19,6 +19,8 @@ import struct
 
 import torch
 
+from .random_shift import finite_range
+
 from . import group_quant as _gq
 
 #: compiled on CPU; the fused-op composites below run as separate kernels there (``dispatch.
@@ -92,9 +94,12 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
                hadamard_size: int, dtype: torch.dtype = torch.float32,
                inverse: bool = True) -> torch.Tensor:
-    """Dequantize, then (``inverse``) rotate back, in float32; cast to ``dtype`` last."""
+    """Dequantize, then (``inverse``) rotate back, in float32; cast to ``dtype`` last, finite
+    values of a 16-bit ``dtype`` clipped to its largest (the rotated-back error can take a
+    value near fp16's maximum past it: finite in, finite out; NaN stays NaN)."""
     y = _gq.dequantize(packed, scale, bits, group_size)
-    return (rotate(y, hadamard_size) if inverse else y).to(dtype)
+    y = rotate(y, hadamard_size) if inverse else y
+    return (y if dtype == torch.float32 else finite_range(y, dtype)).to(dtype)
 
 
 def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,

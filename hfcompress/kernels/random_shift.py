@@ -45,7 +45,7 @@ def quantize(x: torch.Tensor, bits: int, bucket_size: int,
     return pack_codes(k.to(torch.uint8).reshape(-1), bits), base, step
 
 
-def _finite_range(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def finite_range(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Clip finite values to dtype's largest finite value (NaN stays NaN)."""
     big = torch.finfo(dtype).max
     return torch.where(y > big, big, torch.where(y < -big, -big, y))
@@ -56,7 +56,7 @@ def dequantize(packed: torch.Tensor, base: torch.Tensor, step: torch.Tensor, bit
     """Inverse of :func:`quantize`: 1-D tensor of ``base.numel() * bucket_size`` values."""
     k = unpack_codes(packed, bits).reshape(-1, bucket_size).float()
     y = base[:, None] + k * step[:, None]
-    return _finite_range(y, dtype).reshape(-1).to(dtype)
+    return finite_range(y, dtype).reshape(-1).to(dtype)
 
 
 def dequantize_sum(packed: torch.Tensor, base: torch.Tensor, step: torch.Tensor, bits: int,

@@ -151,9 +151,11 @@ def _dequantize_kernel(packed_ptr, scale_ptr, out_ptr, n_peers, n_groups, peer_b
                        GS: tl.constexpr, GS_P2: tl.constexpr, BLOCK_G: tl.constexpr,
                        N: tl.constexpr, LOG2N: tl.constexpr, SCALE: tl.constexpr,
                        BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
-                       INVERSE: tl.constexpr, OUT_BF16: tl.constexpr):
+                       BIG, INVERSE: tl.constexpr, OUT_BF16: tl.constexpr,
+                       CLIP: tl.constexpr):
     """Sum over peers 0..n_peers-1 (one peer: plain dequantize), then optional inverse.
-    ``OUT_BF16``: ``out_ptr`` is an int16 view of a bfloat16 output."""
+    ``OUT_BF16``: ``out_ptr`` is an int16 view of a bfloat16 output; ``CLIP``: values past
+    +-``BIG`` (a 16-bit output's largest) are clipped to it (NaN stays NaN)."""
     g, c, mask = _tile(tl.program_id(0), n_groups, GS, BLOCK_G, GS_P2)
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     gmask = g < n_groups
@@ -166,6 +168,8 @@ def _dequantize_kernel(packed_ptr, scale_ptr, out_ptr, n_peers, n_groups, peer_b
         total = total + q * tl.load(scale_ptr + g, mask=gmask, other=0.0)[:, None]
     if INVERSE:
         total = _rotate_tile(total, BLOCK_G, GS_P2, N, LOG2N, SCALE)
+    if CLIP:
+        total = tl.where(total > BIG, BIG, tl.where(total < -BIG, -BIG, total))
     offs = g[:, None] * GS + c[None, :]
     if OUT_BF16:
         tl.store(out_ptr + offs, _bf16_bits(total), mask=mask)
@@ -225,7 +229,8 @@ def _dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size
         bf16 = dtype == torch.bfloat16
         _dequantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
             packed, scale, out.view(torch.int16) if bf16 else out, n_peers, n_groups,
-            packed.shape[-1], **k, INVERSE=inverse, OUT_BF16=bf16, num_warps=NUM_WARPS,
+            packed.shape[-1], **k, BIG=torch.finfo(dtype).max, INVERSE=inverse,
+            OUT_BF16=bf16, CLIP=dtype != torch.float32, num_warps=NUM_WARPS,
             enable_fp_fusion=False)
     return out
 
