@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import numbers
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Mapping
@@ -199,11 +200,30 @@ class CompressionConfig:
             raise TypeError(f"exact_patterns must be strings (parameter name substrings), got "
                             f"{bad!r}")
         object.__setattr__(self, "exact_patterns", patterns)
+        for key in ("two_hop", "hpz"):
+            if not isinstance(getattr(self, key), bool):   # "false" would be truthy
+                raise TypeError(f"CompressionConfig.{key} must be True or False, got "
+                                f"{getattr(self, key)!r}")
+        for key, low in (("min_numel", 0), ("seed", None)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"CompressionConfig.{key} must be an int, got {value!r}")
+            if low is not None and value < low:
+                raise ValueError(f"CompressionConfig.{key} must be >= {low}, got {value}")
+            object.__setattr__(self, key, int(value))
+        if not isinstance(self.name, str):
+            raise TypeError(f"CompressionConfig.name must be a string, got {self.name!r}")
 
     @property
     def compresses_fsdp(self) -> bool:
         """Whether anything FSDP2 sends (all-gather, reduce-scatter) is compressed."""
         return bool(self.weights or self.grad_intra or self.grad_inter or self.loco)
+
+    def loco_hop(self, ranks_per_node: int) -> str:
+        """The gradient scheme LoCo's error feedback wraps: that of the hop that leaves the
+        rank first, ``"grad_intra"`` on a 2-hop layout with several ranks per node (the
+        intra-node hop runs), else ``"grad_inter"``."""
+        return "grad_intra" if self.two_hop and ranks_per_node > 1 else "grad_inter"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dicts, lists and numbers (logs, checkpoints; :meth:`from_dict` reads it)."""

@@ -109,3 +109,18 @@ def test_resolve_tells_a_config_from_the_auto_request():
     assert resolve("auto") == AutoSettings()
     with pytest.raises(ValueError, match="Did you mean 'sdp4bit'"):
         resolve("sdp4bitt")
+
+
+@pytest.mark.parametrize("field, value, error", [
+    ("two_hop", "false", TypeError), ("hpz", 1, TypeError), ("min_numel", 1.5, TypeError),
+    ("min_numel", -1, ValueError), ("seed", "0", TypeError), ("seed", True, TypeError),
+    ("name", 3, TypeError)])
+def test_loosely_typed_fields_are_refused(field, value, error):
+    with pytest.raises(error, match=f"CompressionConfig.{field}"):
+        CompressionConfig(**{field: value})
+
+
+def test_integral_fields_take_any_int_and_store_an_int():
+    import numpy as np
+    c = CompressionConfig(min_numel=np.int64(4), seed=np.int32(7))
+    assert type(c.min_numel) is int and c.min_numel == 4 and type(c.seed) is int
