@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from test_examples import ROOT, free_port
+from hfcompress.testing import free_port
+from test_examples import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "trainer_examples"))
 import clm  # noqa: E402

@@ -6,11 +6,12 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from hfcompress.testing import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 512
@@ -18,12 +19,6 @@ TINY = ["--vocab_size", str(VOCAB), "--hidden_size", "64", "--intermediate_size"
         "--num_hidden_layers", "2", "--block_size", "64", "--per_device_train_batch_size", "4",
         "--max_eval_samples", "32", "--learning_rate", "3e-3", "--warmup_steps", "2",
         "--disable_tqdm", "True"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from hfcompress.comm import QuantizedAllGather
-from hfcompress.comm.frozen import FrozenParams, SentBytes, runs_of
+from hfcompress.comm.frozen import FrozenParams, SentBytes
 from hfcompress.compressors import get_compressor
+from hfcompress.compressors.runs import merged, runs_of, take
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -36,7 +37,11 @@ def test_other_inner_sends_everything():
 
 
 def test_runs_of_merges_adjacent_segments():
-    assert runs_of([(3, True), (2, True), (4, False), (0, True), (1, True)]) == [(0, 5), (9, 10)]
+    assert runs_of([(3, True), (2, True), (4, False), (0, True), (1, True)]) == ((0, 5), (9, 10))
+    assert merged([(0, 2), (2, 4), (5, 5), (6, 8)]) == ((0, 4), (6, 8))
+    rows = torch.arange(12).view(2, 6)
+    assert take(rows, ()).shape == (2, 0)
+    assert torch.equal(take(rows, ((1, 3), (4, 5))), rows[:, [1, 2, 4]])
 
 
 def test_frozen_params_restart_qwd_when_the_frozen_set_or_a_frozen_value_changes():

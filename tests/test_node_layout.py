@@ -12,7 +12,18 @@ import pytest
 import torch
 
 from dist_utils import run_distributed
-from hfcompress.comm.topology import check_node_layout
+from hfcompress.comm.topology import NodeSplit, check_node_layout, node_split
+
+
+def test_node_split_keeps_where_the_value_came_from(monkeypatch):
+    """Only a value the user gave is explicit (emulated nodes allowed): the same number
+    taken from ``LOCAL_WORLD_SIZE``, or the one-node default, is not."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert node_split(8) == NodeSplit(8, explicit=False)
+    assert node_split(8, 8) == NodeSplit(8, explicit=True)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert node_split(8) == NodeSplit(2, explicit=False)
+    assert node_split(8, 2) == NodeSplit(2, explicit=True)
 
 
 def test_node_major_hosts_pass():

@@ -14,12 +14,13 @@ size it names (that estimate matched the saved state to 0.1%: docs/checkpoints.m
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from hfcompress.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -37,12 +38,6 @@ def snippets() -> dict[str, tuple[list[str], str]]:
         assert m[1] not in out, f"two README snippets are named {m[1]}"
         out[m[1]] = (shlex.split(m[2]), code)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def argv_for(command: list[str], name: str) -> list[str]:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from ..comm.all_gather import QuantizedAllGather
 from ..comm.all_reduce import QuantizedAllReduce
 from ..comm.reduce_scatter import QuantizedReduceScatter
+from ..comm.reference_gather import ShardedReferences
 from ..comm.traffic import Phase, payload_bytes  # noqa: F401 (payload_bytes: tests)
 from ..comm.two_hop import TwoHopReduceScatter
 from ..compressors import Compressor
@@ -130,6 +131,11 @@ def fsdp_cost(plan: Plan, units: list[Unit], layout: Layout, links: Links,
     exact_grads = plan.grad_intra == "exact" and plan.grad_inter == "exact"
     cost = Cost()
 
+    def add_codec(kind: str, key: str, numel: int, kernels: list[float]) -> None:
+        """A collective's codec seconds: measured as a whole, else its kernels' (in turn)."""
+        for seconds in [measured[key] * numel] if key in measured else kernels:
+            cost.add(kind, codec=seconds)
+
     def gathers(u: Unit, numel: int, c: Compressor | None) -> float:
         forward = QuantizedAllGather.traffic(numel, x, y, c, wb)
         backward = QuantizedAllGather.traffic(numel, x, y, c, wb, unchanged=True)
@@ -141,24 +147,22 @@ def fsdp_cost(plan: Plan, units: list[Unit], layout: Layout, links: Links,
         cost.add("weights", wire=gathers(u, e, None) + gathers(u, s, gather))
         cost.add("grads", wire=wire_seconds(
             QuantizedReduceScatter.traffic(e, x, y, None, gb), layout, links))
-        if gather is not None:   # node-sharded references (X > 1): Y rows per rank, else all W
-            rows = y if x > 1 and isinstance(gather, ReferenceCoded) else w
-            key = f"weights:{plan.weights}"
-            cost.add("weights", codec=measured[key] * s if key in measured
-                     else codecs[plan.weights].seconds(s, rows * s))
+        if gather is not None:   # one decode of the rows a rank holds
+            rows = ShardedReferences.rows(w, x) if isinstance(gather, ReferenceCoded) else w
+            add_codec("weights", f"weights:{plan.weights}", s,
+                      [codecs[plan.weights].seconds(s, rows * s)])
         if exact_grads:
             cost.add("grads", wire=wire_seconds(
                 QuantizedReduceScatter.traffic(s, x, y, None, gb), layout, links))
             continue
         cost.add("grads", wire=wire_seconds(
             TwoHopReduceScatter.traffic(s, x, y, hop1, hop2, gb), layout, links))
-        if grads_key in measured:
-            cost.add("grads", codec=measured[grads_key] * s)
-            continue
+        kernels = []
         if x > 1 and hop1 is not None:   # hop 1: every row, X payloads of Y rows each way
-            cost.add("grads", codec=codecs[plan.grad_intra].seconds(w * s, w * s))
+            kernels.append(codecs[plan.grad_intra].seconds(w * s, w * s))
         if y > 1 and hop2 is not None:   # hop 2: the Y partial sums
-            cost.add("grads", codec=codecs[plan.grad_inter].seconds(y * s, y * s))
+            kernels.append(codecs[plan.grad_inter].seconds(y * s, y * s))
+        add_codec("grads", grads_key, s, kernels)
     return cost
 
 

@@ -6,7 +6,7 @@ holder's reference equal to it, its differences are zero. They are still quantiz
 sent:
 
 - :class:`SentBytes`: the bytes of one rank's difference payload that carry the trainable
-  values (``WeightDifferenceQuantizer.difference_byte_runs``: the quantizer groups touching
+  values (``ReferenceCoded.difference_byte_runs``; qWD's: the quantizer groups touching
   them). Only those cross the network; each receiver puts them into the payload of all-zero
   differences, which is byte for byte what the frozen groups would have sent, so the
   decoded references, hence the losses, are bit-identical to sending everything. The wire
@@ -34,52 +34,22 @@ compressed and sent every step like the others; gradient-only presets gather the
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
+from ..compressors.base import ReferenceCoded
+from ..compressors.runs import Runs, put, runs_of, take
 from .all_gather import QuantizedAllGather
 from .futures import finish_all
-
-Runs = Sequence[tuple[int, int]]
-
-
-def runs_of(flags: Sequence[tuple[int, bool]]) -> list[tuple[int, int]]:
-    """``(start, stop)`` column ranges of the segments ``(numel, selected)`` selected,
-    adjacent ones merged."""
-    out: list[list[int]] = []
-    start = 0
-    for numel, selected in flags:
-        if selected and numel:
-            if out and out[-1][1] == start:
-                out[-1][1] = start + numel
-            else:
-                out.append([start, start + numel])
-        start += numel
-    return [(a, b) for a, b in out]
-
-
-def take(rows: torch.Tensor, runs: Runs) -> torch.Tensor:
-    """The columns ``runs`` of ``[k, S]`` rows, side by side (a view for one run)."""
-    if len(runs) == 1:
-        return rows[:, runs[0][0]:runs[0][1]]
-    return torch.cat([rows[:, a:b] for a, b in runs], dim=1)
-
-
-def put(rows: torch.Tensor, runs: Runs, cols: torch.Tensor) -> None:
-    """Inverse of :func:`take`: write ``cols`` into the columns ``runs`` of ``rows``."""
-    offset = 0
-    for a, b in runs:
-        rows[:, a:b].copy_(cols[:, offset:offset + b - a])
-        offset += b - a
 
 
 class SentBytes:
     """Which bytes of a qWD difference payload for ``numel`` values are sent when only the
     values in ``runs`` can have changed (module docstring)."""
 
-    def __init__(self, qwd: Any, numel: int, runs: Runs) -> None:
+    def __init__(self, qwd: ReferenceCoded, numel: int, runs: Runs) -> None:
         self.qwd, self.numel = qwd, numel
         self.byte_runs = qwd.difference_byte_runs(numel, runs)
         self.count = None if self.byte_runs is None else sum(b - a for a, b in self.byte_runs)
@@ -99,8 +69,8 @@ class SentBytes:
         bytes those of all-zero differences)."""
         zero = self._zero.get(rows.device)
         if zero is None:
-            zero = self._zero[rows.device] = self.qwd.inner.compress(
-                torch.zeros(self.numel, dtype=torch.float32, device=rows.device)).flat()
+            zero = self._zero[rows.device] = self.qwd.zero_difference(
+                (self.numel,), rows.device).flat()
         full = zero.expand(rows.shape[0], -1).clone()
         put(full, self.byte_runs, rows)
         return full

@@ -165,6 +165,12 @@ class ShardedReferences:
         return finish(work, place, async_op, out.device)
 
     @staticmethod
+    def rows(world: int, ranks_per_node: int, shard: bool = True) -> int:
+        """Slots whose references each rank holds and decodes: the Y = world / X of its
+        inter-node group when node-sharded with X > 1, else all ``world``."""
+        return world // ranks_per_node if shard and ranks_per_node > 1 else world
+
+    @staticmethod
     def traffic(numel: int, ranks_per_node: int, nodes: int, compressor: ReferenceCoded,
                 itemsize: int, unchanged: bool = False) -> list[Phase]:
         """One call after the first (exact) one over the world, node-sharded (``traffic.py``):

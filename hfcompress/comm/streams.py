@@ -76,7 +76,7 @@ class StreamOwner:
     def state_bytes(self) -> dict[str, int]:
         """Bytes of compressor state this rank keeps between calls, by kind ("references",
         "errors", "buffers"), summed over every instance in use."""
-        return add_state_bytes(getattr(c, "state_bytes", dict)() for c in self.compressors())
+        return add_state_bytes(c.state_bytes() for c in self.compressors())
 
     def state_dict(self) -> dict[str, Any]:
         return {name: s.state_dict() for name, s in self.streams.items()}

@@ -2,8 +2,9 @@
 
 X ranks per node, Y nodes, ``global rank = node * X + local`` (how torchrun numbers ranks).
 X comes from an explicit ``ranks_per_node`` (one machine emulating nodes), else from
-``LOCAL_WORLD_SIZE``, else the whole world is one node. :class:`Topology` checks that layout
-against the ranks' host names once, when it is built (:func:`check_node_layout`).
+``LOCAL_WORLD_SIZE``, else the whole world is one node: :func:`node_split` resolves it and
+records which. :class:`Topology` checks that layout against the ranks' host names once, when
+it is built (:func:`check_node_layout`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import os
 import socket
 import warnings
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -27,13 +29,25 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def resolve_ranks_per_node(world_size: int, ranks_per_node: int | None = None) -> int:
-    """X for a world of ``world_size`` ranks; ValueError when X does not divide it."""
+@dataclass(frozen=True)
+class NodeSplit:
+    """X ranks per node, and whether the user gave it (``explicit``: emulated nodes are
+    allowed) or it came from ``LOCAL_WORLD_SIZE`` or the whole world."""
+
+    ranks_per_node: int
+    explicit: bool
+
+
+def node_split(world_size: int, ranks_per_node: int | None = None) -> NodeSplit:
+    """The node split of a world of ``world_size`` ranks from the value the user gave
+    (None: ``LOCAL_WORLD_SIZE``, else one node); ValueError when X does not divide it. The
+    one place that reads ``LOCAL_WORLD_SIZE``: pass the user's value on as given (None
+    stays None), so a split taken from the environment never turns explicit."""
     source = "ranks_per_node"
     if ranks_per_node is None:
         env = os.environ.get("LOCAL_WORLD_SIZE")
         if env is None:
-            return world_size
+            return NodeSplit(world_size, explicit=False)
         source = "LOCAL_WORLD_SIZE"
         try:
             ranks_per_node = int(env)
@@ -45,7 +59,12 @@ def resolve_ranks_per_node(world_size: int, ranks_per_node: int | None = None) -
             f"world size {world_size} cannot be split into nodes of {source}={ranks_per_node!r} "
             f"ranks; ranks_per_node must divide the world size: one of "
             f"{', '.join(map(str, divisors(world_size)))}")
-    return ranks_per_node
+    return NodeSplit(ranks_per_node, explicit=source == "ranks_per_node")
+
+
+def resolve_ranks_per_node(world_size: int, ranks_per_node: int | None = None) -> int:
+    """X alone (:func:`node_split`)."""
+    return node_split(world_size, ranks_per_node).ranks_per_node
 
 
 def hostname() -> str:
@@ -100,9 +119,10 @@ def check_node_layout(hosts: list[str], ranks_per_node: int, explicit: bool) -> 
 class Topology:
     """The node layout of the default (world) group and its process groups.
 
-    Every rank constructs it once, with the same ``ranks_per_node``: it calls ``new_group``
-    for every intra-node group (ranks ``n*X .. n*X+X-1``) and every inter-node group
-    (ranks with the same local rank), in the same order on all ranks. ``timeout``: the
+    Every rank constructs it once, with the same ``ranks_per_node`` as the user gave it (None:
+    ``LOCAL_WORLD_SIZE``; :func:`node_split`): it calls ``new_group`` for every intra-node
+    group (ranks ``n*X .. n*X+X-1``) and every inter-node group (ranks with the same local
+    rank), in the same order on all ranks. ``timeout``: the
     groups' timeout (give the training group's, so a dead peer surfaces as an error in the
     same time; None: torch's default). The ranks' host names are gathered once, here, and
     checked against the layout (:func:`check_node_layout`).
@@ -114,10 +134,11 @@ class Topology:
             raise RuntimeError("Topology needs torch.distributed to be initialized")
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
-        x = self.ranks_per_node = resolve_ranks_per_node(self.world_size, ranks_per_node)
+        split = node_split(self.world_size, ranks_per_node)
+        x = self.ranks_per_node = split.ranks_per_node
         hosts: list = [None] * self.world_size
         dist.all_gather_object(hosts, hostname())
-        check_node_layout(hosts, x, explicit=ranks_per_node is not None)
+        check_node_layout(hosts, x, split.explicit)
         y = self.num_nodes = self.world_size // x
         self.node, self.local_rank = divmod(self.rank, x)
         self.group = dist.group.WORLD

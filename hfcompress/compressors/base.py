@@ -327,7 +327,11 @@ class ReferenceCoded(Protocol):
     Alg. 2): ``compress_slot`` codes row ``row`` of ``rows`` held slots against its
     reference (zero difference when the host knows the input ``unchanged``);
     ``decompress_rows`` decodes every held row's payload at once and updates the
-    references, so an all-gather keeps only the rows it owns (node-sharded references)."""
+    references, so an all-gather keeps only the rows it owns (node-sharded references).
+    ``reset_reference`` forgets the references (the next send is exact, Alg. 4 line 2);
+    ``zero_difference`` is the payload of all-zero differences and ``difference_byte_runs``
+    the bytes of a payload that carry given values (None: all), so values known unchanged
+    (frozen parameters) need not be sent."""
 
     reference: torch.Tensor | None
 
@@ -336,6 +340,13 @@ class ReferenceCoded(Protocol):
 
     def decompress_rows(self, wire: torch.Tensor, numel: int,
                         dtype: torch.dtype) -> torch.Tensor: ...
+
+    def reset_reference(self) -> None: ...
+
+    def zero_difference(self, shape: Sequence[int], device: torch.device) -> Packed: ...
+
+    def difference_byte_runs(self, numel: int, runs: Sequence[tuple[int, int]]
+                             ) -> Sequence[tuple[int, int]] | None: ...
 
 
 @runtime_checkable

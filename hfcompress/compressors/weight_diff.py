@@ -18,6 +18,7 @@ import torch
 from .base import Compressor, Packed, check_float_input, resolve_inner
 from .group_quant import GroupQuantizer
 from .registry import register_compressor
+from .runs import Runs, merged
 
 _EXACT = "exact"
 
@@ -102,9 +103,14 @@ class WeightDifferenceQuantizer(Compressor):
         if ref.shape != x.shape:
             raise ValueError(f"qwd: input shape {tuple(x.shape)} does not match the reference "
                              f"{tuple(ref.shape)}; use one instance per tensor (fresh())")
-        packed = (self.inner.compress(torch.zeros(x.shape, dtype=torch.float32, device=x.device))
-                  if unchanged else self.inner.compress_difference(x, ref))
+        packed = (self.zero_difference(x.shape, x.device) if unchanged
+                  else self.inner.compress_difference(x, ref))
         return Packed(packed.payload, x.shape, x.dtype, packed.meta)
+
+    def zero_difference(self, shape: Sequence[int], device: torch.device) -> Packed:
+        """The inner code of all-zero differences of ``shape``: what ``compress(x,
+        unchanged=True)`` sends."""
+        return self.inner.compress(torch.zeros(shape, dtype=torch.float32, device=device))
 
     # -- every replica --------------------------------------------------------------------
     def apply(self, ref: torch.Tensor | None, packed: Packed) -> torch.Tensor:
@@ -159,8 +165,7 @@ class WeightDifferenceQuantizer(Compressor):
                                                    packed.meta)))
         return self.reference
 
-    def difference_byte_runs(self, numel: int, runs: Sequence[tuple[int, int]]
-                             ) -> list[tuple[int, int]] | None:
+    def difference_byte_runs(self, numel: int, runs: Runs) -> Runs | None:
         """The ``(start, stop)`` bytes of a difference payload for ``numel`` values that
         carry the value ranges ``runs``: when every value outside ``runs`` has a zero
         difference, the payload is those bytes with the others taken from the payload of
@@ -173,15 +178,9 @@ class WeightDifferenceQuantizer(Compressor):
         g, bits = self.inner.group_size, self.inner.bits
         spec = self.inner.payload_spec(numel)
         groups = sorted({k for a, b in runs if b > a for k in range(a // g, (b - 1) // g + 1)})
-        out: list[list[int]] = []
-        for offset, width in ((0, g * bits // 8), (spec["codes"][1], 4)):   # codes, scales
-            for k in groups:
-                start = offset + k * width
-                if out and out[-1][1] == start:
-                    out[-1][1] = start + width
-                else:
-                    out.append([start, start + width])
-        return [(a, b) for a, b in out]
+        fields = ((0, g * bits // 8), (spec["codes"][1], 4))       # codes, scales
+        return merged((offset + k * width, offset + (k + 1) * width)
+                      for offset, width in fields for k in groups)
 
     def _rows(self, rows: int, numel: int) -> torch.Tensor:
         if self.reference.numel() != rows * numel:

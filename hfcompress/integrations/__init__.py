@@ -7,8 +7,5 @@ from .handle import Compression
 from .hsdp import fully_shard_hsdp, install_hsdp_hook
 from .timeouts import CommunicationError
 
-#: the handle's former name (FSDP2 only)
-FSDPCompression = Compression
-
-__all__ = ["AllReduceState", "Compression", "CommunicationError", "FSDPCompression",
-           "fully_shard_hsdp", "install_hsdp_hook", "register_ddp_hook", "shard_model"]
+__all__ = ["AllReduceState", "Compression", "CommunicationError", "fully_shard_hsdp",
+           "install_hsdp_hook", "register_ddp_hook", "shard_model"]

@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from ..compressors.runs import put, runs_of, take
 from . import _fsdp2
 
 
@@ -41,8 +42,8 @@ class SlotLayout:
     def __init__(self, segments: Sequence[Segment]) -> None:
         self.segments = tuple(segments)
         self.numel = sum(s.numel for s in self.segments)
-        self.compressed_runs = _runs(self.segments, exact=False)
-        self.exact_runs = _runs(self.segments, exact=True)
+        self.compressed_runs = runs_of([(s.numel, not s.exact) for s in self.segments])
+        self.exact_runs = runs_of([(s.numel, s.exact) for s in self.segments])
         self.exact_numel = sum(stop - start for start, stop in self.exact_runs)
 
     @property
@@ -57,45 +58,16 @@ class SlotLayout:
     def split(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``[k, S]`` -> (compressed columns ``[k, S_c]``, exact columns ``[k, S_e]``): column
         slices, views where a set is one run (norms usually come last in a module)."""
-        return _gather(rows, self.compressed_runs), _gather(rows, self.exact_runs)
+        return take(rows, self.compressed_runs), take(rows, self.exact_runs)
 
     def merge(self, rows: torch.Tensor, compressed: torch.Tensor, exact: torch.Tensor) -> None:
         """Write the two column sets back into ``rows`` (``[k, S]``, in place)."""
-        _scatter(rows, self.compressed_runs, compressed)
-        _scatter(rows, self.exact_runs, exact)
+        put(rows, self.compressed_runs, compressed)
+        put(rows, self.exact_runs, exact)
 
     def __repr__(self) -> str:
         return (f"SlotLayout({len(self.segments)} params, {self.numel} values per slot, "
                 f"{self.exact_numel} exact)")
-
-
-def _runs(segments: Sequence[Segment], exact: bool) -> tuple[tuple[int, int], ...]:
-    """``(start, stop)`` column ranges of the segments with ``exact``, adjacent ones merged."""
-    runs: list[list[int]] = []
-    start = 0
-    for s in segments:
-        if s.exact == exact and s.numel:
-            if runs and runs[-1][1] == start:
-                runs[-1][1] = start + s.numel
-            else:
-                runs.append([start, start + s.numel])
-        start += s.numel
-    return tuple((a, b) for a, b in runs)
-
-
-def _gather(rows: torch.Tensor, runs: tuple[tuple[int, int], ...]) -> torch.Tensor:
-    if len(runs) == 1:
-        return rows[:, runs[0][0]:runs[0][1]]
-    if not runs:
-        return rows[:, :0]
-    return torch.cat([rows[:, a:b] for a, b in runs], dim=1)
-
-
-def _scatter(rows: torch.Tensor, runs: tuple[tuple[int, int], ...], cols: torch.Tensor) -> None:
-    offset = 0
-    for a, b in runs:
-        rows[:, a:b].copy_(cols[:, offset:offset + b - a])
-        offset += b - a
 
 
 def param_names(model: nn.Module, param_group) -> list[str]:

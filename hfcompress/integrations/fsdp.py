@@ -50,16 +50,15 @@ ALL_GATHER, ALL_GATHER_BWD, REDUCE_SCATTER = "all_gather", "all_gather_bwd", "re
 def gradient_collective(config: CompressionConfig, topology: Topology, meter: WireMeter,
                         seed: int, rank: int, index: int):
     """The reduce-scatter of one module: 1-hop or 2-hop, LoCo on the first hop that runs."""
-    intra = build_compressor(config.grad_intra, seed, rank, index, "grad_intra")
-    inter = build_compressor(config.grad_inter, seed, rank, index, "grad_inter")
+    hops = {k: build_compressor(getattr(config, k), seed, rank, index, k)
+            for k in ("grad_intra", "grad_inter")}
     if config.loco is not None:
-        first_is_intra = config.two_hop and topology.ranks_per_node > 1
-        inner = intra if first_is_intra else inter
-        if inner is None:
+        first = config.loco_hop(topology.ranks_per_node)
+        if hops[first] is None:
             raise ValueError(f"config {config.name!r}: loco error feedback needs a gradient "
-                             f"scheme on the {'intra' if first_is_intra else 'inter'}-node hop")
-        wrapped = config.loco.wrap(inner)
-        intra, inter = (wrapped, inter) if first_is_intra else (intra, wrapped)
+                             f"scheme on the {first.removeprefix('grad_')}-node hop")
+        hops[first] = config.loco.wrap(hops[first])
+    intra, inter = hops["grad_intra"], hops["grad_inter"]
     if config.two_hop:
         return TwoHopReduceScatter(topology, intra, inter, meter=meter, tag=REDUCE_SCATTER)
     if inter is not None:

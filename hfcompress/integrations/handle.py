@@ -25,7 +25,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..comm import Topology, WireMeter
-from ..compressors.base import Compressor, ErrorFeedback
+from ..comm.streams import StreamOwner
+from ..compressors.base import Compressor, ErrorFeedback, ReferenceCoded
 from ..config import CompressionConfig
 
 #: kinds of persistent compressor state (``Compressor.state_bytes``)
@@ -40,7 +41,7 @@ class Installed(Protocol):
 
     def uninstall(self) -> None: ...
 
-    def collectives(self) -> list[Any]: ...
+    def collectives(self) -> list[StreamOwner]: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -54,19 +55,6 @@ def step_error_feedback(compressors: Iterable[Compressor]) -> None:
     for c in compressors:
         if isinstance(c, ErrorFeedback):
             c.step()
-
-
-def state_bytes(collective: Any) -> dict[str, int]:
-    """Persistent compressor state of one collective by kind: its own ``state_bytes()``
-    (it may share state between its compressors), else the sum over its compressors."""
-    own = getattr(collective, "state_bytes", None)
-    if own is not None:
-        return own()
-    out: dict[str, int] = {}
-    for c in collective.compressors():
-        for kind, n in c.state_bytes().items():
-            out[kind] = out.get(kind, 0) + n
-    return out
 
 
 def param_bytes(model: nn.Module) -> tuple[int, int]:
@@ -152,9 +140,8 @@ class Compression:
         ``model.load_state_dict``; call it on every rank after restoring weights another way
         (e.g. ``p.copy_(saved)``), or a reference made NaN by NaN weights stays NaN."""
         for c in self.compressors():
-            reset = getattr(c, "reset_reference", None)
-            if reset is not None:
-                reset()
+            if isinstance(c, ReferenceCoded):
+                c.reset_reference()
 
     def state_dict(self) -> dict[str, Any]:
         state = self.installed_parts.state_dict()
@@ -184,7 +171,7 @@ class Compression:
         (``sharded_param_bytes``) and the full parameters (``full_param_bytes``)."""
         report = dict.fromkeys(STATE_KINDS, 0)
         for coll in self.installed_parts.collectives():
-            for kind, n in state_bytes(coll).items():
+            for kind, n in coll.state_bytes().items():
                 if kind not in report:
                     raise ValueError(f"state_bytes() kind {kind!r} is not one of {STATE_KINDS}")
                 report[kind] += int(n)

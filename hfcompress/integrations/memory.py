@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from ..comm.reference_gather import ShardedReferences
 from ..compressors import Compressor
 from ..compressors.registry import build_compressor
 from ..config import CompressionConfig, get_config, list_presets
@@ -37,14 +38,12 @@ def _gradient_hops(config: CompressionConfig, world: int, ranks_per_node: int
                    ) -> list[tuple[Compressor | None, int, int]]:
     """(compressor as the reduce-scatter builds it, parts, values per part / shard value)."""
     x, y = ranks_per_node, world // ranks_per_node
-    intra, inter = build_compressor(config.grad_intra), build_compressor(config.grad_inter)
-    two_hop = config.two_hop and x > 1
-    if config.loco is not None:      # error feedback on the hop that leaves the rank first
-        if two_hop and intra is not None:
-            intra = config.loco.wrap(intra)
-        elif not two_hop and inter is not None:
-            inter = config.loco.wrap(inter)
-    if two_hop:
+    hops = {k: build_compressor(getattr(config, k)) for k in ("grad_intra", "grad_inter")}
+    first = config.loco_hop(x)
+    if config.loco is not None and hops[first] is not None:
+        hops[first] = config.loco.wrap(hops[first])
+    intra, inter = hops["grad_intra"], hops["grad_inter"]
+    if config.two_hop and x > 1:
         return [(intra, x, y), (inter, y if y > 1 else 0, 1)]
     return [(inter, world, 1)]
 
@@ -55,13 +54,12 @@ def estimate_state_bytes(config: CompressionConfig | str, shard_numels: Sequence
     """Compressor state per rank, by kind, for FSDP units whose compressed shards hold
     ``shard_numels[i]`` values per rank (the all-gather input), gathered in ``dtype``."""
     config = get_config(config)
-    x, y = ranks_per_node, world // ranks_per_node
     out = dict.fromkeys(KINDS, 0)
     weights = build_compressor(config.weights)
-    hops = _gradient_hops(config, world, x) if world > 1 else []
+    hops = _gradient_hops(config, world, ranks_per_node) if world > 1 else []
+    rows = ShardedReferences.rows(world, ranks_per_node, shard_references)
     for s in shard_numels:
         if weights is not None:
-            rows = y if shard_references and x > 1 else world
             _add(out, weights.state_bytes_for(rows * s, dtype))
         for comp, parts, width in hops:
             if comp is not None and parts:
