@@ -27,6 +27,16 @@ def test_estimate_follows_the_layout():
         assert sum(memory.estimate_state_bytes(lean, shards, 8, 2, bf16).values()) == 0
 
 
+def test_frozen_values_keep_references_but_no_error_feedback():
+    """LoRA: the frozen base weights are referenced (qWD gathers them) but send no gradient,
+    so LoCo keeps errors for the trainable values only."""
+    shards, bf16 = [1000, 3000], torch.bfloat16
+    lora = memory.estimate_state_bytes("loco", shards, 4, 2, bf16, grad_numels=[0, 128])
+    assert lora["errors"] == 4 * (128 + 4) and lora["references"] == 0
+    assert memory.estimate_state_bytes("sdp4bit", shards, 8, 2, bf16, grad_numels=[0, 0]) == \
+        memory.estimate_state_bytes("sdp4bit", shards, 8, 2, bf16)
+
+
 def test_cuda_check_names_presets_that_fit(monkeypatch):
     free = 10 * 2 ** 20
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 8 * free))

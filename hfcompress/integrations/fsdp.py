@@ -299,14 +299,17 @@ def fsdp_units(model: nn.Module, modules: list[tuple[str, FSDPModule]], patterns
     return units, wdt, gdt, device
 
 
-def fsdp_shards(comms: Iterable[ModuleComms]) -> tuple[list[int], torch.dtype, torch.device]:
-    """Compressed values per rank of each FSDP unit, their all-gather dtype and device."""
-    numels, dtype, device = [], torch.float32, torch.device("cpu")
+def fsdp_shards(comms: Iterable[ModuleComms]
+                ) -> tuple[list[int], list[int], torch.dtype, torch.device]:
+    """Compressed values per rank of each FSDP unit, those of them that get gradients now,
+    their all-gather dtype and device."""
+    numels, grads, dtype, device = [], [], torch.float32, torch.device("cpu")
     for m in comms:
-        layout = m.layouts.full
-        numels.append(layout.numel - layout.exact_numel)
+        full, trainable = m.layouts.full, m.layouts.trainable
+        numels.append(full.numel - full.exact_numel)
+        grads.append(trainable.numel - trainable.exact_numel)
         dtype, device = _fsdp2.all_gather_dtype_device(m.param_group)
-    return numels, dtype, device
+    return numels, grads, dtype, device
 
 
 # -- what the handle installs -----------------------------------------------------------------
@@ -319,11 +322,11 @@ class FSDPInstall:
         self.config, self.comms = config, comms
         # compressor state per rank, estimated before any is allocated (raises on CUDA if
         # it cannot fit)
-        numels, dtype, device = fsdp_shards(comms.values())
+        numels, grads, dtype, device = fsdp_shards(comms.values())
         self.state_estimate = check_fits(
             config, numels, topology.world_size, topology.ranks_per_node, dtype, device,
             param_numel=sum(m.layouts.full.numel for m in comms.values()),
-            group=topology.group)
+            group=topology.group, grad_numels=grads)
 
     def install(self) -> None:
         for c in self.comms.values():

@@ -50,20 +50,23 @@ def _gradient_hops(config: CompressionConfig, world: int, ranks_per_node: int
 
 def estimate_state_bytes(config: CompressionConfig | str, shard_numels: Sequence[int],
                          world: int, ranks_per_node: int, dtype: torch.dtype,
-                         shard_references: bool = True) -> dict[str, int]:
+                         shard_references: bool = True,
+                         grad_numels: Sequence[int] | None = None) -> dict[str, int]:
     """Compressor state per rank, by kind, for FSDP units whose compressed shards hold
-    ``shard_numels[i]`` values per rank (the all-gather input), gathered in ``dtype``."""
+    ``shard_numels[i]`` values per rank (the all-gather input), gathered in ``dtype``, of
+    which ``grad_numels[i]`` get gradients (default: all; frozen ones send none, so they
+    keep no error-feedback state)."""
     config = get_config(config)
     out = dict.fromkeys(KINDS, 0)
     weights = build_compressor(config.weights)
     hops = _gradient_hops(config, world, ranks_per_node) if world > 1 else []
     rows = ShardedReferences.rows(world, ranks_per_node, shard_references)
-    for s in shard_numels:
+    for s, g in zip(shard_numels, shard_numels if grad_numels is None else grad_numels):
         if weights is not None:
             _add(out, weights.state_bytes_for(rows * s, dtype))
         for comp, parts, width in hops:
             if comp is not None and parts:
-                _add(out, comp.state_bytes_for(width * s, dtype), parts)
+                _add(out, comp.state_bytes_for(width * g, dtype), parts)
     return out
 
 
@@ -98,7 +101,8 @@ def _agree(refuse: bool, need: int, available: int, device: torch.device,
 def check_fits(config: CompressionConfig | str, shard_numels: Sequence[int], world: int,
                ranks_per_node: int, dtype: torch.dtype, device: torch.device, *,
                param_numel: int = 0, available: int | None = None,
-               group: dist.ProcessGroup | None = None) -> dict[str, int]:
+               group: dist.ProcessGroup | None = None,
+               grad_numels: Sequence[int] | None = None) -> dict[str, int]:
     """The estimate; on CUDA (or when ``available`` bytes are given, e.g. by a test) every
     rank of ``group`` raises the same ValueError when the compressor state, plus headroom
     for the optimizer state, exceeds the memory available on any rank.
@@ -107,7 +111,8 @@ def check_fits(config: CompressionConfig | str, shard_numels: Sequence[int], wor
     as Adam's (``ADAM_STATE_PER_PARAM``: 2 x the fp32 parameter shard of ``param_numel``
     values). Available = free device memory + the allocator's cached, unused blocks."""
     config = get_config(config)
-    need = estimate_state_bytes(config, shard_numels, world, ranks_per_node, dtype)
+    need = estimate_state_bytes(config, shard_numels, world, ranks_per_node, dtype,
+                                grad_numels=grad_numels)
     if (device.type != "cuda" and available is None) or total(need) == 0:
         return need
     headroom = ADAM_STATE_PER_PARAM * param_numel
@@ -116,7 +121,8 @@ def check_fits(config: CompressionConfig | str, shard_numels: Sequence[int], wor
     refuse, worst, least = _agree(mine > have, mine, have, device, group)
     if refuse:
         lean = [p for p in list_presets() if get_config(p).compresses_fsdp and not total(
-            estimate_state_bytes(p, shard_numels, world, ranks_per_node, dtype))]
+            estimate_state_bytes(p, shard_numels, world, ranks_per_node, dtype,
+                                 grad_numels=grad_numels))]
         raise ValueError(
             f"hfcompress: preset {config.name!r} keeps {gib(total(need))} of compressor state "
             f"per GPU ({gib(need['references'])} weight references, {gib(need['errors'])} "
