@@ -2,9 +2,11 @@
 
 Each RUN is an output directory of ``trainer_examples/`` (or its ``summary.json``). The
 table has one row per run: preset, engine, world size (nodes x ranks per node), steps, the
-last logged training loss, the evaluation loss, the inter-node bytes sent, the compression
-ratio (uncompressed / sent bytes, all links), the wall time of training, steps per second,
-and the steady-state communication time per step. The plot shows the training loss against
+last logged training loss (``diverged`` for a run that ended with NaN / Inf losses, whatever
+Hugging Face's loss filter logged), the evaluation loss (``nan`` when it was NaN), the
+inter-node bytes sent, the compression ratio (uncompressed / sent bytes, all links), the
+wall time of training, steps per second, and the steady-state communication time per step;
+a note for each diverged run. The plot shows the training loss against
 the step and against the wall-clock time of training (matplotlib; skipped with a message
 when it is not installed).
 """
@@ -45,10 +47,20 @@ def load_run(path: str) -> dict[str, Any]:
     return summary
 
 
-def _num(value: Any, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+def _num(value: Any, fmt: str, nan: str = "-") -> str:
+    """``value`` formatted; ``-`` when not measured (None), ``nan`` (a loss) when NaN."""
+    if value is None:
         return "-"
+    if isinstance(value, float) and math.isnan(value):
+        return nan
     return format(value, fmt)
+
+
+def diverged(s: dict[str, Any]) -> bool:
+    """The run ended with NaN / Inf losses (``summary.json``'s ``diverged``, or a NaN last
+    training loss in a summary written before that key)."""
+    last = s.get("train_loss_last")
+    return bool(s.get("diverged")) or (isinstance(last, float) and not math.isfinite(last))
 
 
 def row(s: dict[str, Any]) -> dict[str, str]:
@@ -62,8 +74,9 @@ def row(s: dict[str, Any]) -> dict[str, str]:
         preset = f"auto({s['comm_auto']['chosen'].replace(' ', ',')})"
     return {"run": s["run"], "preset": preset,
             "engine": str(s.get("engine") or "-"), "world": str(world or "-"),
-            "steps": _num(s.get("steps"), "d"), "loss": _num(s.get("train_loss_last"), ".4f"),
-            "eval loss": _num(s.get("eval_loss"), ".4f"),
+            "steps": _num(s.get("steps"), "d"),
+            "loss": "diverged" if diverged(s) else _num(s.get("train_loss_last"), ".4f"),
+            "eval loss": _num(s.get("eval_loss"), ".4f", nan="nan"),
             "inter-node MiB": _num(None if inter is None else inter / 2**20, ".1f"),
             "ratio": _num(s.get("comm_ratio"), ".2f"),
             "wall s": _num(s.get("train_runtime_s"), ".1f"),
@@ -81,10 +94,18 @@ def format_table(summaries: list[dict[str, Any]]) -> str:
 
 
 def notes(summaries: list[dict[str, Any]]) -> list[str]:
-    """Compressed runs whose collectives took longer than the exact ones of a ``none`` run
-    in the same layout (engine, world, ranks per node): compression cost more than it saved
-    on that link."""
+    """Runs that diverged (when, and that their losses compare with nothing); compressed
+    runs whose collectives took longer than the exact ones of a ``none`` run in the same
+    layout (engine, world, ranks per node): compression cost more than it saved on that
+    link."""
     out = []
+    for s in summaries:
+        if diverged(s):
+            at = s.get("diverged_at_step")
+            out.append(f"note: {s['run']} diverged (NaN / Inf"
+                       + (f" from step {at}" if at is not None else "") + "): its losses "
+                       f"are not comparable; Hugging Face logs such steps' loss as 0.0 "
+                       f"(logging_nan_inf_filter)")
     layout = ("engine", "world_size", "ranks_per_node")
     for base in (s for s in summaries if s.get("comm_compressor") == "none"):
         t0 = base.get("comm_steady_s_per_step")

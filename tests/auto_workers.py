@@ -55,26 +55,33 @@ def fsdp_auto(rank: int, world: int, ranks_per_node: int, settings: dict | None,
             "installed": type(handle.installed_parts).__name__}
 
 
-def fsdp_restore(rank: int, world: int, pin_save: str, pin_load: str) -> dict:
-    """Save a handle's state under one pinned plan, load it into an auto handle that chose
-    another: the handle switches to the saved plan and its qWD references load."""
+def fsdp_restore(rank: int, world: int, pin_save: str, pin_allows: str,
+                 pin_excludes: str) -> dict:
+    """Save a handle's state under one pinned plan; load it into an auto handle whose pin
+    allows that plan but chose another (``margin`` huge: the fewest compressed kinds): the
+    handle switches to the saved plan and its qWD references load. Load it into one whose
+    pin excludes the plan (``HFCOMPRESS_AUTO`` changed before the resume): the pin wins,
+    nothing is loaded, and the pinned plan trains."""
     setup()
     results = {}
     states = {}
-    for name, pin in (("save", pin_save), ("load", pin_load)):
+    for name, pin in (("save", pin_save), ("allows", pin_allows), ("excludes", pin_excludes)):
         os.environ["HFCOMPRESS_AUTO"] = pin
         torch.manual_seed(0)
         model = tiny_llama()
-        handle = hfcompress.apply(model, "auto", ranks_per_node=1, shard=True, mp_policy=MP)
+        handle = hfcompress.apply(model, AutoSettings(margin=1e9), ranks_per_node=1,
+                                  shard=True, mp_policy=MP)
         if name == "save":
             train(model, handle, 2)
             states[name] = handle.state_dict()
-        else:
-            results["before"] = handle.auto.choice.plan.label
-            handle.load_state_dict(states["save"])
-            results["after"] = handle.auto.choice.plan.label
-            results["config"] = handle.config.name
-            results["references"] = handle.memory_report()["references"]
+            continue
+        before = handle.auto.choice.plan.label
+        handle.load_state_dict(states["save"])
+        results[name] = {"before": before, "after": handle.auto.choice.plan.label,
+                         "config": handle.config.name,
+                         "references": handle.memory_report()["references"],
+                         "losses": train(model, handle, 2)}
+    os.environ.pop("HFCOMPRESS_AUTO", None)
     return results
 
 

@@ -166,8 +166,57 @@ def test_pick_prefers_fewer_compressed_kinds_within_the_margin():
     assert _pick(rows, 0.05) == "weights=qwd"
 
 
+def test_a_pin_given_on_resume_wins_over_the_saved_plan(caplog):
+    """Resuming under an ``HFCOMPRESS_AUTO`` pin that excludes the checkpoint's plan: the
+    pinned plan keeps running (no switch, the saved state is not loaded) and one line says
+    which won and why; a saved plan the pins allow is switched to, as before."""
+    import logging
+
+    from hfcompress.auto.choose import Choice
+    from hfcompress.auto.controller import AutoController
+
+    class Handle:
+        kind = "fsdp2"
+
+        def __init__(self):
+            self.adopted = []
+
+        def remove(self):
+            pass
+
+        def adopt(self, config, parts):
+            self.adopted.append(config.name)
+
+    def controller(plan, pins):
+        choice = Choice(kind="fsdp2", plan=plan, table=[], links={}, codecs={},
+                        layout={"nodes": 2, "ranks_per_node": 1}, pins=pins, probe_s=0.1,
+                        overlap=0.0)
+        return AutoController(choice, AutoSettings(), rebuild=lambda config: None)
+
+    saved = {"weights": "qwd", "grad_intra": "exact", "grad_inter": "hs4",
+             "all_reduce": "exact"}
+    handle = Handle()
+    pinned = controller(Plan(), {"weights": "exact", "grad_inter": "exact"})
+    with caplog.at_level(logging.WARNING, logger="hfcompress.auto"):
+        assert pinned.restore(handle, saved) is False
+    assert pinned.choice.plan == Plan() and handle.adopted == []
+    [line] = [r.getMessage() for r in caplog.records if "checkpoint" in r.getMessage()]
+    assert "the checkpoint was saved under plan 'weights=qwd grad_inter=hs4' (weights=qwd, " \
+        "grad_inter=hs4), which the pins given now exclude (HFCOMPRESS_AUTO / " \
+        "AutoSettings.pins: weights=exact,grad_inter=exact): the pins win, 'exact' runs " \
+        "with fresh compressor state" in line
+    # pins that allow the saved plan (or none): switch to it so its state loads
+    free = controller(Plan(grad_inter="hs4"), {"grad_inter": "hs4"})
+    assert free.restore(handle, saved) is True
+    assert free.choice.plan == Plan(**saved)
+    assert handle.adopted == ["auto: weights=qwd grad_inter=hs4"]
+    same = controller(Plan(**saved), {"weights": "qwd"})
+    assert same.restore(handle, saved) is True and len(handle.adopted) == 1
+
+
 # -- on gloo ranks ------------------------------------------------------------------------------
 PIN_SAVE, PIN_EXACT = "weights=qwd,grad_inter=hs4", "weights=exact,grad_inter=exact"
+PIN_GRADS = "grad_inter=hs4"       # allows the saved plan
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +225,7 @@ def two():
     keys = ("auto", "exact", "restore", "reprobe", "ddp_pinned", "ddp_free")
     return dict(zip(keys, run_jobs(
         2, (aw.fsdp_auto, 1, None, None, 6), (aw.exact_losses, 6),
-        (aw.fsdp_restore, PIN_SAVE, PIN_EXACT), (aw.reprobe_switch,),
+        (aw.fsdp_restore, PIN_SAVE, PIN_GRADS, PIN_EXACT), (aw.reprobe_switch,),
         (aw.ddp_auto, "all_reduce=global_qsgd_exp"), (aw.ddp_auto, None), timeout=480)))
 
 
@@ -213,14 +262,26 @@ def test_pinned_plan_on_2x2_runs_the_pinned_collectives():
 
 
 def test_checkpoint_switches_to_the_saved_plan(two):
-    """State saved under qWD + 4-bit gradients loads into an auto handle that chose exact:
-    the handle switches to the saved plan and its qWD references are restored."""
-    res = two["restore"]
-    for r in res:
-        assert r["before"] == "exact"
+    """State saved under qWD + 4-bit gradients loads into an auto handle that chose another
+    plan its pins allow: the handle switches to the saved plan and its qWD references are
+    restored."""
+    for r in two["restore"]:
+        r = r["allows"]
+        assert r["before"] == "grad_inter=hs4"
         assert r["after"] == "weights=qwd grad_inter=hs4"
         assert r["config"] == "auto: weights=qwd grad_inter=hs4"
         assert r["references"] > 0
+
+
+def test_a_changed_pin_wins_over_the_saved_plan_on_resume(two):
+    """The same state into a handle pinned to exact by HFCOMPRESS_AUTO (changed before the
+    resume): the pin wins (no switch, the saved qWD state is not loaded, no error) and the
+    pinned plan trains."""
+    for r in two["restore"]:
+        r = r["excludes"]
+        assert r["before"] == r["after"] == "exact"
+        assert r["config"] == "auto: exact" and r["references"] == 0
+        assert all(math.isfinite(x) for x in r["losses"])
 
 
 def test_reprobe_switches_at_a_step_boundary(two):

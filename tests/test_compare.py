@@ -3,6 +3,7 @@
 log history)."""
 
 import json
+import math
 import os
 import sys
 
@@ -143,3 +144,66 @@ def test_auto_that_chose_exact_says_so(tmp_path, capsys):
             assert "compressed ones" not in out
         else:
             assert "the compressed ones took" in out and "auto's choice" not in out
+
+
+def diverged_history():
+    """What the Trainer logs when NaN reaches the weights after step 4 (logging every 2
+    steps): HF's ``logging_nan_inf_filter`` logs the window mean of its finite losses, then
+    0.0; ``grad_norm`` is NaN; ``hfcompress.Trainer`` counts the NaN losses."""
+    nan = float("nan")
+    return [{"loss": 7.0, "grad_norm": 2.0, "step": 2}, {"loss": 6.0, "grad_norm": 1.5, "step": 4},
+            {"loss": 5.9, "grad_norm": nan, "nonfinite_losses": 1, "step": 6},
+            {"loss": 0.0, "grad_norm": nan, "nonfinite_losses": 2, "step": 8},
+            {"train_runtime": 30.0, "train_steps_per_second": 0.4, "step": 8}]
+
+
+def test_a_diverged_run_is_shown_as_diverged(tmp_path, capsys):
+    """F4: after a NaN the summary says diverged (from the first non-finite window), the
+    printed line says DIVERGED instead of '-> 0.0000', and ``hfcompress compare`` shows
+    'diverged' in the loss column and 'nan' as the evaluation loss, with a note."""
+    from run_summary import report
+
+    summary = summarize(diverged_history(), {"eval_loss": float("nan")})
+    assert summary["diverged"] is True and summary["diverged_at_step"] == 6
+    assert summary["nonfinite_steps"] == [6, 8]
+    assert math.isnan(summary["train_loss_last"])
+    assert summary["train_losses"][:2] == [7.0, 6.0]
+    assert all(math.isnan(x) for x in summary["train_losses"][2:])
+    summary.update({"model": "LlamaForCausalLM", "n_params": 1000, "comm_compressor": "sdp4bit",
+                    "engine": "fsdp2", "world_size": 2, "ranks_per_node": 1, "nodes": 2,
+                    "resumed_from_step": None, "steps": 8})
+    report(summary, 2)
+    out = capsys.readouterr().out
+    assert "train loss: 7.0000 -> DIVERGED (NaN / Inf from step 6)" in out, out
+    assert "0.0000" not in out and "-> 0.0" not in out
+    run = tmp_path / "llama-diverged"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(summary))     # NaN as JSON's NaN
+    ok = write_run(tmp_path, "llama-ok", "none", "fsdp2", [7.0, 6.0, 5.5, 5.0], NONE)
+    main(["compare", str(run), ok, "--no_plot"])
+    out = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split() for line in out[1:3]}
+    assert rows["llama-diverged"][6:8] == ["diverged", "nan"], out
+    assert rows["llama-ok"][6] == "5.0000"
+    assert any(line.startswith("note: llama-diverged diverged (NaN / Inf from step 6)")
+               for line in out), out
+
+
+def test_nan_filter_zero_without_the_count_and_a_recovered_step():
+    """A plain Trainer's log (no ``nonfinite_losses``): a 0.0 loss with a NaN grad_norm is
+    HF's filter, not a loss; an Inf grad_norm mid-run that recovers (fp16 loss scaling
+    skipped a step) is recorded, not called a divergence; the filter off logs NaN itself."""
+    nan, inf = float("nan"), float("inf")
+    plain = [{"loss": 7.0, "grad_norm": 1.0, "step": 1}, {"loss": 0.0, "grad_norm": nan,
+                                                           "step": 2}]
+    s = summarize(plain, {"eval_loss": nan})
+    assert s["diverged"] and s["diverged_at_step"] == 2 and math.isnan(s["train_loss_last"])
+    skipped = [{"loss": 7.0, "grad_norm": inf, "step": 1}, {"loss": 6.5, "grad_norm": 1.0,
+                                                            "step": 2}]
+    s = summarize(skipped, {"eval_loss": 6.4})
+    assert not s["diverged"] and s["nonfinite_steps"] == [1] and s["train_loss_last"] == 6.5
+    unfiltered = [{"loss": 7.0, "step": 1}, {"loss": nan, "step": 2}]
+    s = summarize(unfiltered, {})
+    assert s["diverged"] and s["diverged_at_step"] == 2
+    s = summarize([{"loss": 7.0, "step": 1}], {"eval_loss": nan})   # only the eval is NaN
+    assert s["diverged"] and s["diverged_at_step"] is None

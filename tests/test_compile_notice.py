@@ -1,22 +1,36 @@
 """The one line on rank 0 before the CPU kernels compile (the first steps otherwise sit
-silent for a minute or more)."""
+silent for a minute or more), and only where kernels compile (issue 29 item 6): CPU twins
+compiled (not ``HFCOMPRESS_COMPILE=0``, not on CUDA with Triton), for a preset that runs
+compressor kernels (not ``none``)."""
 
 import logging
 
+import pytest
+
+from hfcompress.config import AutoSettings, get_config
 from hfcompress.trainer import mixin
 
 
-def test_compile_notice_once_on_rank0(monkeypatch, caplog):
-    def lines(device="cpu", rank="0"):
+@pytest.fixture
+def lines(monkeypatch, caplog):
+    def lines(device="cpu", rank="0", preset="sdp4bit", fsdp=True):
         monkeypatch.setenv("RANK", rank)
         caplog.clear()
+        config = AutoSettings() if preset == "auto" else get_config(preset)
         with caplog.at_level(logging.WARNING, logger="hfcompress.trainer.mixin"):
-            mixin.compile_notice(device)
+            mixin.compile_notice(device, config, fsdp)
         return [r.getMessage() for r in caplog.records]
 
     monkeypatch.setattr(mixin, "_noticed_compile", False)
+    monkeypatch.delenv("HFCOMPRESS_COMPILE", raising=False)
+    return lines
+
+
+def test_compile_notice_once_on_rank0(monkeypatch, lines):
     monkeypatch.setenv("HFCOMPRESS_COMPILE", "0")
     assert lines() == []                                   # eager: nothing compiles
+    monkeypatch.setenv("HFCOMPRESS_COMPILE", "off")
+    assert lines() == []
     monkeypatch.delenv("HFCOMPRESS_COMPILE")
     assert lines(device="cuda") == []                      # Triton on GPU: not this figure
     assert lines(rank="1") == []                           # other ranks stay quiet
@@ -24,3 +38,19 @@ def test_compile_notice_once_on_rank0(monkeypatch, caplog):
     [line] = lines()
     assert f"compiling the compression kernels, about {mixin.COMPILE_SECONDS} s" in line
     assert lines() == []                                   # once per process
+
+
+@pytest.mark.parametrize("preset,fsdp,compiles", [
+    ("none", True, False), ("none", False, False),          # exact collectives only
+    ("sdp4bit", True, True), ("qw", True, True), ("tlq_hs", False, True),
+    ("global_qsgd", False, True), ("auto", True, True),      # auto's probe times kernels
+])
+def test_compile_notice_only_for_presets_that_compile(lines, preset, fsdp, compiles):
+    assert bool(lines(preset=preset, fsdp=fsdp)) is compiles
+
+
+def test_compiles_kernels_needs_a_compressed_collective_of_the_engine():
+    assert not mixin.compiles_kernels(None, True)
+    assert not mixin.compiles_kernels(get_config("none"), True)
+    assert mixin.compiles_kernels(get_config("qwd"), True)
+    assert not mixin.compiles_kernels(get_config("qwd"), False)    # DDP sends no weights

@@ -2,12 +2,13 @@
 and the lines printed on the main process.
 
 ``summary.json`` holds what tells runs apart (model, preset, engine, world size, ranks per
-node), the losses (each logged training loss with its step and wall-clock second), the
-evaluation loss, time (training wall time, steps per second) and, with a ``comm_compressor``,
-the communication totals ``hfcompress.Trainer`` logged: bytes sent (intra- and inter-node),
-the bytes the exact collectives would have sent, the ratio, and the time in the collectives,
-split into the warm-up (first steps: kernel compilation, qWD's exact first all-gather) and
-the steady state.
+node), the losses (each logged training loss with its step and wall-clock second), whether
+the run diverged (``diverged``, ``diverged_at_step``, ``nonfinite_steps``: see
+:func:`nonfinite`), the evaluation loss, time (training wall time, steps per second) and,
+with a ``comm_compressor``, the communication totals ``hfcompress.Trainer`` logged: bytes
+sent (intra- and inter-node), the bytes the exact collectives would have sent, the ratio,
+and the time in the collectives, split into the warm-up (first steps: kernel compilation,
+qWD's exact first all-gather) and the steady state.
 """
 
 from __future__ import annotations
@@ -37,19 +38,55 @@ class LossClock(TrainerCallback):
             self.times[state.global_step] = time.perf_counter() - self.t0
 
 
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def nonfinite_loss(entry: dict) -> bool:
+    """Whether a logged training window had NaN / Inf losses. Hugging Face's
+    ``logging_nan_inf_filter`` (on by default) leaves them out of ``loss``: the window then
+    logs the mean of its finite losses, and 0.0 once every loss is NaN (with a NaN
+    ``grad_norm``). ``hfcompress.Trainer`` counts them (``nonfinite_losses``)."""
+    loss, norm = entry["loss"], entry.get("grad_norm")
+    return bool(entry.get("nonfinite_losses")) or not _finite(loss) \
+        or (loss == 0 and norm is not None and not _finite(norm))
+
+
+def nonfinite(logged: list[dict], eval_metrics: dict) -> dict:
+    """``nonfinite_steps``: the logged steps whose window had a NaN / Inf loss or
+    ``grad_norm`` (a step that fp16 loss scaling skipped has an Inf ``grad_norm`` and the
+    run recovers); ``diverged``: the run ended non-finite (NaN / Inf losses in its last
+    logged window, or its evaluation loss); ``diverged_at_step``: the first logged step of
+    the non-finite windows it ended with."""
+    bad = [nonfinite_loss(e) or ("grad_norm" in e and not _finite(e["grad_norm"]))
+           for e in logged]
+    eval_bad = "eval_loss" in eval_metrics and not _finite(eval_metrics["eval_loss"])
+    diverged = eval_bad or bool(logged and nonfinite_loss(logged[-1]))
+    at = None
+    for e, b in zip(reversed(logged), reversed(bad)):
+        if not diverged or not b:
+            break
+        at = e["step"]
+    return {"diverged": diverged, "diverged_at_step": at,
+            "nonfinite_steps": [e["step"] for e, b in zip(logged, bad) if b]}
+
+
 def summarize(log_history: list[dict], eval_metrics: dict, clock: LossClock | None = None
               ) -> dict:
-    """Losses, time and the communication totals of ``log_history`` (see the module
-    docstring); ``comm_*`` keys only when ``hfcompress.Trainer`` logged them."""
+    """Losses, divergence, time and the communication totals of ``log_history`` (see the
+    module docstring); ``comm_*`` keys only when ``hfcompress.Trainer`` logged them. A
+    window with NaN / Inf losses records its loss as NaN (not the 0.0 or partial mean HF's
+    filter logged for it)."""
     times = clock.times if clock is not None else {}
     logged = [e for e in log_history if "loss" in e]
-    losses = [e["loss"] for e in logged]
+    losses = [math.nan if nonfinite_loss(e) else e["loss"] for e in logged]
     out = {"train_losses": losses,
-           "train_loss_history": [{"step": e["step"], "loss": e["loss"],
+           "train_loss_history": [{"step": e["step"], "loss": x,
                                    **({"time_s": times[e["step"]]} if e["step"] in times
-                                      else {})} for e in logged],
+                                      else {})} for e, x in zip(logged, losses)],
            "train_loss_first": losses[0] if losses else float("nan"),
            "train_loss_last": losses[-1] if losses else float("nan"),
+           **nonfinite(logged, eval_metrics),
            "eval_loss": eval_metrics.get("eval_loss", float("nan"))}
     out["eval_perplexity"] = math.exp(min(out["eval_loss"], 50.0))
     runs = [e for e in log_history if "train_runtime" in e]
@@ -135,8 +172,16 @@ def report(summary: dict, logging_steps: int) -> None:
           f"{_plural(s['world_size'], 'process')} ({s['engine']}), "
           f"comm_compressor={s['comm_compressor']}"
           + (f", resumed at step {s['resumed_from_step']}" if s["resumed_from_step"] else ""))
-    print(f"train loss: {s['train_loss_first']:.4f} -> {s['train_loss_last']:.4f} "
-          f"(every {logging_steps} steps: {' '.join(f'{x:.3f}' for x in s['train_losses'])})")
+    every = f"(every {logging_steps} steps: {' '.join(f'{x:.3f}' for x in s['train_losses'])})"
+    if s.get("diverged"):
+        at = s.get("diverged_at_step")
+        print(f"train loss: {s['train_loss_first']:.4f} -> DIVERGED (NaN / Inf "
+              + (f"from step {at}" if at is not None else "evaluation loss") + f") {every}")
+    else:
+        print(f"train loss: {s['train_loss_first']:.4f} -> {s['train_loss_last']:.4f} {every}")
+        if s.get("nonfinite_steps"):
+            print(f"            NaN / Inf loss or grad_norm at steps "
+                  f"{', '.join(map(str, s['nonfinite_steps']))}; the run recovered")
     print(f"eval loss:  {s['eval_loss']:.4f} (perplexity {s['eval_perplexity']:.1f})")
     if "train_runtime_s" in s:
         print(f"time:       {s['train_runtime_s']:.1f} s training, "

@@ -8,6 +8,11 @@ current plan's predicted exposed communication``, probes again and predicts ever
 step time; if another plan wins, the collectives are switched before the next forward. A
 switch starts fresh compressor state, as at start: qWD's first all-gather after it sends
 the weights exactly (SDP4Bit Alg. 4 line 2), so references are re-initialised exactly.
+
+On resume, :meth:`AutoController.restore` switches to the plan the checkpoint was saved
+under, so that its state loads, unless the pins given now (``HFCOMPRESS_AUTO``, changed
+since) exclude it: the explicit pin wins, the pinned plan runs with fresh compressor state,
+and one line on rank 0 says so.
 """
 
 from __future__ import annotations
@@ -22,10 +27,14 @@ import torch
 import torch.distributed as dist
 
 from ..config import AutoSettings, CompressionConfig
-from .candidates import Plan
+from .candidates import PIN_ENV, Plan
 from .choose import Choice
 
 logger = logging.getLogger(__name__)
+
+
+def _rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 class AutoController:
@@ -43,7 +52,7 @@ class AutoController:
         self._mark: tuple[int, float] | None = None
         self._device: torch.device | None = None
         for line in choice.lines():
-            if dist.get_rank() == 0:
+            if _rank0():
                 logger.warning(line)
 
     @property
@@ -86,7 +95,7 @@ class AutoController:
         if self._rebuild is None:
             raise ValueError(f"hfcompress auto: switching collectives is supported under "
                              f"FSDP2 only (this is {handle.kind})")
-        if dist.get_rank() == 0:
+        if _rank0():
             logger.warning(f"hfcompress auto: step {self.steps}: switching from "
                            f"{self.choice.plan.label!r} to {choice.plan.label!r}")
             for line in choice.lines():
@@ -95,11 +104,30 @@ class AutoController:
         handle.remove()
         handle.adopt(self.config, self._rebuild(self.config))
 
-    def restore(self, handle: Any, plan: dict[str, str]) -> None:
-        """A checkpoint's plan: switch to it if it differs, so its state can load."""
+    def restore(self, handle: Any, plan: dict[str, str]) -> bool:
+        """A checkpoint's plan: switch to it if it differs, so its state can load (True).
+        A plan that the pins given now exclude (``HFCOMPRESS_AUTO`` changed since it was
+        saved) is not restored: the explicit pin wins, the pinned plan keeps running with
+        fresh compressor state, one line on rank 0 says so (False: do not load the saved
+        state, it belongs to the other plan's collectives)."""
         saved = Plan(**plan)
-        if saved != self.choice.plan:
-            self.switch(handle, dataclasses.replace(self.choice, plan=saved))
+        if saved == self.choice.plan:
+            return True
+        pins = self.choice.pins
+        excluded = {k: v for k, v in pins.items() if getattr(saved, k, v) != v}
+        if excluded:
+            if _rank0():
+                was = ", ".join(f"{k}={getattr(saved, k)}" for k in excluded)
+                now = ",".join(f"{k}={v}" for k, v in pins.items())
+                logger.warning(f"hfcompress auto: the checkpoint was saved under plan "
+                               f"{saved.label!r} ({was}), which the pins given now exclude "
+                               f"({PIN_ENV} / AutoSettings.pins: {now}): the pins win, "
+                               f"{self.choice.plan.label!r} runs with fresh compressor "
+                               f"state (the saved state is the other plan's; unset the pin "
+                               f"to resume with the saved plan)")
+            return False
+        self.switch(handle, dataclasses.replace(self.choice, plan=saved))
+        return True
 
     def plan_dict(self) -> dict[str, str]:
         return asdict(self.choice.plan)

@@ -151,11 +151,12 @@ class Compression:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the compressor state (an ``auto`` handle first switches to the plan the
-        state was saved under)."""
+        state was saved under; a plan the pins given now exclude is not restored, and its
+        state not loaded: ``AutoController.restore``)."""
         state = dict(state)
         plan = state.pop("auto_plan", None)
-        if plan is not None and self.auto is not None:
-            self.auto.restore(self, plan)
+        if plan is not None and self.auto is not None and not self.auto.restore(self, plan):
+            return
         self.installed_parts.load_state_dict(state)
 
     @property

@@ -16,6 +16,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,26 @@ def init_process_group(args) -> bool:
         return False     # not a launch, or the group is the user's / Accelerate's to make
     dist.init_process_group(args.ddp_backend or "gloo", timeout=args.ddp_timeout_delta,
                             rank=int(os.environ["RANK"]), world_size=launched_world_size())
+    return True
+
+
+def apply_ddp_timeout(args) -> bool:
+    """Give the default process group ``args.ddp_timeout`` where a CPU launch's arguments
+    set up their devices without it (``use_cpu``: transformers leaves the timeout out, and
+    ``TrainingArguments.__post_init__`` sets the devices up, so the group exists before the
+    Trainer sees the arguments: any ``TrainingArguments`` class, TRL's ``SFTConfig``, ...).
+    Only a group at torch's default timeout changes (a timeout set elsewhere is kept). True
+    if it changed the timeout."""
+    from ..integrations.timeouts import group_timeout
+
+    cpu = args.use_cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+    if not cpu or not dist.is_initialized():
+        return False
+    want = args.ddp_timeout_delta
+    have = group_timeout()
+    if have is None or have == want or have != default_pg_timeout:
+        return False
+    dist.distributed_c10d._set_pg_timeout(want)
     return True
 
 

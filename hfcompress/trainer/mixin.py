@@ -16,8 +16,11 @@ The communication settings are keyword arguments of the constructor (``comm_comp
 each defaulting to the field of that name in ``args`` (``hfcompress.TrainingArguments``), so
 no merged arguments dataclass is needed. What the mixin adds: the collectives installed on
 the prepared FSDP2 / DDP model at ``on_train_begin`` (``callback``), LoCo's optimizer wrap
-(``create_optimizer``), the ``comm/*`` logs (``log``), the compressor state in checkpoints
-(``_save_checkpoint``, restored by ``train(resume_from_checkpoint=...)``).
+(``create_optimizer``), the ``comm/*`` logs (``log``), ``nonfinite_losses`` in a training
+log whose window had NaN / Inf losses (which HF's ``logging_nan_inf_filter`` hides from
+``loss``), the compressor state in checkpoints (``_save_checkpoint``, restored by
+``train(resume_from_checkpoint=...)``), ``ddp_timeout`` on a CPU launch's process group
+(``accelerate_cpu.apply_ddp_timeout``, for any ``TrainingArguments`` class).
 
 Put the mixin first in the bases (``class X(CompressionMixin, SFTTrainer)``): its methods
 wrap the Trainer's.
@@ -108,10 +111,13 @@ class CompressionMixin:
         self.ranks_per_node = s["ranks_per_node"]
         self.comm_callback: CommCallback | None = None
         self.resume_dir: str | None = None
+        self._nonfinite_losses: torch.Tensor | None = None   # this logging window's count
+        self._warned_nonfinite = False
         if args is not None:
-            if "_setup_devices" not in vars(args):   # plain arguments: ddp_timeout on CPU
-                accelerate_cpu.init_process_group(args)
+            if "_setup_devices" not in vars(args):   # arguments not set up yet: create the
+                accelerate_cpu.init_process_group(args)   # CPU group with ddp_timeout
             _ = args.device          # sets up Accelerate's PartialState
+            accelerate_cpu.apply_ddp_timeout(args)   # a group created without it
             _check_launch(args, self.comm_config)
             accelerate_cpu.enable_fsdp_on_cpu(args)
         super().__init__(model, args, *rest, **kwargs)
@@ -187,7 +193,7 @@ class CompressionMixin:
             resume_from_checkpoint = resume_mod.resolve(resume_from_checkpoint,
                                                         self.args.output_dir)
             self.resume_dir = resume_from_checkpoint
-            compile_notice(self.args.device)
+            compile_notice(self.args.device, self.comm_config, self.is_fsdp_enabled)
         try:
             return super().train(resume_from_checkpoint, *args, **kwargs)
         except KeyboardInterrupt as e:
@@ -197,7 +203,18 @@ class CompressionMixin:
         finally:
             self.resume_dir = None
 
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """HF's; NaN / Inf losses counted on the device (no host sync), for ``log``."""
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if isinstance(loss, torch.Tensor):
+            bad = (~torch.isfinite(loss.detach())).sum()
+            self._nonfinite_losses = bad if self._nonfinite_losses is None \
+                else self._nonfinite_losses + bad
+        return loss
+
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if "loss" in logs and self._nonfinite_losses is not None:
+            logs = self._with_nonfinite(logs)
         if self.compression is not None:
             st = self.comm_callback.state
             if "loss" in logs and st.pending_logs:
@@ -205,6 +222,24 @@ class CompressionMixin:
             if "train_runtime" in logs:
                 logs = {**logs, **st.stats.total_logs()}
         super().log(logs, *args, **kwargs)
+
+    def _with_nonfinite(self, logs: dict[str, float]) -> dict[str, float]:
+        """``nonfinite_losses``: this rank's training losses since the last log that were NaN
+        or Inf, when there were any. HF's ``logging_nan_inf_filter`` (on by default) leaves
+        them out of ``loss``, which then reads finite: the mean of the window's finite
+        losses, 0.0 once every step is non-finite (a diverged run)."""
+        n = int(self._nonfinite_losses.item())   # HF's loss .item() synced already
+        self._nonfinite_losses = None
+        if n == 0:
+            return logs
+        if not self._warned_nonfinite and self.is_world_process_zero():
+            self._warned_nonfinite = True
+            hidden = (" the logged 'loss' leaves them out (logging_nan_inf_filter) and reads "
+                      "0.0 once every step is;" if self.args.logging_nan_inf_filter else "")
+            logger.warning(f"hfcompress: {n} training loss{'es' if n > 1 else ''} up to step "
+                           f"{self.state.global_step} {'were' if n > 1 else 'was'} NaN / Inf;"
+                           f"{hidden} the logs count them as 'nonfinite_losses'")
+        return {**logs, "nonfinite_losses": n}
 
     def evaluation_loop(self, *args: Any, **kwargs: Any):
         """Evaluation traffic (FSDP's forward all-gathers) is not a training step's: drop it."""
@@ -236,13 +271,30 @@ COMPILE_SECONDS = 90
 _noticed_compile = False
 
 
-def compile_notice(device: Any) -> None:
+def compiles_kernels(config: CompressionConfig | AutoSettings | None, fsdp: bool) -> bool:
+    """Whether ``config`` runs compressor kernels: ``auto`` (its probe times them), or a
+    preset that compresses a collective of this engine (FSDP2: weights or gradients, or the
+    HSDP replica all-reduce; DDP: the all-reduce). ``none`` runs exact collectives only."""
+    if isinstance(config, AutoSettings):
+        return True
+    if not isinstance(config, CompressionConfig):
+        return False
+    if fsdp:
+        return config.compresses_fsdp or config.all_reduce is not None
+    return (config.all_reduce or config.grad_inter) is not None
+
+
+def compile_notice(device: Any, config: CompressionConfig | AutoSettings | None = None,
+                   fsdp: bool = True) -> None:
     """One line on rank 0 before the first compile: otherwise the first steps sit silent
-    (the kernels compile on first use, once per process; Inductor caches them on disk)."""
+    (the kernels compile on first use, once per process; Inductor caches them on disk).
+    Only where kernels compile: the torch twins on CPU (``compile_enabled``), for a
+    ``config`` that runs compressor kernels (``compiles_kernels``); on GPU, Triton's."""
     global _noticed_compile
     from ..kernels.dispatch import compile_enabled
 
-    if _noticed_compile or torch.device(device).type != "cpu" or not compile_enabled():
+    if _noticed_compile or torch.device(device).type != "cpu" \
+            or not compiles_kernels(config, fsdp) or not compile_enabled():
         return
     _noticed_compile = True
     if accelerate_cpu.is_rank0():
