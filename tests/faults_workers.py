@@ -46,7 +46,8 @@ def mismatch_checks(rank: int, tmp: str) -> dict:
     model, h, opt = sharded()
     for i in range(2):
         step(model, h, opt, i)
-    setting = checkpoint.settings({"name": "sdp4bit"}, h.kind, dist.get_world_size(), 1)
+    setting = checkpoint.settings({"name": "sdp4bit"}, h.kind, dist.get_world_size(), 1,
+                                  run=checkpoint.new_run_id())
     folder = os.path.join(tmp, "checkpoint-2")
     checkpoint.save(h, setting, folder, rank, step=2)
     dist.barrier()
@@ -120,14 +121,46 @@ def faults_worker(rank: int, world: int, tmp: str, seconds: int) -> dict:
 
 
 def ddp_timeout_check(rank: int, world: int, tmp: str, seconds: int) -> dict:
-    """The launcher's group is replaced by the one ``hfcompress.TrainingArguments`` creates
-    (as under torchrun: no group yet); its timeout is ``ddp_timeout``."""
-    port = [free_port() if rank == 0 else None]
-    dist.broadcast_object_list(port)
-    dist.destroy_process_group()
-    os.environ.update({"MASTER_PORT": str(port[0]), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(world)})
-    args = hfcompress.TrainingArguments(output_dir=tmp, ddp_timeout=seconds, report_to=[])
-    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
-    return {"use_cpu": args.use_cpu, "world_size": args.world_size,
-            "timeout_s": backend.options._timeout.total_seconds()}
+    """The launcher's group is replaced by the one CPU arguments create (as under torchrun:
+    no group yet), three times: ``hfcompress.TrainingArguments`` (creates it with
+    ``ddp_timeout``); a plain ``transformers.TrainingArguments`` under ``hfcompress.Trainer``
+    and TRL's ``SFTConfig`` under ``CompressionMixin`` (transformers creates it without the
+    timeout while the arguments are built; the Trainer sets it). Each: the timeout of the
+    group as created, and once the Trainer holds the arguments."""
+    import transformers
+    from trl import SFTConfig, SFTTrainer
+
+    from trl_peft_workers import sft_pieces
+
+    class CompressedSFTTrainer(hfcompress.CompressionMixin, SFTTrainer):
+        pass
+
+    def timeout_s() -> float:
+        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        return backend.options._timeout.total_seconds()
+
+    ports = [[free_port() for _ in range(3)] if rank == 0 else None]
+    dist.broadcast_object_list(ports)
+    os.environ.update({"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)})
+    out = {}
+    for name, port in zip(("hfcompress", "transformers", "trl"), ports[0]):
+        dist.destroy_process_group()
+        os.environ["MASTER_PORT"] = str(port)
+        kw = {"output_dir": tmp, "ddp_timeout": seconds, "report_to": []}
+        if name == "hfcompress":
+            args = hfcompress.TrainingArguments(**kw)
+            created = timeout_s()
+            hfcompress.Trainer(model=tiny_llama(), args=args)
+        elif name == "transformers":
+            args = transformers.TrainingArguments(use_cpu=True, **kw)
+            created = timeout_s()
+            hfcompress.Trainer(model=tiny_llama(), args=args)
+        else:
+            args = SFTConfig(use_cpu=True, max_length=16, **kw)
+            created = timeout_s()
+            model, tok, ds = sft_pieces()
+            CompressedSFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
+        out[name] = {"use_cpu": args.use_cpu, "world_size": args.world_size,
+                     "created_s": created, "timeout_s": timeout_s()}
+        dist.barrier()           # the group works
+    return out

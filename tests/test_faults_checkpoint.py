@@ -1,9 +1,15 @@
-"""Compressor-state files of Trainer checkpoints under faults (issue 23): each records its
-rank, world size, global step and a sha256 of its state; a swapped, stale, flipped, truncated
-or empty file is refused naming the file and what differs; writes are atomic; format-1 files
-still load, with a warning that they cannot be verified."""
+"""Compressor-state files of Trainer checkpoints under faults (issues 23, 29): each records its
+rank, world size, global step, run id and a sha256 of its state; a swapped, stale, flipped,
+truncated or empty file is refused naming the file and what differs; writes are atomic, and a
+write killed midway leaves nothing that accumulates or is read; a save during a training step
+is refused; format-1 and format-2 files still load, with a warning of what cannot be verified.
+(Files of two runs in one checkpoint: ``test_faults_trainer.py``.)"""
 
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import pytest
@@ -11,7 +17,8 @@ import torch
 
 from hfcompress.trainer import checkpoint
 
-SETTING = checkpoint.settings({"name": "sdp4bit"}, "fsdp2", 2, 1)
+RUN = "0123456789abcdef"
+SETTING = checkpoint.settings({"name": "sdp4bit"}, "fsdp2", 2, 1, run=RUN)
 MARK = torch.arange(4096, dtype=torch.float32)
 
 
@@ -38,10 +45,11 @@ def refused(tmp_path, rank: int = 0, step: int = 3) -> str:
     return str(info.value)
 
 
-def test_round_trip_restores_the_state(tmp_path):
+def test_round_trip_restores_the_state_and_the_run_id(tmp_path):
     saved(tmp_path)
     h = Handle(torch.zeros(1))
-    assert checkpoint.load(h, SETTING, str(tmp_path), 0, step=3) is True
+    other_run = {**SETTING, "run": "a resuming run's own id"}    # not compared with the file's
+    assert checkpoint.load(h, other_run, str(tmp_path), 0, step=3) == RUN   # the run goes on
     assert torch.equal(h.state["reference"], MARK)
     assert os.listdir(tmp_path) == ["hfcompress_rank0.pt"]       # no temporary file left
 
@@ -71,7 +79,7 @@ def test_a_flipped_byte_is_refused(tmp_path):
     # comm_state_mismatch='reset': a warning naming the file, and nothing loaded
     h = Handle(torch.zeros(1))
     with pytest.warns(UserWarning, match="sha256"):
-        assert checkpoint.load(h, SETTING, str(tmp_path), 0, "reset", step=3) is False
+        assert checkpoint.load(h, SETTING, str(tmp_path), 0, "reset", step=3) is None
     assert torch.equal(h.state["reference"], torch.zeros(1))
 
 
@@ -98,18 +106,101 @@ def test_an_interrupted_write_keeps_the_previous_file(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["hfcompress_rank0.pt"]
 
 
-def test_format_1_files_load_with_a_warning(tmp_path):
+def test_format_1_and_2_files_load_with_a_warning(tmp_path):
+    """Format 1 has no rank, step or checksum, format 2 no run id: they load, warning what
+    cannot be checked, and the resumed run saves under a new id from then on."""
     path = checkpoint.state_path(str(tmp_path), 0)
-    torch.save({"format": 1, "settings": SETTING, "state": {"reference": MARK},
+    before_run_ids = {k: v for k, v in SETTING.items() if k != "run"}
+    torch.save({"format": 1, "settings": before_run_ids, "state": {"reference": MARK},
                 "totals": None}, path)
     h = Handle(torch.zeros(1))
     with pytest.warns(UserWarning, match="old format 1.*cannot be verified"):
-        assert checkpoint.load(h, SETTING, str(tmp_path), 0, step=3) is True
-    assert torch.equal(h.state["reference"], MARK)
+        run = checkpoint.load(h, SETTING, str(tmp_path), 0, step=3)
+    assert run and run != RUN and torch.equal(h.state["reference"], MARK)
+    saved(tmp_path)
+    record = torch.load(path, weights_only=True)
+    record["format"] = 2
+    del record["settings"]["run"]
+    torch.save(record, path)
+    h = Handle(torch.zeros(1))
+    with pytest.warns(UserWarning, match="old format 2 .no run id.: it cannot be checked"):
+        run = checkpoint.load(h, SETTING, str(tmp_path), 0, step=3)
+    assert run and run != RUN and torch.equal(h.state["reference"], MARK)
     with warnings.catch_warnings():
         warnings.simplefilter("error")      # the current format loads without a warning
         saved(tmp_path)
-        assert checkpoint.load(Handle(), SETTING, str(tmp_path), 0, step=3) is True
+        assert checkpoint.load(Handle(), SETTING, str(tmp_path), 0, step=3) == RUN
+
+
+def test_a_save_without_a_run_id_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="needs the run id"):
+        checkpoint.save(Handle(), {**SETTING, "run": None}, str(tmp_path), 0, step=3)
+    assert checkpoint.new_run_id() != checkpoint.new_run_id()     # one process: no group
+
+
+def test_a_save_during_a_training_step_is_refused(tmp_path):
+    """F3: between a step's start and its optimizer step the step's collectives have moved
+    the compressor state past the weights: nothing is written, the error says where to
+    save; after the optimizer step it saves."""
+    h = Handle()
+    checkpoint.step_started(h)
+    with pytest.raises(ValueError) as info:
+        checkpoint.save(h, SETTING, str(tmp_path), 0, step=3)
+    msg = str(info.value)
+    assert "during a training step" in msg and "past the weights of step 3" in msg, msg
+    assert "save at a step boundary" in msg.lower(), msg
+    assert os.listdir(tmp_path) == []
+    checkpoint.step_finished(h)
+    checkpoint.save(h, SETTING, str(tmp_path), 0, step=3)
+    assert os.listdir(tmp_path) == ["hfcompress_rank0.pt"]
+
+
+KILLED_WRITER = textwrap.dedent("""
+    import os, sys, time, torch
+    from hfcompress.trainer import checkpoint
+
+    class Handle:
+        def state_dict(self):
+            return {"reference": torch.arange(4096.0)}
+
+    def stall(fd):                  # the record is written: stop before fsync and rename
+        print("writing", flush=True)
+        time.sleep(60)
+
+    os.fsync = stall
+    checkpoint.save(Handle(), checkpoint.settings({"name": "sdp4bit"}, "fsdp2", 2, 1,
+                                                  run="killed"), sys.argv[1], 0, step=6)
+""")
+
+
+def test_a_write_killed_midway_leaves_nothing_read_or_accumulating(tmp_path):
+    """A rank killed (SIGKILL) while writing its file leaves a temporary file beside the
+    previous one: the previous file is what loads (the temporary is never read), and the
+    rank's next load or save into the folder removes the temporary."""
+    path = saved(tmp_path)
+    earlier = path + ".tmp1"        # what an earlier killed write left
+    open(earlier, "wb").write(b"half a record")
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline() == "writing\n"
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    # the killed write removed the earlier temporary before writing its own: one is left
+    assert sorted(os.listdir(tmp_path)) == ["hfcompress_rank0.pt",
+                                            f"hfcompress_rank0.pt.tmp{writer.pid}"]
+    h = Handle(torch.zeros(1))
+    assert checkpoint.load(h, SETTING, str(tmp_path), 0, step=3) == RUN
+    assert torch.equal(h.state["reference"], MARK)
+    assert os.listdir(tmp_path) == ["hfcompress_rank0.pt"]
+    # only a temporary, no file: nothing to load (the temporary is not taken for the state)
+    os.replace(path, earlier)
+    assert "no hfcompress compressor state for rank 0" in refused(tmp_path)
+    assert os.listdir(tmp_path) == []
+    other = checkpoint.state_path(str(tmp_path), 10)       # another rank's are not touched
+    for stale in (earlier, other + ".tmp2"):
+        open(stale, "wb").write(b"half a record")
+    saved(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["hfcompress_rank0.pt", "hfcompress_rank10.pt.tmp2"]
 
 
 def test_a_foreign_torch_file_is_refused(tmp_path):

@@ -174,8 +174,8 @@ def test_loco_optimizers_train_llama_and_mixtral(runs):
 
 def test_auto_trains_and_resumes_its_saved_plan(runs):
     """``comm_compressor="auto"`` through the HF Trainer (FSDP2, 2 emulated nodes), plan
-    pinned to qWD + 4-bit gradients; resumed from step 3 with the pin moved to exact, the
-    handle switches back to the checkpoint's plan and steps 4-6 equal the uninterrupted
+    pinned to qWD + 4-bit gradients; resumed from step 3 without the pin, the handle switches
+    from its own probe's plan to the checkpoint's and steps 4-6 equal the uninterrupted
     run's (the qWD references and rounding streams were restored with it)."""
     out = runs["auto"]
     assert out["plans"] == ["weights=qwd grad_inter=hs4"] * 2, out["plans"]

@@ -145,7 +145,7 @@ def test_state_file_round_trip_and_mismatch(tmp_path):
     state = {"streams": {0: {"segments": (Segment("w", 4, False),),
                              "state": {"error": torch.arange(4, dtype=torch.uint8),
                                        "rng": {"seed": 3, "states": {"x": torch.zeros(3)}}}}}}
-    loco = trainer_state.settings(get_config("loco").to_dict(), "ddp", 2, 2)
+    loco = trainer_state.settings(get_config("loco").to_dict(), "ddp", 2, 2, run="r")
     path = trainer_state.save(FakeHandle(state), loco, str(tmp_path), 1)
     assert os.path.basename(path) == "hfcompress_rank1.pt"
     handle = FakeHandle()

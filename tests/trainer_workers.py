@@ -73,8 +73,10 @@ class LogCapture(TrainerCallback):
 
 
 def train(out: str, kind: str, preset, model: str = "llama", steps: int = 10,
-          resume: str | None = None, trainer_kwargs: dict | None = None, **arg_kwargs):
-    """One Trainer run; returns (trainer, captured on_log dicts)."""
+          resume: str | None = None, trainer_kwargs: dict | None = None,
+          callbacks: tuple = (), **arg_kwargs):
+    """One Trainer run; returns (trainer, captured on_log dicts). ``callbacks`` come after
+    transformers' own (and before hfcompress's)."""
     import hfcompress
     kw = dict(output_dir=out, max_steps=steps, per_device_train_batch_size=4, logging_steps=1,
               report_to=[], save_strategy="no", learning_rate=LR, warmup_steps=0,
@@ -87,7 +89,7 @@ def train(out: str, kind: str, preset, model: str = "llama", steps: int = 10,
     args = hfcompress.TrainingArguments(**kw)
     capture = LogCapture()
     trainer = hfcompress.Trainer(model=MODELS[model](), args=args, train_dataset=Arithmetic(),
-                                 eval_dataset=Arithmetic(), callbacks=[capture],
+                                 eval_dataset=Arithmetic(), callbacks=[capture, *callbacks],
                                  **(trainer_kwargs or {}))
     trainer.train(resume_from_checkpoint=resume)
     return trainer, capture.logs
@@ -271,18 +273,111 @@ def expert_grad_error(trainer) -> dict[str, float]:
 
 def auto_worker(rank: int, world: int, tmp: str) -> dict:
     """``comm_compressor="auto"`` under FSDP2 (2 emulated nodes) with the plan pinned by
-    HFCOMPRESS_AUTO: save at step 3, resume with the pin moved to exact (the restored handle
-    must run the saved plan), compare with the uninterrupted run."""
+    HFCOMPRESS_AUTO: save at step 3, resume with no pin (auto probes afresh; the restored
+    handle must run the saved plan: a pin given now would win, tests/auto_workers.py),
+    compare with the uninterrupted run."""
     setup(rank, world)
     os.environ["HFCOMPRESS_AUTO"] = "weights=qwd,grad_inter=hs4"
     d = os.path.join(tmp, "auto")
     full, _ = train(d, "fsdp", "auto", steps=6, save_strategy="steps", save_steps=3,
                     ranks_per_node=1)
-    os.environ["HFCOMPRESS_AUTO"] = "weights=exact,grad_inter=exact"
+    os.environ.pop("HFCOMPRESS_AUTO")
     resumed, _ = train(os.path.join(tmp, "auto-resumed"), "fsdp", "auto", steps=6,
                        resume=os.path.join(d, "checkpoint-3"), ranks_per_node=1)
-    os.environ.pop("HFCOMPRESS_AUTO")
     return {"full": losses(full), "resumed": losses(resumed),
             "plans": [t.compression.auto.choice.plan.label for t in (full, resumed)],
             "config": resumed.compression.config.name,
             "summary_keys": sorted(full.compression.auto.summary())}
+
+
+# -- faults (test_faults_trainer.py) ---------------------------------------------------------
+class Sigterm(TrainerCallback):
+    """A preemption's SIGTERM during step ``at + 1``: sent to this process at that step's
+    ``on_step_begin`` (after the JIT checkpoint callback's check there), through transformers'
+    own handler with its grace period set to 0, waiting until the handler requested the
+    checkpoint. The next check of ``--enable_jit_checkpoint`` is ``on_pre_optimizer_step``:
+    after the step's forward and backward, as when a SIGTERM lands during them."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        import signal
+        import time
+        if state.global_step != self.at:
+            return
+        manager = signal.getsignal(signal.SIGTERM).__self__   # transformers' CheckpointManager
+        manager.kill_wait = 0
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while not manager.is_checkpoint_requested and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert manager.is_checkpoint_requested
+
+
+def local_weights(trainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().to_local().clone() for n, p in trainer.model.named_parameters()}
+
+
+def max_gap(a: dict, b: dict) -> float:
+    return max(float((a[n] - b[n]).abs().max()) for n in a)
+
+
+def checkpoints(folder: str) -> list[str]:
+    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, "checkpoint-*")))
+
+
+def run_ids(folder: str) -> list:
+    """The run id in each rank's compressor-state file of ``folder``."""
+    from hfcompress.trainer import checkpoint
+    return [checkpoint._read(checkpoint.state_path(folder, r), "cpu")["settings"].get("run")
+            for r in range(dist.get_world_size())]
+
+
+def jit_checkpoint_worker(rank: int, world: int, tmp: str) -> dict:
+    """F3: FSDP2 + sdp4bit, 6 steps uninterrupted, and the same run SIGTERM-ed during step 3
+    with ``enable_jit_checkpoint``, then resumed from the checkpoint it saved to step 6."""
+    setup(rank, world)
+    common = dict(steps=6, ranks_per_node=1)
+    full, _ = train(os.path.join(tmp, "full"), "fsdp", "sdp4bit", **common)
+    d = os.path.join(tmp, "jit")
+    stopped, _ = train(d, "fsdp", "sdp4bit", enable_jit_checkpoint=True,
+                       callbacks=(Sigterm(2),), **common)
+    saved = checkpoints(d)
+    resumed, _ = train(os.path.join(tmp, "jit-resumed"), "fsdp", "sdp4bit",
+                       resume=os.path.join(d, saved[-1]), **common)
+    return {"stopped_at": stopped.state.global_step, "saved": saved,
+            "gap": max_gap(local_weights(full), local_weights(resumed)),
+            "losses": (losses(full), losses(resumed))}
+
+
+def run_identity_worker(rank: int, world: int, tmp: str) -> dict:
+    """F2: two runs with the same settings save checkpoint-3; a folder with run A's rank-0
+    file and run B's rank-1 file (two jobs started into one output_dir) is refused; run A's
+    own checkpoint resumes, and its later checkpoint (same run id) resumes again."""
+    setup(rank, world)
+    common = dict(steps=3, save_strategy="steps", save_steps=3, ranks_per_node=1)
+    a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+    train(a, "fsdp", "sdp4bit", **common)
+    train(b, "fsdp", "sdp4bit", **{**common, "learning_rate": 2 * LR})
+    mixed = os.path.join(tmp, "mixed", "checkpoint-3")
+    if rank == 0:
+        shutil.copytree(os.path.join(a, "checkpoint-3"), mixed)
+        shutil.copy(os.path.join(b, "checkpoint-3", "hfcompress_rank1.pt"), mixed)
+    dist.barrier()
+    out = {}
+    try:
+        train(os.path.join(tmp, "mixed"), "fsdp", "sdp4bit", steps=6, resume=mixed,
+              ranks_per_node=1)
+        out["mixed"] = "no error"
+    except ValueError as err:
+        out["mixed"] = str(err)
+    a2 = os.path.join(tmp, "a2")
+    train(a2, "fsdp", "sdp4bit", **{**common, "steps": 6},
+          resume=os.path.join(a, "checkpoint-3"))
+    again, _ = train(os.path.join(tmp, "a3"), "fsdp", "sdp4bit", steps=8, ranks_per_node=1,
+                     resume=os.path.join(a2, "checkpoint-6"))
+    out["again"] = losses(again)
+    out["ids"] = {k: run_ids(os.path.join(d, f"checkpoint-{s}"))
+                  for k, d, s in (("a", a, 3), ("b", b, 3), ("a2", a2, 6))}
+    return out

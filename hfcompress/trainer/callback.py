@@ -4,7 +4,13 @@ the communication metrics at logging steps. What it installed lives in one
 :class:`CommInstall`, which only this callback writes.
 
 Every hook used here runs on every rank at the same points (the metric gathering is a
-collective): ``on_train_begin``, ``on_optimizer_step``, ``on_step_end``, ``on_epoch_end``.
+collective): ``on_train_begin``, ``on_step_begin``, ``on_optimizer_step``, ``on_step_end``,
+``on_epoch_end``.
+
+Between a step's ``on_step_begin`` and its optimizer step the step's collectives move the
+compressor state past the weights: ``checkpoint.save`` refuses to save then, and
+transformers' SIGTERM checkpoint (``--enable_jit_checkpoint``), which saves from
+``on_pre_optimizer_step`` too, waits for the end of the step (its ``on_step_end`` saves it).
 """
 
 from __future__ import annotations
@@ -14,6 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import TrainerCallback
+
+try:
+    from transformers.trainer_jit_checkpoint import JITCheckpointCallback
+except ImportError:            # a transformers without --enable_jit_checkpoint
+    JITCheckpointCallback = None
 
 from ..comm.topology import resolve_ranks_per_node
 from ..config import AutoSettings, CompressionConfig, request_dict
@@ -30,8 +41,8 @@ logger = logging.getLogger(__name__)
 @dataclass
 class CommInstall:
     """What is installed: the handle and the model it is on, the settings its checkpoint
-    files must match, the logging window, the logs waiting for ``Trainer.log``, the LoCo
-    optimizer stepping the handle (if any)."""
+    files must match (with the run id they carry), the logging window, the logs waiting for
+    ``Trainer.log``, the LoCo optimizer stepping the handle (if any)."""
 
     handle: Compression | None = None
     model: Any = None
@@ -62,7 +73,8 @@ class CommCallback(TrainerCallback):
     def install(self, resume_dir: str | None, step: int) -> None:
         """Install the compressed collectives on the prepared model (once per model), bind a
         LoCo optimizer, restore the compressor state when resuming (saved at ``step``, the
-        step training resumes at). Runs on every rank."""
+        step training resumes at) and take its run id, else keep the run id or draw one.
+        Runs on every rank."""
         t, st = self.trainer, self.state
         model = t.model_wrapped
         if st.handle is None or st.model is not model:
@@ -75,10 +87,39 @@ class CommCallback(TrainerCallback):
             if is_rank0():     # "auto": the chosen config (its table was logged by apply)
                 logger.warning(summary(st.handle.config, st.handle.kind, world, x))
         self._bind_loco_optimizer()
+        checkpoint.step_finished(st.handle)
+        run = None
         if resume_dir is not None:
-            checkpoint.load(st.handle, st.settings, resume_dir, t.args.process_index,
-                            self.on_mismatch, t.args.device, st.stats, step=step)
+            run = checkpoint.load(st.handle, st.settings, resume_dir, t.args.process_index,
+                                  self.on_mismatch, t.args.device, st.stats, step=step)
+        st.settings["run"] = run or st.settings["run"] or checkpoint.new_run_id()
         st.seen = st.handle.meter.steps
+        self._defer_mid_step_jit_checkpoint()
+
+    def _defer_mid_step_jit_checkpoint(self) -> None:
+        """transformers' SIGTERM checkpoint saves at the first of its hooks that sees the
+        request, ``on_pre_optimizer_step`` included: the weights before the step, the
+        compressor state after its collectives. Such a save is skipped with the request left
+        standing, so the ``on_step_end`` after the optimizer step saves (training stops there,
+        as the request asked)."""
+        if JITCheckpointCallback is None:
+            return
+        for cb in self.trainer.callback_handler.callbacks:
+            manager = cb.jit_manager if isinstance(cb, JITCheckpointCallback) else None
+            if manager is None or "execute_jit_checkpoint" in vars(manager):  # deferring
+                continue
+            execute = manager.execute_jit_checkpoint
+
+            def at_step_boundary(execute=execute) -> None:
+                if not checkpoint.mid_step(self.state.handle):
+                    execute()
+                elif is_rank0():
+                    logger.warning(f"hfcompress: SIGTERM checkpoint requested during step "
+                                   f"{self.trainer.state.global_step + 1}, after its "
+                                   f"communication: it is saved at the end of that step, so "
+                                   f"that the compressor state and the weights are of one step")
+
+            manager.execute_jit_checkpoint = at_step_boundary
 
     def _bind_loco_optimizer(self) -> None:
         opt = unwrap_optimizer(self.trainer.optimizer)
@@ -94,11 +135,16 @@ class CommCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self.install(self.trainer.resume_dir, state.global_step)
 
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.state.handle is not None:
+            checkpoint.step_started(self.state.handle)
+
     def on_optimizer_step(self, args, state, control, **kwargs):
         st = self.state
         handle = st.handle
         if handle is None:
             return
+        checkpoint.step_finished(handle)
         if handle.meter.steps == st.seen:
             # a LoCo optimizer steps the handle itself; if it did not, this step was skipped
             # (e.g. a GradScaler overflow): close only the meter's step

@@ -17,16 +17,29 @@ whose bytes changed (a flipped byte, a truncated or empty file), naming the file
 differs (under ``"reset"``: warns and starts fresh). Every rank reads its file, then the ranks
 agree on ONE decision (one ``all_gather_object`` of the problems): all load, or all raise /
 reset. Files are written atomically (a temporary file in the same folder, fsync,
-``os.replace``). Format-1 files (no rank, step or checksum) still load, with a warning that
-they cannot be verified.
+``os.replace``); a temporary file a killed write left is never read, and the rank's next save
+or load into that folder removes it.
+
+Every file also carries the run's id (``settings["run"]``): drawn on rank 0 when a training
+starts without restoring state and broadcast (``new_run_id``), kept by a run that resumes
+(``load`` returns the id it restored), so its later checkpoints resume too. Files of several
+runs in one checkpoint (two trainings started into one ``output_dir``) are refused, naming
+which file is of which run. A save between a step's start and its optimizer step (the step's
+collectives have moved the state past the weights) is refused (``step_started``).
+
+Format-1 files (no rank, step or checksum) and format-2 files (no run id) still load, with a
+warning of what cannot be verified.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import io
 import os
+import secrets
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -35,9 +48,11 @@ import torch.distributed as dist
 from ..config import upgrade_dict
 from ..integrations.exact_params import Segment
 
-FORMAT = 2
-READABLE = (1, 2)
+FORMAT = 3
+READABLE = (1, 2, 3)
 MISMATCH_CHOICES = ("error", "reset")
+#: handles whose training step has started and not reached its optimizer step
+_mid_step: weakref.WeakSet = weakref.WeakSet()
 
 
 def state_path(checkpoint_dir: str, rank: int) -> str:
@@ -45,18 +60,65 @@ def state_path(checkpoint_dir: str, rank: int) -> str:
 
 
 def settings(config_dict: dict[str, Any], kind: str, world_size: int,
-             ranks_per_node: int) -> dict[str, Any]:
-    """What must match between the saving and the resuming run."""
+             ranks_per_node: int, run: str | None = None) -> dict[str, Any]:
+    """What must match between the saving and the resuming run, and the id of the run
+    (``run``: compared across the ranks' files, not with the resuming run's; set it before
+    saving)."""
     return {"config": config_dict, "integration": kind, "world_size": world_size,
-            "ranks_per_node": ranks_per_node}
+            "ranks_per_node": ranks_per_node, "run": run}
+
+
+def new_run_id() -> str:
+    """A random run id drawn on rank 0 and broadcast: the same on every rank (a collective of
+    the default group when one is initialised)."""
+    run = [secrets.token_hex(8)]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(run, src=0)
+    return run[0]
+
+
+def step_started(handle: Any) -> None:
+    """A training step starts: until ``step_finished`` (its optimizer step) the step's
+    collectives move ``handle``'s state past the weights, and ``save`` refuses it."""
+    _mid_step.add(handle)
+
+
+def step_finished(handle: Any) -> None:
+    _mid_step.discard(handle)
+
+
+def mid_step(handle: Any) -> bool:
+    """Whether ``handle`` is between ``step_started`` and ``step_finished``."""
+    return handle in _mid_step
+
+
+def _remove_stale_temporaries(path: str, keep: str | None = None) -> None:
+    """Delete the temporary files of ``path`` that a killed write left (all but ``keep``)."""
+    for tmp in glob.glob(f"{glob.escape(path)}.tmp*"):
+        if tmp != keep:
+            try:
+                os.remove(tmp)
+            except FileNotFoundError:
+                pass
 
 
 def save(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
          stats: Any = None, step: int | None = None) -> str:
     """Write this rank's compressor state (and the ``CommStats`` run totals) into
-    ``checkpoint_dir`` atomically, with its rank, world size, global ``step`` and the sha256
-    of the serialized state."""
+    ``checkpoint_dir`` atomically, with its rank, world size, global ``step``, the run id
+    (``setting["run"]``) and the sha256 of the serialized state. ValueError, writing nothing,
+    between a step's start and its optimizer step (``step_started``)."""
     path = state_path(checkpoint_dir, rank)
+    if not setting.get("run"):
+        raise ValueError("hfcompress: checkpoint.save needs the run id: pass run=new_run_id() "
+                         "(or the id load returned) to checkpoint.settings")
+    if mid_step(handle):
+        raise ValueError(f"hfcompress: not saving {path}: the checkpoint is taken during a "
+                         f"training step, after its collectives moved the compressor state "
+                         f"past the weights of step {step} and before its optimizer step, so "
+                         f"a resume would not continue this run. Save at a step boundary "
+                         f"(on_step_end or on_epoch_end, where save_steps saves; "
+                         f"--enable_jit_checkpoint's SIGTERM save waits for the step's end)")
     os.makedirs(checkpoint_dir, exist_ok=True)
     buf = io.BytesIO()
     torch.save({"state": handle.state_dict(),
@@ -67,12 +129,18 @@ def save(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
               "sha256": hashlib.sha256(body).hexdigest(),
               "body": torch.frombuffer(bytearray(body), dtype=torch.uint8)}
     tmp = f"{path}.tmp{os.getpid()}"
+    _remove_stale_temporaries(path, keep=tmp)
     try:
         with open(tmp, "wb") as f:
             torch.save(record, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except FileNotFoundError:
+            raise ValueError(f"hfcompress: {tmp} disappeared while this rank wrote it: another "
+                             f"process saves into {checkpoint_dir!r} too (start each training "
+                             f"in its own output_dir)") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -106,6 +174,10 @@ def _verify(saved: dict[str, Any], path: str, rank: int, step: int | None,
         warnings.warn(f"hfcompress: {path} has the old format 1 (no rank, step or checksum): "
                       f"it cannot be verified; loaded as is", UserWarning, stacklevel=3)
         return {"state": saved["state"], "totals": saved.get("totals")}, None
+    if fmt == 2:
+        warnings.warn(f"hfcompress: {path} has the old format 2 (no run id): it cannot be "
+                      f"checked to be of the same run as the other ranks' files; loaded as is",
+                      UserWarning, stacklevel=3)
     if saved["rank"] != rank:
         return None, (f"{path} holds the state of rank {saved['rank']}, not of rank {rank} "
                       f"(rank files swapped or renamed?)")
@@ -129,6 +201,7 @@ def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
         return {**{f"config.{k}": v for k, v in config.items()},
                 **{k: v for k, v in s.items() if k != "config"}}
     a, b = fields(saved), fields(current)
+    a.pop("run", None), b.pop("run", None)        # compared across the ranks (_runs)
     missing = "<missing>"
     return [f"{k}: checkpoint {a.get(k, missing)!r}, this run {b.get(k, missing)!r}"
             for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
@@ -136,19 +209,21 @@ def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
 
 def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
          on_mismatch: str = "error", map_location: Any = None, stats: Any = None,
-         step: int | None = None) -> bool:
+         step: int | None = None) -> str | None:
     """Restore this rank's compressor state (and ``stats``' run totals, when saved) from
-    ``checkpoint_dir``; True if restored. ``step``: the global step training resumes at (the
-    file must have been saved at it; None: not checked).
+    ``checkpoint_dir``. Returns the run id of the restored files (the resuming run saves under
+    it; files saved before run ids get a new one), None if nothing was restored. ``step``: the
+    global step training resumes at (the file must have been saved at it; None: not checked).
 
     Every rank reads and checks its own file, then the ranks of the default process group
-    exchange what they found: they all load, or all raise (``"error"``) / all start fresh
-    (``"reset"``), with every rank's problem in the message."""
+    exchange what they found (and their files' run ids): they all load, or all raise
+    (``"error"``) / all start fresh (``"reset"``), with every rank's problem in the message."""
     if on_mismatch not in MISMATCH_CHOICES:
         raise ValueError(f"comm_state_mismatch={on_mismatch!r}; allowed: {MISMATCH_CHOICES}")
     path = state_path(checkpoint_dir, rank)
+    _remove_stale_temporaries(path)
     name = setting["config"].get("name", "custom")
-    saved, problem = None, None
+    saved, problem, run = None, None, None
     if map_location is not None and torch.device(map_location).type == "cpu":
         map_location = "cpu"     # torch.load does not know Accelerate's "cpu:0"
     if not os.path.exists(path):
@@ -165,14 +240,19 @@ def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
                            + "\n  ".join(diff))
             else:
                 saved, problem = _verify(record, path, rank, step, map_location)
+                run = record["settings"]["run"] if record["format"] >= 3 else None
         except ValueError as e:
             problem = str(e)
-    problems = _agree(problem)
+    found = _gather((problem, run, os.path.basename(path)))
+    problems = list(dict.fromkeys(p for p, _, _ in found if p))   # settings differ alike
+    mixed = _runs(checkpoint_dir, [(r, f) for p, r, f in found if p is None])
+    if mixed:
+        problems.append(mixed)
     if not problems:
         handle.load_state_dict(saved["state"])
         if stats is not None and saved.get("totals"):
             stats.load_state_dict(saved["totals"])
-        return True
+        return run if run is not None else new_run_id()
     problem = "\n".join(problems)
     if on_mismatch == "error":
         raise ValueError(f"hfcompress: {problem}\nResume with the same comm_compressor, "
@@ -183,14 +263,30 @@ def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
                   f"compressor state fresh on every rank (LoCo errors zero, qWD references "
                   f"re-initialised from the loaded weights, new RNG streams)", UserWarning,
                   stacklevel=2)
-    return False
+    return None
 
 
-def _agree(problem: str | None) -> list[str]:
-    """Every rank's problem (empty: all ranks can load): one ``all_gather_object`` over the
-    default group, so that all ranks take the same decision."""
+def _runs(checkpoint_dir: str, files: list[tuple[str | None, str]]) -> str | None:
+    """What is wrong when the readable ``(run id, file)`` of the ranks are of several runs
+    (None: one run)."""
+    by_run: dict[str | None, list[str]] = {}
+    for run, name in files:
+        by_run.setdefault(run, []).append(name)
+    if len(by_run) < 2:
+        return None
+    which = "; ".join(f"run {run or '<none: saved before run ids>'}: {', '.join(names)}"
+                      for run, names in by_run.items())
+    return (f"checkpoint {checkpoint_dir!r} holds the compressor state of {len(by_run)} "
+            f"different runs ({which}): two trainings saved into one output_dir? Its ranks "
+            f"would resume on different weights. Resume from a checkpoint that one run wrote "
+            f"whole (an earlier checkpoint-N), and start each training in its own output_dir")
+
+
+def _gather(item: Any) -> list[Any]:
+    """Every rank's ``item``, in rank order: one ``all_gather_object`` over the default
+    group, so that all ranks take the same decision."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return [problem] if problem else []
+        return [item]
     found: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(found, problem)
-    return list(dict.fromkeys(p for p in found if p))     # settings differ alike on all
+    dist.all_gather_object(found, item)
+    return found
