@@ -26,7 +26,6 @@ try:
 except ImportError:            # a transformers without --enable_jit_checkpoint
     JITCheckpointCallback = None
 
-from ..comm.topology import resolve_ranks_per_node
 from ..config import AutoSettings, CompressionConfig, request_dict
 from ..integrations.handle import Compression
 from ..optim import LoCoOptimizer, loco_optimizer_class
@@ -79,13 +78,14 @@ class CommCallback(TrainerCallback):
         model = t.model_wrapped
         if st.handle is None or st.model is not model:
             world = t.args.world_size
-            x = resolve_ranks_per_node(world, self.ranks_per_node)
-            st.handle, st.model = install(model, self.config, x), model
+            # the value as given: a split from LOCAL_WORLD_SIZE is not an explicit one
+            st.handle, st.model = install(model, self.config, self.ranks_per_node), model
+            per_node = st.handle.topology.ranks_per_node
             st.stats = CommStats(st.handle.meter)
             st.settings = checkpoint.settings(request_dict(self.config), st.handle.kind, world,
-                                              x)
+                                              per_node)
             if is_rank0():     # "auto": the chosen config (its table was logged by apply)
-                logger.warning(summary(st.handle.config, st.handle.kind, world, x))
+                logger.warning(summary(st.handle.config, st.handle.kind, world, per_node))
         self._bind_loco_optimizer()
         checkpoint.step_finished(st.handle)
         run = None

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..api import apply, check_integration  # noqa: F401 (the Trainer checks it early)
+from ..comm.topology import resolve_ranks_per_node
 from ..config import AutoSettings, CompressionConfig, describe
 from ..integrations.fsdp import fsdp_modules
 from ..integrations.handle import Compression
@@ -54,16 +55,18 @@ def one_node_fallback(config: Request, ranks_per_node: int, world: int) -> str |
             f". {hint}")
 
 
-def install(model: Any, config: Request, ranks_per_node: int) -> Compression:
-    """``hfcompress.apply`` on the prepared DDP or FSDP2 model, given the Trainer's request as
-    is (a one-node warning first for a multi-node FSDP2 preset)."""
+def install(model: Any, config: Request, ranks_per_node: int | None) -> Compression:
+    """``hfcompress.apply`` on the prepared DDP or FSDP2 model, given the Trainer's request and
+    ``ranks_per_node`` as the user gave them (None: ``LOCAL_WORLD_SIZE``; a one-node warning
+    first for a multi-node FSDP2 preset)."""
     if isinstance(model, DistributedDataParallel):
         return apply(model, config, ranks_per_node)
     if not fsdp_modules(model):
         raise ValueError(f"hfcompress.Trainer: the prepared model is a {type(model).__name__}, "
                          f"neither FSDP2 nor DDP; nothing to install comm_compressor "
                          f"{config.name!r} on")
-    fallback = one_node_fallback(config, ranks_per_node, dist.get_world_size())
+    world = dist.get_world_size()
+    fallback = one_node_fallback(config, resolve_ranks_per_node(world, ranks_per_node), world)
     if fallback and dist.get_rank() == 0:
         warnings.warn(f"hfcompress: {fallback}", UserWarning, stacklevel=2)
     return apply(model, config, ranks_per_node)

@@ -147,14 +147,14 @@ class CompressionMixin:
         """hpZ (ZeRO++ 3.3): layers reshard to the node after forward. Accelerate's FSDP2
         plugin takes a bool only; its ``fully_shard`` calls accept the int."""
         world = self.args.world_size
-        x = resolve_ranks_per_node(world, self.ranks_per_node)
+        per_node = resolve_ranks_per_node(world, self.ranks_per_node)
         plugin = self.accelerator.state.fsdp_plugin
-        want = hpz_reshard(x, world)
+        want = hpz_reshard(per_node, world)
         if plugin.reshard_after_forward is True and want is not True:
             plugin.reshard_after_forward = want
             if accelerate_cpu.is_rank0():
                 logger.warning(f"hfcompress: hpZ of {self.comm_config.name!r}: layers reshard "
-                               f"to reshard_after_forward={want!r} after forward ({x} ranks "
+                               f"to reshard_after_forward={want!r} after forward ({per_node} ranks "
                                f"per node)")
 
     def _check_loco_optimizer(self) -> None:
