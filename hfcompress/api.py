@@ -19,7 +19,7 @@ from .integrations import _fsdp2
 from .integrations.consistency import check_same_settings
 from .integrations.ddp import ddp_scheme, register_ddp_hook
 from .integrations.fsdp import (FSDPInstall, ModuleComms, check_group, check_hpz, fsdp_modules,
-                                shard_model)
+                                mesh_group, shard_model)
 from .integrations.handle import Compression
 from .integrations.hsdp import fully_shard_hsdp, install_hsdp_hook, is_hsdp_mesh
 from .integrations.timeouts import group_timeout
@@ -39,7 +39,10 @@ def apply(model: nn.Module, compressor: str | CompressionConfig | AutoSettings =
     - ``mesh=`` a 2-D device mesh named ``("replicate", "shard")``: HSDP, FSDP2 over
       ``mesh["shard"]`` and the compressed all-reduce over the replicas;
     - otherwise FSDP2: compressed all-gather / reduce-scatter on every FSDP2 module (a 1-D
-      ``mesh`` goes to ``fully_shard`` with the other ``fsdp_kwargs``).
+      ``mesh`` goes to ``fully_shard`` with the other ``fsdp_kwargs``). FSDP2 over one
+      data-parallel dim of a larger mesh (``mesh["dp"]`` of ``(dp, tp)``, TP inside a node)
+      compresses that group's collectives only, laid out on the nodes by global rank
+      (``comm.Topology(group=)``); TP's collectives stay torch's.
 
     - ``compressor``: a preset name (``hfcompress.config.list_presets()``), a
       ``CompressionConfig``, or ``"auto"`` / ``AutoSettings``: probe the links and this
@@ -119,7 +122,7 @@ def _apply_ddp(model: DistributedDataParallel, request: Request,
                          "only; under DDP it chooses once: set reprobe_every=0")
     check_integration(request, fsdp=False)
     group = model.process_group
-    topology = Topology(ranks_per_node, group_timeout(group))
+    topology = Topology(ranks_per_node, group_timeout(group), group=group)
     config, auto = _fixed(request, lambda compute_s=None: choose_ddp(
         model.module, topology, dist.get_world_size(group), request, compute_s))
     state = register_ddp_hook(model, config, topology=topology, meter=meter)
@@ -136,6 +139,13 @@ def _apply_hsdp(model: nn.Module, request: Request,
                          "preset (e.g. 'global_qsgd_exp' for the replica all-reduce)")
     config = request
     check_integration(config, fsdp=False)
+    if mesh.mesh.numel() != dist.get_world_size():
+        raise ValueError(f"HSDP over a sub-mesh ({mesh.mesh.numel()} of "
+                         f"{dist.get_world_size()} ranks: HSDP x TP / CP / pipeline stages) is "
+                         f"not supported yet; hfcompress compresses HSDP over a "
+                         f"('replicate', 'shard') mesh spanning the whole world, and FSDP2 over "
+                         f"one data-parallel dim of a larger mesh (fully_shard(..., "
+                         f"mesh=mesh['dp_shard']))")
     topology = Topology(ranks_per_node, group_timeout(dist.group.WORLD))
     if shard:
         state = fully_shard_hsdp(model, mesh, config, layer_cls=layer_cls, topology=topology,
@@ -165,9 +175,14 @@ def _apply_fsdp(model: nn.Module, request: Request | ValueError,
         settings = err
     try:
         check_same_settings(settings)
-    except ValueError:
+    except ValueError as err:
         if isinstance(settings, BaseException):
             raise settings from None      # this rank's own error
+        if "  fsdp_modules:" in str(err) or "  parameters:" in str(err):
+            raise ValueError(f"{err}\nThe ranks hold different models. If they are pipeline "
+                             f"stages: pipeline parallelism is not supported yet (hfcompress "
+                             f"compresses FSDP2 over the world or over one data-parallel dim of "
+                             f"a (dp, tp) mesh, every rank holding the same model)") from None
         raise
     if shard and existing:
         raise ValueError("apply(..., shard=True) got a model that is already fully_shard-ed; "
@@ -176,15 +191,25 @@ def _apply_fsdp(model: nn.Module, request: Request | ValueError,
         raise ValueError("the model has no FSDP2 modules: call fully_shard on it first, or "
                          "pass shard=True")
     hpz = isinstance(request, CompressionConfig) and request.hpz
-    if shard:
-        shard_model(model, per_node, hpz, layer_cls, **fsdp_kwargs)
-    elif fsdp_kwargs or layer_cls is not None:
+    if not shard and (fsdp_kwargs or layer_cls is not None):
         raise ValueError("layer_cls and fully_shard keyword arguments need shard=True")
+    # the data-parallel group: the world, or one dim of a larger mesh (FSDP2 x TP)
+    group = mesh_group(fsdp_kwargs.get("mesh")) if shard else check_group(existing)
+    if dist.get_world_size(group) != world and isinstance(request, AutoSettings):
+        raise ValueError("comm_compressor='auto' is not supported yet for FSDP2 over a "
+                         "sub-mesh (FSDP2 x TP: its probes and choice are checked over the whole "
+                         "world only); pick a preset (e.g. 'sdp4bit')")
+    # every rank's group is laid out on the nodes (its x ranks per node, y nodes)
+    topology = Topology(ranks_per_node, group_timeout(group), group=group)
+    if shard:
+        shard_model(model, topology.ranks_per_node, hpz, layer_cls, **fsdp_kwargs)
     modules = fsdp_modules(model)
-    group = check_group(modules)
+    sharded_over = dist.get_process_group_ranks(check_group(modules))
+    if sharded_over != list(topology.ranks):
+        raise ValueError(f"the FSDP modules shard over ranks {sharded_over}, expected "
+                         f"{list(topology.ranks)} (the mesh given to apply)")
     if hpz:
-        check_hpz(modules, per_node, world)
-    topology = Topology(ranks_per_node, group_timeout(group))
+        check_hpz(modules, topology.ranks_per_node, topology.world_size)
     meter = meter if meter is not None else WireMeter()
 
     def build(cfg: CompressionConfig) -> FSDPInstall:

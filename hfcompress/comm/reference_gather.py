@@ -17,8 +17,9 @@ references of the Y slots ``m*X + l`` only (its inter-node group's shards: 1/X o
 Per rank: references of ``1/X`` of the unit (instead of all of it), plus transient buffers of
 the output's size. X = 1 (one rank per node, or ``shard_references=False``) is SDP4Bit's
 layout: every rank holds every slot and step 3 is a local copy. The node-sharded layout is
-used when the all-gather group is the topology's world; another group (e.g. a sub-group)
-falls back to the full layout over that group.
+used when the all-gather group is the topology's group (the world, or a data-parallel
+sub-group beside TP: then X is that group's ranks per node, and X = 1 holds every slot);
+another group (e.g. hpZ's) falls back to the full layout over that group.
 
 ``unchanged=True`` (a host-side fact every rank agrees on: no optimizer step since the last
 all-gather, FSDP's backward all-gather) skips steps 1-2: what zero differences would rebuild
@@ -103,7 +104,7 @@ class ShardedReferences:
         topo = self.topology
         world, me = dist.get_world_size(group), dist.get_rank(group)
         full_world = topo is not None and \
-            dist.get_process_group_ranks(group) == list(range(topo.world_size))
+            tuple(dist.get_process_group_ranks(group)) == tuple(topo.ranks)
         if self.shard and full_world and topo.ranks_per_node > 1:
             return Route(world, topo.ranks_per_node, topo.num_nodes, topo.node, topo.local_rank,
                          topo.inter_group, topo.intra_group,

@@ -15,6 +15,7 @@ import socket
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Sequence
 
 import torch.distributed as dist
 
@@ -116,43 +117,122 @@ def check_node_layout(hosts: list[str], ranks_per_node: int, explicit: bool) -> 
                       UserWarning, stacklevel=3)
 
 
+@dataclass(frozen=True)
+class GroupLayout:
+    """Where the ranks of one data-parallel group sit: ``ranks`` (global ranks, in group-rank
+    order), ``ranks_per_node`` = x of them on each of the ``nodes`` (global node indices) the
+    group spans, group rank ``i`` on ``nodes[i // x]`` with local index ``i % x``. The world
+    group has x = X (the world's ranks per node); a DP group beside tensor / context
+    parallelism inside a node has x = X / (tp * cp) (x = 1: no intra-node hop)."""
+
+    ranks: tuple[int, ...]
+    ranks_per_node: int
+    nodes: tuple[int, ...]
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    def intra(self) -> list[list[int]]:
+        """Global ranks of each node's part of the group (the intra-node groups)."""
+        x = self.ranks_per_node
+        return [list(self.ranks[n * x:(n + 1) * x]) for n in range(self.num_nodes)]
+
+    def inter(self) -> list[list[int]]:
+        """Global ranks of each local index across the nodes (the inter-node groups)."""
+        x = self.ranks_per_node
+        return [list(self.ranks[l::x]) for l in range(x)]
+
+
+def group_layout(ranks: Sequence[int], world_ranks_per_node: int) -> GroupLayout:
+    """The node layout of a group of global ``ranks`` (group-rank order) in a world of
+    ``world_ranks_per_node`` ranks per node (node = global rank // X): a pure function.
+    ValueError when the group's ranks are not node-major or a node holds more of them than
+    another (the 2-hop reduce-scatter and node-sharded references need x ranks on each of
+    y nodes)."""
+    ranks = tuple(int(r) for r in ranks)
+    big_x = world_ranks_per_node
+    if not ranks or len(set(ranks)) != len(ranks):
+        raise ValueError(f"hfcompress: process group ranks {list(ranks)} must be distinct and "
+                         f"non-empty")
+    node = [r // big_x for r in ranks]
+    if any(b < a for a, b in zip(ranks, ranks[1:])):   # new_group / DeviceMesh sort them
+        raise ValueError(f"hfcompress: the data-parallel group's ranks {list(ranks)} are not in "
+                         f"increasing global order (its intra-/inter-node groups number them "
+                         f"so); build the group with dist.new_group or init_device_mesh")
+    counts: dict[int, int] = {}
+    for n in node:
+        counts[n] = counts.get(n, 0) + 1
+    if len(set(counts.values())) > 1:
+        raise ValueError(
+            f"hfcompress: the data-parallel group {list(ranks)} has a different number of "
+            f"ranks on each node ({ {f'node {n}': c for n, c in counts.items()} }, nodes of "
+            f"{big_x} ranks), so it has no intra-/inter-node layout. Put the tensor / context "
+            f"parallel dims innermost in the device mesh (dims (dp_replicate, dp_shard, cp, "
+            f"tp), tp * cp dividing the ranks per node) and set ranks_per_node (or "
+            f"LOCAL_WORLD_SIZE) to the ranks per node")
+    return GroupLayout(ranks, len(ranks) // len(counts), tuple(sorted(counts)))
+
+
 class Topology:
-    """The node layout of the default (world) group and its process groups.
+    """The node layout of a data-parallel group (default: the world) and its process groups.
 
     Every rank constructs it once, with the same ``ranks_per_node`` as the user gave it (None:
-    ``LOCAL_WORLD_SIZE``; :func:`node_split`): it calls ``new_group`` for every intra-node
-    group (ranks ``n*X .. n*X+X-1``) and every inter-node group (ranks with the same local
-    rank), in the same order on all ranks. ``timeout``: the
-    groups' timeout (give the training group's, so a dead peer surfaces as an error in the
-    same time; None: torch's default). The ranks' host names are gathered once, here, and
-    checked against the layout (:func:`check_node_layout`).
+    ``LOCAL_WORLD_SIZE``; :func:`node_split`): the world's X ranks per node. ``group``: the
+    data-parallel group the collectives run on (FSDP2's shard group over a sub-mesh, e.g. the
+    ``dp`` dim of a ``(dp, tp)`` mesh; None: the world). A member's node comes from its
+    *global* rank (``global // X``, :meth:`node_of`); the group's own layout
+    (:func:`group_layout`) gives ``ranks_per_node`` = x of its ranks per node (x = 1 beside
+    TP filling the node) on ``num_nodes`` = y nodes, ``world_size`` = x * y and this rank's
+    ``rank`` / ``node`` / ``local_rank`` in the group. The group's intra-node groups (its x
+    ranks of one node) and inter-node groups (its ranks of one local index) are built for
+    *every* rank's group (the groups are gathered first), in one order on all ranks, as
+    ``new_group`` requires. ``timeout``: the groups' timeout (give the training group's, so
+    a dead peer surfaces as an error in the same time; None: torch's default). The ranks'
+    host names are gathered once, here, and checked against the world's layout
+    (:func:`check_node_layout`).
     """
 
     def __init__(self, ranks_per_node: int | None = None,
-                 timeout: timedelta | None = None) -> None:
+                 timeout: timedelta | None = None,
+                 group: dist.ProcessGroup | None = None) -> None:
         if not dist.is_initialized():
             raise RuntimeError("Topology needs torch.distributed to be initialized")
-        self.world_size = dist.get_world_size()
-        self.rank = dist.get_rank()
-        split = node_split(self.world_size, ranks_per_node)
-        x = self.ranks_per_node = split.ranks_per_node
-        hosts: list = [None] * self.world_size
+        self.global_world_size = dist.get_world_size()
+        split = node_split(self.global_world_size, ranks_per_node)
+        self.world_ranks_per_node = split.ranks_per_node
+        hosts: list = [None] * self.global_world_size
         dist.all_gather_object(hosts, hostname())
-        check_node_layout(hosts, x, split.explicit)
-        y = self.num_nodes = self.world_size // x
+        check_node_layout(hosts, split.ranks_per_node, split.explicit)
+        group = group if group is not None else dist.group.WORLD
+        mine = tuple(dist.get_process_group_ranks(group))
+        every: list = [None] * self.global_world_size
+        dist.all_gather_object(every, mine)
+        # every group's layout, checked on every rank (all raise the same error)
+        layouts = {g: group_layout(g, split.ranks_per_node) for g in sorted(set(every))}
+        self.layout = layouts[mine]
+        self.group = group
+        self.ranks = mine
+        x = self.ranks_per_node = self.layout.ranks_per_node
+        self.num_nodes = self.layout.num_nodes
+        self.world_size = len(mine)
+        self.rank = dist.get_rank(group)
         self.node, self.local_rank = divmod(self.rank, x)
-        self.group = dist.group.WORLD
+        self.groups_per_node = split.ranks_per_node // x   # DP groups sharing a node's link
         self.timeout = timeout
-        intra = [dist.new_group([n * x + l for l in range(x)], timeout=timeout)
-                 for n in range(y)]
-        inter = [dist.new_group([n * x + l for n in range(y)], timeout=timeout)
-                 for l in range(x)]
-        self.intra_group = intra[self.node]
-        self.inter_group = inter[self.local_rank]
+        for g, lay in layouts.items():     # the same order on every rank
+            intra = [dist.new_group(r, timeout=timeout) for r in lay.intra()]
+            inter = [dist.new_group(r, timeout=timeout) for r in lay.inter()]
+            if g == mine:
+                self.intra_group = intra[self.node]
+                self.inter_group = inter[self.local_rank]
 
     def node_of(self, global_rank: int) -> int:
-        return global_rank // self.ranks_per_node
+        """The node of a *global* rank."""
+        return global_rank // self.world_ranks_per_node
 
     def __repr__(self) -> str:
+        sub = "" if self.world_size == self.global_world_size else \
+            f", group={list(self.ranks)} of {self.global_world_size}"
         return (f"Topology(world_size={self.world_size}, ranks_per_node={self.ranks_per_node}, "
-                f"num_nodes={self.num_nodes}, rank={self.rank})")
+                f"num_nodes={self.num_nodes}, rank={self.rank}{sub})")

@@ -30,10 +30,13 @@ from .topology import Topology, resolve_ranks_per_node
 def peer_is_remote(group: dist.ProcessGroup | None, topology: Topology | None) -> list[bool]:
     """For each rank of ``group``: is it on another node than this rank?"""
     ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-    x = topology.ranks_per_node if topology is not None else \
-        resolve_ranks_per_node(dist.get_world_size())
-    me = dist.get_rank() // x
-    return [r // x != me for r in ranks]
+    if topology is not None:      # nodes of global ranks (a data-parallel sub-group too)
+        node_of = topology.node_of
+    else:
+        x = resolve_ranks_per_node(dist.get_world_size())
+        node_of = lambda r: r // x   # noqa: E731
+    me = node_of(dist.get_rank())
+    return [node_of(r) != me for r in ranks]
 
 
 class Timer:

@@ -275,7 +275,8 @@ class ModuleComms:
 @dataclass(frozen=True)
 class Unit:
     """One FSDP unit as its collectives see it: values per rank (compressible ``numel``,
-    exactly sent ``exact_numel``) and whether backward gathers it again (not the root)."""
+    exactly sent ``exact_numel``) and whether backward gathers it again (not the root, nor
+    a unit sharded with ``reshard_after_forward=False``)."""
 
     name: str
     numel: int
@@ -292,8 +293,11 @@ def fsdp_units(model: nn.Module, modules: list[tuple[str, FSDPModule]], patterns
     for name, module in modules:
         for pg in _fsdp2.param_groups(module):
             full = GroupLayouts(model, pg, patterns, min_numel).full
+            # no backward all-gather: the root, and layers that keep their weights after
+            # forward (reshard_after_forward=False; hpZ with one rank per node)
             units.append(Unit(name, full.numel - full.exact_numel, full.exact_numel,
-                              backward_gather=module is not model))
+                              backward_gather=module is not model
+                              and _fsdp2.post_forward_shard_size(pg) is not False))
             wdt, device = _fsdp2.all_gather_dtype_device(pg)
             gdt = _fsdp2.reduce_dtype(pg)
     return units, wdt, gdt, device
@@ -380,7 +384,9 @@ def decoder_layers(model: nn.Module, layer_cls: tuple[type, ...] | None = None) 
 
 def hpz_reshard(ranks_per_node: int, world: int) -> bool | int:
     """``reshard_after_forward`` for hpZ: the node's ranks hold the secondary partition
-    (one rank per node: keep the full weights; one node: the primary partition is the node)."""
+    (one rank per node: keep the full weights; one node: the primary partition is the node).
+    ``ranks_per_node`` and ``world``: of the FSDP group (a DP group beside TP: its x and
+    size)."""
     if ranks_per_node == 1:
         return False
     return True if ranks_per_node == world else ranks_per_node
@@ -394,8 +400,9 @@ def shard_model(model: nn.Module, ranks_per_node: int, hpz: bool,
     if hpz:
         if "reshard_after_forward" in fsdp_kwargs:
             raise ValueError("hpZ sets reshard_after_forward itself; do not pass it")
-        layer_kwargs["reshard_after_forward"] = hpz_reshard(ranks_per_node,
-                                                            dist.get_world_size())
+        mesh = fsdp_kwargs.get("mesh")     # a 1-D sub-mesh: the DP group's size
+        world = mesh.size() if mesh is not None else dist.get_world_size()
+        layer_kwargs["reshard_after_forward"] = hpz_reshard(ranks_per_node, world)
     for layer in decoder_layers(model, layer_cls):
         fully_shard(layer, **layer_kwargs)
     fully_shard(model, **fsdp_kwargs)   # the root stays gathered for backward (FSDP default)
@@ -424,14 +431,42 @@ def check_hpz(modules: list[tuple[str, FSDPModule]], ranks_per_node: int, world:
 
 
 def check_group(modules: list[tuple[str, FSDPModule]]) -> dist.ProcessGroup:
-    """The FSDP process group: every module must shard over the whole world."""
-    world = list(range(dist.get_world_size()))
-    group = None
+    """The FSDP process group: every module must shard over one group, the world or the
+    data-parallel dim of a larger mesh (FSDP2 x TP: ``fully_shard(..., mesh=mesh["dp"])``,
+    TP inside a node; only this group's collectives are compressed). A 2-D FSDP mesh (native
+    HSDP, e.g. ``mesh["dp_replicate", "dp_shard"]`` of an HSDP x TP mesh) is refused: its
+    replica all-reduce would run exactly, outside hfcompress."""
+    group, ranks = None, None
     for name, m in modules:
-        g = _fsdp2.shard_group(_fsdp2.param_groups(m)[0])
-        if dist.get_process_group_ranks(g) != world:
-            raise ValueError(f"FSDP module {name!r} shards over ranks "
-                             f"{dist.get_process_group_ranks(g)}; hfcompress supports FSDP over "
-                             f"the whole world (ranks {world}) only")
-        group = group or g
+        pg = _fsdp2.param_groups(m)[0]
+        if _fsdp2.is_hsdp(pg):
+            raise ValueError(
+                f"FSDP module {name!r} is sharded over a 2-D mesh (native HSDP, e.g. "
+                f"(dp_replicate, dp_shard) of a larger mesh). hfcompress compresses HSDP through "
+                f"apply(model, preset, shard=True, mesh=mesh) with a 2-D mesh named "
+                f"('replicate', 'shard') spanning the whole world; HSDP beside tensor parallelism "
+                f"(HSDP x TP) is not supported yet: shard over one data-parallel dim "
+                f"(fully_shard(..., mesh=mesh['dp_shard'])) or drop TP")
+        g = _fsdp2.shard_group(pg)
+        r = dist.get_process_group_ranks(g)
+        if ranks is None:
+            group, ranks = g, r
+        elif r != ranks:
+            raise ValueError(f"FSDP module {name!r} shards over ranks {r}, but "
+                             f"{modules[0][0]!r} over {ranks}; hfcompress needs every FSDP "
+                             f"module of a model sharded over one data-parallel group")
     return group
+
+
+def mesh_group(mesh: Any) -> dist.ProcessGroup:
+    """The group ``fully_shard(..., mesh=mesh)`` will shard over (None: the world); a 2-D
+    mesh (native HSDP) is refused as :func:`check_group` refuses it."""
+    if mesh is None:
+        return dist.group.WORLD
+    if mesh.ndim != 1:
+        raise ValueError(
+            f"apply(..., shard=True) got a {mesh.ndim}-D mesh {mesh.mesh_dim_names} for "
+            f"fully_shard (native HSDP). Pass the data-parallel dim of the mesh (e.g. "
+            f"mesh['dp_shard']) for FSDP2, or a 2-D mesh named ('replicate', 'shard') spanning "
+            f"the whole world for compressed HSDP; HSDP x TP is not supported yet")
+    return mesh.get_group()

@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..api import apply, check_integration  # noqa: F401 (the Trainer checks it early)
 from ..comm.topology import resolve_ranks_per_node
 from ..config import AutoSettings, CompressionConfig, describe
-from ..integrations.fsdp import fsdp_modules
+from ..integrations.fsdp import check_group, fsdp_modules
 from ..integrations.handle import Compression
 
 logger = logging.getLogger(__name__)
@@ -55,6 +55,20 @@ def one_node_fallback(config: Request, ranks_per_node: int, world: int) -> str |
             f". {hint}")
 
 
+def check_whole_world(model: Any, world: int) -> None:
+    """The Trainer path is tested with FSDP2 over the whole world only: a model sharded over a
+    data-parallel sub-mesh (accelerate's ``ParallelismConfig`` with TP / CP, HSDP) is refused
+    here, naming what works (``hfcompress.apply`` in a loop of one's own supports FSDP2 x TP)."""
+    ranks = dist.get_process_group_ranks(check_group(fsdp_modules(model)))
+    if len(ranks) != world:
+        raise ValueError(
+            f"hfcompress.Trainer: the model is sharded over {len(ranks)} of the {world} ranks "
+            f"(a data-parallel sub-mesh: accelerate's ParallelismConfig with tensor / context "
+            f"parallelism or HSDP). The Trainer path compresses FSDP2 over the whole world "
+            f"only for now; unset comm_compressor, or call hfcompress.apply(model, preset) on "
+            f"the FSDP2 x TP model in your own training loop (docs/architecture.md, 'Scale')")
+
+
 def install(model: Any, config: Request, ranks_per_node: int | None) -> Compression:
     """``hfcompress.apply`` on the prepared DDP or FSDP2 model, given the Trainer's request and
     ``ranks_per_node`` as the user gave them (None: ``LOCAL_WORLD_SIZE``; a one-node warning
@@ -66,6 +80,7 @@ def install(model: Any, config: Request, ranks_per_node: int | None) -> Compress
                          f"neither FSDP2 nor DDP; nothing to install comm_compressor "
                          f"{config.name!r} on")
     world = dist.get_world_size()
+    check_whole_world(model, world)
     fallback = one_node_fallback(config, resolve_ranks_per_node(world, ranks_per_node), world)
     if fallback and dist.get_rank() == 0:
         warnings.warn(f"hfcompress: {fallback}", UserWarning, stacklevel=2)

@@ -1,0 +1,134 @@
+"""FSDP2 x TP: ``hfcompress.apply`` on a model tensor-parallel over ``mesh["tp"]`` and
+``fully_shard``-ed over ``mesh["dp"]`` of a (dp 2, tp 2) mesh, on 4 gloo ranks as 2 emulated
+nodes of 2 with TP inside a node (each DP group has one rank per node: no intra-node hop).
+One spawned job (``tp_workers.worker``) runs every check.
+
+- ``none`` is bit-identical to the same run without hfcompress (losses and final shards);
+- ``sdp4bit`` and ``zeropp`` (sharded by ``apply(..., shard=True, mesh=mesh["dp"])``) keep
+  the loss within ``test_fsdp_training``'s bounds and train;
+- hfcompress's collectives run on the DP groups only, never on a TP group;
+- the meter's bytes per step equal the collectives' declarations on the DP group's layout
+  (x = 1, y = 2), per collective, and ``test_traffic``'s cases on that topology too;
+- HSDP over a sub-mesh, native HSDP, ``auto`` over a sub-mesh, a DP group with more ranks on
+  one node than another, and different models per rank (pipeline stages) are refused clearly.
+"""
+
+import pytest
+import torch
+
+from dist_utils import run_distributed
+from test_fsdp_training import LOSS_BOUND
+from tp_workers import worker
+
+STEPS = 8
+DP_GROUPS = {(0, 2), (1, 3)}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return run_distributed(worker, 4, STEPS, timeout=300)
+
+
+def test_topology_of_the_dp_group(runs):
+    for rank, r in enumerate(runs):
+        for preset in ("sdp4bit", "zeropp"):
+            t = r["train"][preset]["topology"]
+            assert t == {"ranks": [rank % 2, rank % 2 + 2], "x": 1, "y": 2, "size": 2,
+                         "groups_per_node": 2}, t
+
+
+def test_none_is_bit_identical_to_plain_fsdp_tp(runs):
+    for r in runs:
+        base, none = r["train"][None], r["train"]["none"]
+        assert none["loss"] == base["loss"]
+        for n, p in base["params"].items():
+            assert torch.equal(none["params"][n], p), n
+
+
+@pytest.mark.parametrize("preset", ["sdp4bit", "zeropp"])
+def test_compressed_presets_keep_the_loss(runs, preset):
+    """``zeropp`` goes through ``apply(..., shard=True, mesh=mesh["dp"])`` (hpZ with one DP
+    rank per node: ``reshard_after_forward=False``)."""
+    base = runs[0]["train"][None]["loss"]
+    for r in runs:
+        loss = r["train"][preset]["loss"]
+        assert loss == runs[0]["train"][preset]["loss"]     # global means agree
+        dev = max(abs(a - b) for a, b in zip(loss, base))
+        assert dev <= LOSS_BOUND[preset], (dev, loss, base)
+    drop = base[0] - sum(base[-3:]) / 3
+    assert loss[0] - sum(loss[-3:]) / 3 >= 0.8 * drop, (loss, base)
+
+
+def test_only_dp_groups_carry_our_collectives(runs):
+    for rank, r in enumerate(runs):
+        for preset in ("none", "sdp4bit", "zeropp"):
+            groups = set(r["train"][preset]["groups"])
+            assert groups, preset
+            # the DP group, or its intra/inter-node subgroups (x = 1: singletons / itself)
+            mine = next(g for g in DP_GROUPS if rank in g)
+            assert all(set(g) <= set(mine) for g in groups), (preset, groups)
+
+
+@pytest.mark.parametrize("preset", ["none", "sdp4bit", "zeropp"])
+def test_meter_equals_declared_traffic(runs, preset):
+    for r in runs:
+        run = r["train"][preset]
+        declared = run["declared"]
+        first = 0 if preset == "none" else 1       # qWD's first all-gather is exact
+        for step in run["meter"][first:]:
+            assert set(step["collectives"]) == set(declared), (preset, step["collectives"])
+            for tag, (intra, inter) in declared.items():
+                got = step["collectives"][tag]
+                assert (got["intra_bytes"], got["inter_bytes"]) == (intra, inter), \
+                    (preset, tag, got, intra, inter)
+        if preset == "none":   # compression off: the uncompressed baseline to the byte
+            for step in run["meter"]:
+                assert step["inter_bytes"] == step["uncompressed_inter_bytes"] > 0
+                assert step["intra_bytes"] == step["uncompressed_intra_bytes"] == 0
+
+
+def test_collectives_declare_what_they_send_on_the_dp_group(runs):
+    for cases in zip(*(r["traffic"] for r in runs)):
+        label, declared = cases[0][0], cases[0][1]
+        recorded = [c[2] for c in cases]
+        if label.split()[0] == "all_reduce":   # stock chunks: the mean over the ranks
+            mean = tuple(sum(x[i] for x in recorded) / len(recorded) for i in (0, 1))
+            assert mean == declared, (label, declared, recorded)
+        else:
+            assert all(x == declared for x in recorded), (label, declared, recorded)
+
+
+def test_refusals_name_the_way_out(runs):
+    for r in runs:
+        msg = r["refusals"]
+        assert "native HSDP" in msg["native_hsdp"] and "HSDP x TP" in msg["native_hsdp"]
+        assert "sub-mesh" in msg["auto"] and "preset" in msg["auto"]
+        assert "2 of the 4 ranks" in msg["trainer"] and "ParallelismConfig" in msg["trainer"]
+        assert "HSDP over a sub-mesh" in msg["hsdp_tp"]
+        assert "different number of ranks on each node" in msg["uneven"], msg["uneven"]
+        assert "pipeline parallelism is not supported" in msg["pipeline"], msg["pipeline"]
+
+
+def test_report(runs):
+    """Bytes per step (``pytest -s`` prints them): per rank, and per node (its 2 ranks, one of
+    each DP group, share the node's link)."""
+    for preset in ("none", "sdp4bit", "zeropp"):
+        steps = [r["train"][preset]["meter"][-1] for r in runs]
+        node = [sum(s["inter_bytes"] for s in steps[n * 2:n * 2 + 2]) for n in (0, 1)]
+        base = [sum(s["uncompressed_inter_bytes"] for s in steps[n * 2:n * 2 + 2]) for n in (0, 1)]
+        print(f"{preset:8s} inter-node bytes per step: per rank {[s['inter_bytes'] for s in steps]}"
+              f", per node {node} (uncompressed {base}), "
+              f"{runs[0]['train'][preset]['seconds']:.1f} s for {STEPS} steps")
+        assert node[0] == node[1]
+
+
+def test_ddp_over_the_dp_group(runs):
+    """DDP over a data-parallel subgroup: the hook's topology is the group's, its
+    collectives run on that group only, and the group's ranks end with the same gradients."""
+    for rank, r in enumerate(runs):
+        d = r["ddp"]
+        assert (d["x"], d["y"]) == (1, 2)
+        mine = next(g for g in DP_GROUPS if rank in g)
+        assert d["groups"] and all(set(g) <= set(mine) for g in d["groups"]), d["groups"]
+        assert d["same_as_dp_peer"]
+        assert all(s["inter_bytes"] > 0 and s["intra_bytes"] == 0 for s in d["meter"])
