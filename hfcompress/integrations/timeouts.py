@@ -1,7 +1,9 @@
 """A dead or stalled peer must surface as a clear error within the process group's timeout.
 
 - :func:`group_timeout`: the timeout a process group was created with, for
-  ``Topology(timeout=...)`` (``new_group`` without one would wait torch's default 30 minutes).
+  ``Topology(timeout=...)`` (``new_group`` without one would wait torch's default 30 minutes);
+  :func:`set_default_timeout` changes the default group's (both read or write private torch
+  state: this module is the one place that does).
 - :func:`comm_guard`: turns a failed collective into a :class:`CommunicationError` naming
   the collective, the FSDP module, the rank and the timeout.
 """
@@ -29,6 +31,12 @@ def group_timeout(group: dist.ProcessGroup | None = None) -> timedelta | None:
         except (AttributeError, RuntimeError, ValueError):
             continue
     return None
+
+
+def set_default_timeout(timeout: timedelta) -> None:
+    """Give the default process group ``timeout`` after its creation (torch has no public
+    call for it: ``distributed_c10d._set_pg_timeout``, torch 2.9-2.13)."""
+    dist.distributed_c10d._set_pg_timeout(timeout)
 
 
 @contextlib.contextmanager

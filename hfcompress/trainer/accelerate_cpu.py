@@ -60,7 +60,7 @@ def apply_ddp_timeout(args) -> bool:
     Trainer sees the arguments: any ``TrainingArguments`` class, TRL's ``SFTConfig``, ...).
     Only a group at torch's default timeout changes (a timeout set elsewhere is kept). True
     if it changed the timeout."""
-    from ..integrations.timeouts import group_timeout
+    from ..integrations.timeouts import group_timeout, set_default_timeout
 
     cpu = args.use_cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
     if not cpu or not dist.is_initialized():
@@ -69,7 +69,7 @@ def apply_ddp_timeout(args) -> bool:
     have = group_timeout()
     if have is None or have == want or have != default_pg_timeout:
         return False
-    dist.distributed_c10d._set_pg_timeout(want)
+    set_default_timeout(want)
     return True
 
 
