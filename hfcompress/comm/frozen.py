@@ -144,10 +144,9 @@ class FrozenParams:
         trainable = [t for t, _ in seen]
         columns = None if all(trainable) else FrozenColumns(
             [(n, e, t) for (n, e), t in zip(self.segments, trainable)], self.qwd)
-        refs = self.qwd.references
-        numel = refs.layout[2] if refs.layout is not None else None
+        numel = self.qwd.references.numel
         if self._seen is not None or (numel is not None and numel != self._numel(columns)):
-            restart(self.qwd)
+            self.qwd.references.restart()
         self.columns, self._seen = columns, seen
         return columns
 
@@ -162,10 +161,3 @@ class FrozenParams:
         if columns is not None:
             return columns.qwd_numel
         return sum(n for n, e in self.segments if not e)
-
-
-def restart(qwd: QuantizedAllGather) -> None:
-    """The next all-gather of ``qwd`` is exact and sets every reference to the weights, for
-    the columns it is then given (their number may change)."""
-    qwd.references.qwd.reset_reference()
-    qwd.references.layout = None

@@ -185,6 +185,17 @@ class ShardedReferences:
             phases.append(gather("intra", y * numel * itemsize))
         return phases
 
+    @property
+    def numel(self) -> int | None:
+        """Values per slot the references were built for (None: no all-gather yet)."""
+        return None if self.layout is None else self.layout[2]
+
+    def restart(self) -> None:
+        """The next all-gather is exact and sets every reference to the weights, for the
+        columns it is then given (their number may change: ``comm/frozen.py``)."""
+        self.qwd.reset_reference()
+        self.layout = None
+
     def _check_layout(self, layout: tuple[int, int, int]) -> None:
         if self.layout is not None and self.layout != layout:
             raise ValueError(f"qwd keeps references built for (world, ranks_per_node, numel) = "
@@ -205,7 +216,7 @@ class ShardedReferences:
         inter-node group hold the same rows): each rank saves its own, as it loads its own."""
         r = self._used or self._default_route()
         return {"layout": {"world_size": r.world, "ranks_per_node": r.ranks_per_node,
-                           "numel": None if self.layout is None else self.layout[2],
+                           "numel": self.numel,
                            "slots": r.slots()},
                 "qwd": self.qwd.state_dict()}
 
