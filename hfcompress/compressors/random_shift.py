@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import dispatch
-from ..kernels import noise as noise_twin
 from ..kernels import random_shift as _twin
 from .bucketed import BucketQuantizer
 from .registry import register_compressor
@@ -40,7 +38,6 @@ class RandomShift(BucketQuantizer):
         """One shift per bucket from the counter hash (``rng.py``): the same numbers on every
         device and backend; ``rows`` rows draw what ``rows`` successive calls would (row
         keys). A ``torch.Generator`` per device drew other shifts on a GPU than on the CPU."""
-        shift = torch.empty(flat.numel() // self.bucket_size, device=flat.device)
-        keys = self.rng.next_keys(flat.device, rows)
-        shift = dispatch.pick(shift, "auto", noise_twin, "triton_noise").uniform_like(shift, keys)
+        shift = self.rng.uniform_like(torch.empty(flat.numel() // self.bucket_size,
+                                                  device=flat.device), rows)
         return self._impl(flat).quantize(flat, self.bits, self.bucket_size, shift)

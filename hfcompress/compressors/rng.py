@@ -55,9 +55,11 @@ class SeededRNG:
         # already queued (a copy from pageable memory would)
         return keys.pin_memory().to(device, non_blocking=True)
 
-    def uniform_like(self, x: torch.Tensor) -> torch.Tensor:
-        """float32 U[0, 1) noise of x's shape on x's device (x is not read); fresh per call."""
-        keys = self.next_keys(x.device)
+    def uniform_like(self, x: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        """float32 U[0, 1) noise of x's shape on x's device (x is not read); fresh per call.
+        ``rows``: x's values split into ``rows`` equal rows drawn as ``rows`` successive
+        calls (row keys)."""
+        keys = self.next_keys(x.device, rows)
         return dispatch.pick(x, "auto", noise_twin, "triton_noise").uniform_like(x, keys)
 
     def state_dict(self) -> dict[str, Any]:
