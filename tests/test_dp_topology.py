@@ -1,7 +1,9 @@
 """The node layout of data-parallel groups inside N-D meshes (``comm/topology.group_layout``,
 a pure function: no processes), at the layouts of SDP4Bit Table 2: DP ranks per node
 x = 1, 2, 4, 8 with 1-8 DP groups per node (tensor / context parallelism of k = tp * cp
-consecutive ranks inside each node), and what the collectives declare on them."""
+consecutive ranks inside each node), the intra-/inter-node subgroups built for them
+(``comm/topology.subgroups_to_build``: none of one rank), and what the collectives declare
+on them."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 from hfcompress.comm.all_gather import QuantizedAllGather
 from hfcompress.comm.reduce_scatter import QuantizedReduceScatter
 from hfcompress.comm.reference_gather import ShardedReferences
-from hfcompress.comm.topology import group_layout
+from hfcompress.comm.topology import group_layout, subgroups_to_build
 from hfcompress.comm.traffic import sent
 from hfcompress.comm.two_hop import TwoHopReduceScatter, slice_order
 from hfcompress.compressors import get_compressor
@@ -92,6 +94,40 @@ def test_collectives_on_a_dp_group_layout(x, k):
     assert hpz_reshard(x, w) == (False if x == 1 else (True if x == w else x))
 
 
+@pytest.mark.parametrize("nodes", [1, 2, 4, 16])
+@pytest.mark.parametrize("x,k", LAYOUTS)
+def test_subgroups_built_per_layout(x, k, nodes):
+    """Every rank gathers every rank's DP group (rank order: each group repeated once per
+    member) and builds their subgroups in one order: per group, y intra-node groups of x
+    ranks when x > 1 and x inter-node groups of y ranks when y > 1; no group of one rank
+    (x = 1 with TP filling the node: no intra-node groups; one node: no inter-node ones),
+    so the count grows with the groups that carry traffic, not with the world."""
+    per_node = x * k
+    world = nodes * per_node
+    groups = dp_groups(nodes, per_node, k)
+    gathered = [next(g for g in groups if r in g) for r in range(world)]
+    built = subgroups_to_build(gathered, per_node)
+    assert len(built) == k * ((nodes if x > 1 else 0) + (x if nodes > 1 else 0))
+    assert all(len(g) > 1 for g in built) and len(set(built)) == len(built)
+    assert built == subgroups_to_build(list(reversed(gathered)), per_node)   # one order
+    for ranks in groups:       # each rank's hops over more than itself have their group
+        lay = group_layout(ranks, per_node)
+        for members in lay.intra() + lay.inter():
+            assert (tuple(members) in built) == (len(members) > 1)
+    if x == 1 and nodes > 1:   # the inter-node group of x = 1 is the DP group itself
+        assert sorted(built) == sorted(map(tuple, groups))
+
+
+def test_subgroups_of_the_world_group():
+    """The world as the DP group: one node builds its one intra-node group, one rank per
+    node its one inter-node group, a one-rank world none."""
+    assert subgroups_to_build([range(8)] * 8, 8) == [tuple(range(8))]
+    assert subgroups_to_build([range(8)] * 8, 1) == [tuple(range(8))]
+    assert subgroups_to_build([range(16)] * 16, 8) == \
+        [tuple(range(8)), tuple(range(8, 16))] + [(l, l + 8) for l in range(8)]
+    assert subgroups_to_build([[0]], 1) == []
+
+
 def test_world_group_is_the_old_layout():
     lay = group_layout(range(16), 8)
     assert (lay.ranks_per_node, lay.num_nodes) == (8, 2)
@@ -108,5 +144,7 @@ def test_world_group_is_the_old_layout():
 def test_bad_layouts_name_the_fix(ranks, per_node, words):
     with pytest.raises(ValueError, match=words) as err:
         group_layout(ranks, per_node)
+    with pytest.raises(ValueError, match=words):   # beside a good group: no subgroup listed
+        subgroups_to_build([[0], ranks], per_node)
     if "different" in words:
         assert "innermost" in str(err.value) and "ranks_per_node" in str(err.value)

@@ -62,7 +62,7 @@ class Route:
     rows: int
     row: int                    # this rank's index in ``inter`` (= its node when sharded)
     local: int                  # this rank's index in ``intra``
-    inter: dist.ProcessGroup
+    inter: dist.ProcessGroup | None       # None: one node (this rank alone holds its slots)
     intra: dist.ProcessGroup | None
     inter_remote: tuple[bool, ...]
     intra_remote: tuple[bool, ...]
@@ -106,9 +106,10 @@ class ShardedReferences:
         full_world = topo is not None and \
             tuple(dist.get_process_group_ranks(group)) == tuple(topo.ranks)
         if self.shard and full_world and topo.ranks_per_node > 1:
+            inter = topo.inter_group        # None on one node: step 1 sends nothing
             return Route(world, topo.ranks_per_node, topo.num_nodes, topo.node, topo.local_rank,
-                         topo.inter_group, topo.intra_group,
-                         tuple(peer_is_remote(topo.inter_group, topo)),
+                         inter, topo.intra_group,
+                         tuple(peer_is_remote(inter, topo)) if inter is not None else (False,),
                          tuple(peer_is_remote(topo.intra_group, topo)))
         return Route(world, 1, world, me, 0, group, None,
                      tuple(peer_is_remote(group, topo)), (False,))

@@ -174,6 +174,22 @@ def group_layout(ranks: Sequence[int], world_ranks_per_node: int) -> GroupLayout
     return GroupLayout(ranks, len(ranks) // len(counts), tuple(sorted(counts)))
 
 
+def subgroups_to_build(groups: Sequence[Sequence[int]],
+                       world_ranks_per_node: int) -> list[tuple[int, ...]]:
+    """The intra- and inter-node groups to create for the data-parallel ``groups`` (every
+    rank's, as gathered), in the one order every rank creates them (``new_group`` is
+    collective over the world): each distinct group in sorted order, its intra-node groups,
+    then its inter-node groups. A subgroup of one rank carries nothing and is left out (x = 1:
+    no intra-node groups; one node: no inter-node groups), and one listed already is not
+    repeated. A pure function: every group's layout is checked first (:func:`group_layout`
+    raises the same ValueError on every rank, before any group is created)."""
+    layouts = [group_layout(g, world_ranks_per_node) for g in sorted({tuple(g) for g in groups})]
+    out: dict[tuple[int, ...], None] = {}      # ordered, without repeats
+    for lay in layouts:
+        out.update((r, None) for r in map(tuple, lay.intra() + lay.inter()) if len(r) > 1)
+    return list(out)
+
+
 class Topology:
     """The node layout of a data-parallel group (default: the world) and its process groups.
 
@@ -184,11 +200,14 @@ class Topology:
     *global* rank (``global // X``, :meth:`node_of`); the group's own layout
     (:func:`group_layout`) gives ``ranks_per_node`` = x of its ranks per node (x = 1 beside
     TP filling the node) on ``num_nodes`` = y nodes, ``world_size`` = x * y and this rank's
-    ``rank`` / ``node`` / ``local_rank`` in the group. The group's intra-node groups (its x
-    ranks of one node) and inter-node groups (its ranks of one local index) are built for
-    *every* rank's group (the groups are gathered first), in one order on all ranks, as
-    ``new_group`` requires. ``timeout``: the groups' timeout (give the training group's, so
-    a dead peer surfaces as an error in the same time; None: torch's default). The ranks'
+    ``rank`` / ``node`` / ``local_rank`` in the group. ``intra_group`` (this rank's x ranks
+    of its node) and ``inter_group`` (the group's ranks of its local index, one per node) are
+    None when they would hold this rank alone (x = 1: no intra-node hop; one node: no
+    inter-node hop; the DP group itself when that is one rank). Every rank gathers every
+    rank's group and creates the subgroups of more than one rank of *all* of them, in one
+    order (:func:`subgroups_to_build`), as globally synchronized ``new_group`` requires.
+    ``timeout``: the groups' timeout (give the training group's, so a dead peer surfaces as
+    an error in the same time; None: torch's default). The ranks'
     host names are gathered once, here, and checked against the world's layout
     (:func:`check_node_layout`).
     """
@@ -208,9 +227,10 @@ class Topology:
         mine = tuple(dist.get_process_group_ranks(group))
         every: list = [None] * self.global_world_size
         dist.all_gather_object(every, mine)
-        # every group's layout, checked on every rank (all raise the same error)
-        layouts = {g: group_layout(g, split.ranks_per_node) for g in sorted(set(every))}
-        self.layout = layouts[mine]
+        # every group's layout is checked on every rank (all raise the same error) first
+        built = {r: dist.new_group(list(r), timeout=timeout)     # the same order on every rank
+                 for r in subgroups_to_build(every, split.ranks_per_node)}
+        self.layout = group_layout(mine, split.ranks_per_node)
         self.group = group
         self.ranks = mine
         x = self.ranks_per_node = self.layout.ranks_per_node
@@ -220,12 +240,14 @@ class Topology:
         self.node, self.local_rank = divmod(self.rank, x)
         self.groups_per_node = split.ranks_per_node // x   # DP groups sharing a node's link
         self.timeout = timeout
-        for g, lay in layouts.items():     # the same order on every rank
-            intra = [dist.new_group(r, timeout=timeout) for r in lay.intra()]
-            inter = [dist.new_group(r, timeout=timeout) for r in lay.inter()]
-            if g == mine:
-                self.intra_group = intra[self.node]
-                self.inter_group = inter[self.local_rank]
+        self.intra_group = self._subgroup(self.layout.intra()[self.node], built)
+        self.inter_group = self._subgroup(self.layout.inter()[self.local_rank], built)
+
+    def _subgroup(self, ranks: list[int], built: dict) -> dist.ProcessGroup | None:
+        """The process group of ``ranks`` (this rank's intra- or inter-node group): built,
+        or the DP group itself when it is that one rank, else None (this rank alone)."""
+        ranks = tuple(ranks)
+        return built.get(ranks, self.group if ranks == self.ranks else None)
 
     def node_of(self, global_rank: int) -> int:
         """The node of a *global* rank."""

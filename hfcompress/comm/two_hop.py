@@ -66,8 +66,9 @@ class TwoHopReduceScatter(StreamOwner):
         self.streams = {"intra": Streams(intra or RawCodec()),
                         "inter": Streams(inter or RawCodec())}
         self.raw_inter = inter is None
-        self._remote = {"intra": peer_is_remote(topology.intra_group, topology),
-                        "inter": peer_is_remote(topology.inter_group, topology)}
+        self._remote = {hop: peer_is_remote(g, topology) for hop, g in
+                        (("intra", topology.intra_group), ("inter", topology.inter_group))
+                        if g is not None}       # None: this rank alone, that hop never runs
 
     def __call__(self, output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                  group: dist.ProcessGroup | None = None) -> None:
@@ -171,7 +172,8 @@ class TwoHopReduceScatter(StreamOwner):
         if self.raw_inter:  # compression off sends the input's dtype, as torch's collective
             partial = partial.to(dtype)
         parts = partial.reshape(self.topology.num_nodes, width)
-        if skips(parts.shape[0]):   # one node: nothing to send (one_rank.py runs it)
+        if skips(parts.shape[0]) or self.topology.inter_group is None:
+            # one node: nothing to send (one_rank.py runs it over a one-rank world)
             return lambda: parts[0].float()
         # TLq-HS: the sums are rotated already; rows of the input are rotated in the kernel
         send = compress_rows(self.streams["inter"], parts, lambda k: (k, c),

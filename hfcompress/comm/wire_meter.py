@@ -10,6 +10,9 @@ uncompressed baseline, and the time spent in the collectives, per step.
   FSDP / DDP collective call): what the exact collective would send for the buffer the
   framework hands over, counted the same way, so with compression off the two agree to the
   byte.
+- Per node and per data-parallel group (:func:`node_traffic`, a collective report): every
+  rank's counts summed over the ranks of each node (what all the DP groups of a node send
+  together over its link) and of each DP group.
 - Time (``with meter.timed(device):``, around the same calls): host wall-clock on CPU, CUDA
   events on the current stream on GPU (read, and so synchronized, only by ``take_seconds``).
 """
@@ -166,6 +169,51 @@ class WireMeter:
         return {"steps": self.steps, "current": self.current(),
                 "last_step": copy.deepcopy(self.history[-1]) if self.history else None,
                 "total": total}
+
+
+#: the byte counts of a step that :func:`node_traffic` sums
+COUNTS = ("intra_bytes", "inter_bytes", "uncompressed_intra_bytes", "uncompressed_inter_bytes")
+
+
+def node_traffic(meter: WireMeter, topology: Topology | None) -> dict:
+    """The meter's byte counts of every rank of the world, summed per node and per
+    data-parallel group: what the ranks of a node (one or more DP groups beside tensor
+    parallelism) send together over its link, and what each group sends.
+
+    Collective over the world (one ``all_gather_object``): every rank calls it, outside the
+    training step. Returns, on every rank, ``{"nodes": {node: entry}, "groups": {ranks:
+    entry}}`` (a group keyed by its tuple of global ranks), each ``entry`` =
+    ``{"ranks": [global ranks], "last_step": counts, "total": counts}`` with ``counts`` the
+    :data:`COUNTS` summed over those ranks: ``last_step`` of each rank's last closed step
+    (zeros before the first), ``total`` as in :meth:`WireMeter.summary` (closed steps and the
+    current one). A rank's node is ``topology.node_of``, its group ``topology.ranks``
+    (``topology`` None: the world is the group, nodes as in :func:`peer_is_remote`)."""
+    world, me = dist.get_world_size(), dist.get_rank()
+    if topology is not None:
+        node, group = topology.node_of(me), tuple(topology.ranks)
+    else:
+        node, group = me // resolve_ranks_per_node(world), tuple(range(world))
+    summary = meter.summary()
+    last = summary["last_step"] or _empty_step()
+    mine = (me, node, group, [last[k] for k in COUNTS], [summary["total"][k] for k in COUNTS])
+    every: list = [None] * world
+    dist.all_gather_object(every, mine)
+    report: dict = {"nodes": {}, "groups": {}}
+    for rank, its_node, its_group, step, total in every:
+        for entry in (_report_entry(report["nodes"], its_node),
+                      _report_entry(report["groups"], its_group)):
+            entry["ranks"].append(rank)
+            for k, a, b in zip(COUNTS, step, total):
+                entry["last_step"][k] += a
+                entry["total"][k] += b
+    return report
+
+
+def _report_entry(where: dict, key) -> dict:
+    if key not in where:
+        where[key] = {"ranks": [], "last_step": dict.fromkeys(COUNTS, 0),
+                      "total": dict.fromkeys(COUNTS, 0)}
+    return where[key]
 
 
 def _add(step: dict, collective: str, intra: int, inter: int, calls: int) -> None:

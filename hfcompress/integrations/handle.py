@@ -3,7 +3,9 @@
 It owns what was installed (``FSDPInstall``: every FSDP module's collectives; or the
 ``AllReduceState`` of the DDP / HSDP all-reduce hook) and the ``WireMeter``:
 
-- ``meter``: bytes sent, the uncompressed baseline and the time in the collectives;
+- ``meter``: bytes sent, the uncompressed baseline and the time in the collectives (this
+  rank's); ``node_traffic()``: those bytes summed per node and per data-parallel group over
+  the world (collective);
 - ``step()`` after every optimizer step: the error-feedback reset clock (LoCo Alg. 1 lines
   9-10) on every compressor that has one, then the meter's step boundary;
 - ``state_dict()`` / ``load_state_dict()``: every compressor's state (qWD references, LoCo
@@ -26,6 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from ..comm import Topology, WireMeter
 from ..comm.streams import StreamOwner
+from ..comm.wire_meter import node_traffic
 from ..compressors.base import Compressor, ErrorFeedback, ReferenceCoded
 from ..config import CompressionConfig
 
@@ -133,6 +136,12 @@ class Compression:
         if self.auto is not None:
             self.auto.on_step(self)
         return counts
+
+    def node_traffic(self) -> dict:
+        """The meter's bytes (last step, run total) summed per node (what the data-parallel
+        groups of a node send together over its link) and per DP group, over the world: a
+        collective, every rank calls it (``comm.wire_meter.node_traffic``)."""
+        return node_traffic(self.meter, self.topology)
 
     def reset_references(self) -> None:
         """The next all-gather of every qWD stream is exact and re-initialises its reference
