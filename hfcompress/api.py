@@ -18,10 +18,11 @@ from .config import AutoSettings, CompressionConfig, describe, request_dict, res
 from .integrations import _fsdp2
 from .integrations.consistency import check_same_settings
 from .integrations.ddp import ddp_scheme, register_ddp_hook
+from .integrations.ddp import AllReduceState
 from .integrations.fsdp import (FSDPInstall, ModuleComms, check_group, check_hpz, fsdp_modules,
-                                mesh_group, shard_model)
+                                mesh_group, replicate_group, shard_model)
 from .integrations.handle import Compression
-from .integrations.hsdp import fully_shard_hsdp, install_hsdp_hook, is_hsdp_mesh
+from .integrations.hsdp import NativeHSDP, fully_shard_hsdp, install_hsdp_hook, is_hsdp_mesh
 from .integrations.timeouts import group_timeout
 
 
@@ -42,7 +43,10 @@ def apply(model: nn.Module, compressor: str | CompressionConfig | AutoSettings =
       ``mesh`` goes to ``fully_shard`` with the other ``fsdp_kwargs``). FSDP2 over one
       data-parallel dim of a larger mesh (``mesh["dp"]`` of ``(dp, tp)``, TP inside a node)
       compresses that group's collectives only, laid out on the nodes by global rank
-      (``comm.Topology(group=)``); TP's collectives stay torch's.
+      (``comm.Topology(group=)``); TP's collectives stay torch's. Native HSDP (a 2-D FSDP
+      mesh, e.g. ``mesh["dp_replicate", "dp_shard"]``, also beside TP): the shard group's
+      collectives as FSDP2's, and FSDP2's replica all-reduce replaced by the compressed one
+      (``integrations.hsdp.NativeHSDP``).
 
     - ``compressor``: a preset name (``hfcompress.config.list_presets()``), a
       ``CompressionConfig``, or ``"auto"`` / ``AutoSettings``: probe the links and this
@@ -141,11 +145,11 @@ def _apply_hsdp(model: nn.Module, request: Request,
     check_integration(config, fsdp=False)
     if mesh.mesh.numel() != dist.get_world_size():
         raise ValueError(f"HSDP over a sub-mesh ({mesh.mesh.numel()} of "
-                         f"{dist.get_world_size()} ranks: HSDP x TP / CP / pipeline stages) is "
-                         f"not supported yet; hfcompress compresses HSDP over a "
-                         f"('replicate', 'shard') mesh spanning the whole world, and FSDP2 over "
-                         f"one data-parallel dim of a larger mesh (fully_shard(..., "
-                         f"mesh=mesh['dp_shard']))")
+                         f"{dist.get_world_size()} ranks: HSDP x TP / CP / pipeline stages) "
+                         f"through a ('replicate', 'shard') mesh is not supported; shard "
+                         f"natively instead (native HSDP, also beside TP): fully_shard(..., "
+                         f"mesh=mesh['dp_replicate', 'dp_shard']) on every layer and the root, "
+                         f"then hfcompress.apply(model, preset)")
     topology = Topology(ranks_per_node, group_timeout(dist.group.WORLD))
     if shard:
         state = fully_shard_hsdp(model, mesh, config, layer_cls=layer_cls, topology=topology,
@@ -197,8 +201,9 @@ def _apply_fsdp(model: nn.Module, request: Request | ValueError,
     group = mesh_group(fsdp_kwargs.get("mesh")) if shard else check_group(existing)
     if dist.get_world_size(group) != world and isinstance(request, AutoSettings):
         raise ValueError("comm_compressor='auto' is not supported yet for FSDP2 over a "
-                         "sub-mesh (FSDP2 x TP: its probes and choice are checked over the whole "
-                         "world only); pick a preset (e.g. 'sdp4bit')")
+                         "sub-mesh (FSDP2 x TP, HSDP: its probes of DP groups sharing a node's "
+                         "link and one choice for all groups are not checked yet); pick a "
+                         "preset (e.g. 'sdp4bit')")
     # every rank's group is laid out on the nodes (its x ranks per node, y nodes)
     topology = Topology(ranks_per_node, group_timeout(group), group=group)
     if shard:
@@ -211,11 +216,18 @@ def _apply_fsdp(model: nn.Module, request: Request | ValueError,
     if hpz:
         check_hpz(modules, topology.ranks_per_node, topology.world_size)
     meter = meter if meter is not None else WireMeter()
+    replicas = replicate_group(modules)     # native HSDP: the replicas' group
+    replica_topology = None if replicas is None else \
+        Topology(ranks_per_node, group_timeout(replicas), group=replicas)
 
-    def build(cfg: CompressionConfig) -> FSDPInstall:
+    def build(cfg: CompressionConfig) -> FSDPInstall | NativeHSDP:
         comms = {name: ModuleComms(name, m, model, cfg, topology, meter, i)
                  for i, (name, m) in enumerate(modules)}
-        return FSDPInstall(cfg, comms, topology)
+        fsdp = FSDPInstall(cfg, comms, topology)
+        if replicas is None:
+            return fsdp
+        return NativeHSDP(fsdp, AllReduceState(cfg, replicas, replica_topology, meter,
+                                               tag="replica_all_reduce"))
 
     config, auto = _fixed(request, lambda compute_s=None: choose_fsdp(
         model, modules, topology, request, compute_s=compute_s), build)

@@ -4,7 +4,8 @@ FSDP2's public API (``fully_shard``, ``FSDPModule.set_custom_all_gather`` /
 ``set_custom_reduce_scatter`` / ``set_all_reduce_hook``) takes the collective objects but not
 what they need to know: the base classes ``AllGather`` / ``ReduceScatter``, whether an
 all-gather runs in forward or backward, the param groups and their parameters, hpZ's
-post-forward mesh, native HSDP. Those live in ``torch.distributed.fsdp._fully_shard``; no
+post-forward mesh, native HSDP (its groups, and the FSDP-only mesh info that skips its exact
+replica all-reduce). Those live in ``torch.distributed.fsdp._fully_shard``; no
 other hfcompress module imports them or touches a private attribute of FSDP2 (a test greps
 the package).
 
@@ -48,7 +49,7 @@ def check_internals(version: str = torch.__version__) -> dict[str, Any]:
     (``AllGather``, ``ReduceScatter``, ``TrainingState``)."""
     try:
         from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
-        from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+        from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, TrainingState
         from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
         from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
     except ImportError as err:
@@ -64,7 +65,7 @@ def check_internals(version: str = torch.__version__) -> dict[str, Any]:
         if not hasattr(owner, attr):
             raise _moved(f"{owner.__name__}.{attr}", version)
     return {"AllGather": AllGather, "ReduceScatter": ReduceScatter,
-            "TrainingState": TrainingState}
+            "TrainingState": TrainingState, "FSDPMeshInfo": FSDPMeshInfo}
 
 
 try:
@@ -123,6 +124,47 @@ def is_hsdp(param_group) -> bool:
 def shard_group(param_group):
     """The process group the param group shards over."""
     return _get(param_group, "mesh_info").shard_process_group
+
+
+def replicate_group(param_group):
+    """Native HSDP: the process group of the replicas (what FSDP2 all-reduces over)."""
+    return _get(param_group, "mesh_info").replicate_process_group
+
+
+def gradient_divide_factor(param_group) -> float | None:
+    """``set_gradient_divide_factor``'s value (None: FSDP2's mean over its groups)."""
+    for attr in ("gradient_divide_factor", "_gradient_divide_factor"):   # 2.13, older
+        if hasattr(param_group, attr):
+            return getattr(param_group, attr)
+    raise _moved("FSDPParamGroup.gradient_divide_factor")
+
+
+def shard_only(param_group) -> Any:
+    """Native HSDP without FSDP2's replica all-reduce: the param group gets an FSDP-only mesh
+    info over its shard dim (the same shard group: the reduce-scatter and all-gathers are
+    unchanged; ``foreach_reduce`` then gets no all-reduce group, so the all-reduce hook runs
+    on the reduce-scatter output and the mean is over the shard group only). The parameters
+    keep their own mesh info (DTensor placements, state dicts unchanged). Returns the mesh
+    info it replaced, for :func:`restore_mesh_info`."""
+    old = _get(param_group, "mesh_info")
+    new = _names["FSDPMeshInfo"](old.mesh, shard_mesh_dim=old.shard_mesh_dim)
+    if hasattr(old, "reduce_scatter_process_group"):   # set_separate_reduce_scatter_group
+        new.reduce_scatter_process_group = old.reduce_scatter_process_group
+    _set_mesh_info(param_group, new)
+    return old
+
+
+def restore_mesh_info(param_group, info: Any) -> None:
+    """Undo :func:`shard_only` (native HSDP's own all-reduce again)."""
+    _set_mesh_info(param_group, info)
+
+
+def _set_mesh_info(param_group, info: Any) -> None:
+    # reshard_after_forward=True is the mesh info itself: FSDP2 compares the two to tell
+    # a post-forward (hpZ) mesh from it
+    if _get(param_group, "post_forward_mesh_info") is param_group.mesh_info:
+        param_group.post_forward_mesh_info = info
+    param_group.mesh_info = info
 
 
 def post_forward_shard_size(param_group) -> bool | int:

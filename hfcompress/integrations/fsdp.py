@@ -9,7 +9,7 @@ need are in ``_fsdp2``).
   hpZ (``reshard_after_forward=ranks_per_node``, ZeRO++ 3.3 / B.2), an exact gather of the
   node's secondary partition, which never leaves the node.
 - Reduce-scatter: 1-hop all-to-all or the 2-hop intra-/inter-node all-to-all (ZeRO++ qgZ,
-  SDP4Bit TLq / TLq-HS Alg. 3), with LoCo error feedback (LoCo Alg. 1) on the first hop.
+  SDP4Bit TLq / TLq-HS Alg. 3), with LoCo error feedback (LoCo Alg. 1) on each hop.
 - Parameters matched by ``exact_patterns`` / ``min_numel`` travel exactly (QSDP 5.1): their
   columns of the flat buffer go through an exact collective of their own (``exact_params``).
 - One collective object, hence one stream of compressor state, per FSDP module and
@@ -49,15 +49,10 @@ ALL_GATHER, ALL_GATHER_BWD, REDUCE_SCATTER = "all_gather", "all_gather_bwd", "re
 # -- building the compressors ---------------------------------------------------------------
 def gradient_collective(config: CompressionConfig, topology: Topology, meter: WireMeter,
                         seed: int, rank: int, index: int):
-    """The reduce-scatter of one module: 1-hop or 2-hop, LoCo on the first hop that runs."""
-    hops = {k: build_compressor(getattr(config, k), seed, rank, index, k)
-            for k in ("grad_intra", "grad_inter")}
-    if config.loco is not None:
-        first = config.loco_hop(topology.ranks_per_node)
-        if hops[first] is None:
-            raise ValueError(f"config {config.name!r}: loco error feedback needs a gradient "
-                             f"scheme on the {first.removeprefix('grad_')}-node hop")
-        hops[first] = config.loco.wrap(hops[first])
+    """The reduce-scatter of one module: 1-hop or 2-hop, LoCo on the hops that run
+    (``CompressionConfig.loco_hops``)."""
+    hops = config.with_loco({k: build_compressor(getattr(config, k), seed, rank, index, k)
+                             for k in ("grad_intra", "grad_inter")}, topology.ranks_per_node)
     intra, inter = hops["grad_intra"], hops["grad_inter"]
     if config.two_hop:
         return TwoHopReduceScatter(topology, intra, inter, meter=meter, tag=REDUCE_SCATTER)
@@ -400,8 +395,8 @@ def shard_model(model: nn.Module, ranks_per_node: int, hpz: bool,
     if hpz:
         if "reshard_after_forward" in fsdp_kwargs:
             raise ValueError("hpZ sets reshard_after_forward itself; do not pass it")
-        mesh = fsdp_kwargs.get("mesh")     # a 1-D sub-mesh: the DP group's size
-        world = mesh.size() if mesh is not None else dist.get_world_size()
+        mesh = fsdp_kwargs.get("mesh")     # a sub-mesh: its shard dim's (the last) size
+        world = mesh.size(mesh.ndim - 1) if mesh is not None else dist.get_world_size()
         layer_kwargs["reshard_after_forward"] = hpz_reshard(ranks_per_node, world)
     for layer in decoder_layers(model, layer_cls):
         fully_shard(layer, **layer_kwargs)
@@ -431,23 +426,13 @@ def check_hpz(modules: list[tuple[str, FSDPModule]], ranks_per_node: int, world:
 
 
 def check_group(modules: list[tuple[str, FSDPModule]]) -> dist.ProcessGroup:
-    """The FSDP process group: every module must shard over one group, the world or the
+    """The FSDP shard group: every module must shard over one group, the world or the
     data-parallel dim of a larger mesh (FSDP2 x TP: ``fully_shard(..., mesh=mesh["dp"])``,
-    TP inside a node; only this group's collectives are compressed). A 2-D FSDP mesh (native
-    HSDP, e.g. ``mesh["dp_replicate", "dp_shard"]`` of an HSDP x TP mesh) is refused: its
-    replica all-reduce would run exactly, outside hfcompress."""
+    TP inside a node; only the data-parallel collectives are compressed). Native HSDP (a 2-D
+    FSDP mesh) shards over its shard dim: see :func:`replicate_group`."""
     group, ranks = None, None
     for name, m in modules:
-        pg = _fsdp2.param_groups(m)[0]
-        if _fsdp2.is_hsdp(pg):
-            raise ValueError(
-                f"FSDP module {name!r} is sharded over a 2-D mesh (native HSDP, e.g. "
-                f"(dp_replicate, dp_shard) of a larger mesh). hfcompress compresses HSDP through "
-                f"apply(model, preset, shard=True, mesh=mesh) with a 2-D mesh named "
-                f"('replicate', 'shard') spanning the whole world; HSDP beside tensor parallelism "
-                f"(HSDP x TP) is not supported yet: shard over one data-parallel dim "
-                f"(fully_shard(..., mesh=mesh['dp_shard'])) or drop TP")
-        g = _fsdp2.shard_group(pg)
+        g = _fsdp2.shard_group(_fsdp2.param_groups(m)[0])
         r = dist.get_process_group_ranks(g)
         if ranks is None:
             group, ranks = g, r
@@ -458,15 +443,42 @@ def check_group(modules: list[tuple[str, FSDPModule]]) -> dist.ProcessGroup:
     return group
 
 
+def replicate_group(modules: list[tuple[str, FSDPModule]]) -> dist.ProcessGroup | None:
+    """Native HSDP (``fully_shard(mesh=mesh["dp_replicate", "dp_shard"])``, what Accelerate's
+    ``ParallelismConfig(dp_replicate_size=...)`` builds): the replicas' group, the same for
+    every module; None without HSDP. ValueError for a model mixing both."""
+    hsdp = {name: _fsdp2.is_hsdp(_fsdp2.param_groups(m)[0]) for name, m in modules}
+    if not any(hsdp.values()):
+        return None
+    if not all(hsdp.values()):
+        raise ValueError(f"FSDP modules {sorted(n for n, h in hsdp.items() if h)} are sharded "
+                         f"over a 2-D mesh (native HSDP), {sorted(n for n, h in hsdp.items() if not h)} "
+                         f"over a 1-D one; hfcompress needs one data-parallel layout per model")
+    group, ranks = None, None
+    for name, m in modules:
+        pg = _fsdp2.param_groups(m)[0]
+        g = _fsdp2.replicate_group(pg)
+        r = dist.get_process_group_ranks(g)
+        if ranks is None:
+            group, ranks = g, r
+        elif r != ranks:
+            raise ValueError(f"FSDP module {name!r} replicates over ranks {r}, but "
+                             f"{modules[0][0]!r} over {ranks}; hfcompress needs one HSDP mesh "
+                             f"per model")
+        if _fsdp2.gradient_divide_factor(pg) is not None:
+            raise ValueError(f"FSDP module {name!r} (native HSDP) has a gradient divide factor "
+                             f"(set_gradient_divide_factor); hfcompress averages over the "
+                             f"replicas itself and supports FSDP2's default mean only: unset it")
+    return group
+
+
 def mesh_group(mesh: Any) -> dist.ProcessGroup:
-    """The group ``fully_shard(..., mesh=mesh)`` will shard over (None: the world); a 2-D
-    mesh (native HSDP) is refused as :func:`check_group` refuses it."""
+    """The group ``fully_shard(..., mesh=mesh)`` will shard over (None: the world; a 2-D
+    mesh, native HSDP: its shard dim, the last)."""
     if mesh is None:
         return dist.group.WORLD
-    if mesh.ndim != 1:
-        raise ValueError(
-            f"apply(..., shard=True) got a {mesh.ndim}-D mesh {mesh.mesh_dim_names} for "
-            f"fully_shard (native HSDP). Pass the data-parallel dim of the mesh (e.g. "
-            f"mesh['dp_shard']) for FSDP2, or a 2-D mesh named ('replicate', 'shard') spanning "
-            f"the whole world for compressed HSDP; HSDP x TP is not supported yet")
-    return mesh.get_group()
+    if mesh.ndim > 2:
+        raise ValueError(f"apply(..., shard=True) got a {mesh.ndim}-D mesh "
+                         f"{mesh.mesh_dim_names} for fully_shard; FSDP2 takes a 1-D mesh "
+                         f"(FSDP) or a 2-D one (HSDP: replicate, shard)")
+    return mesh.get_group(mesh.ndim - 1)

@@ -10,9 +10,12 @@ the configured scheme (``global_qsgd``, ``global_qsgd_exp``, int8 / int4 groups,
 (``fully_shard_hsdp`` / ``install_hsdp_hook`` are the building blocks ``apply`` uses; they
 return the hook state.)
 
-Native HSDP (``fully_shard(mesh=<2-D mesh>)``) all-reduces exactly *before* the hook, so the
-model must be sharded over the 1-D ``mesh["shard"]`` instead (refused otherwise). Parameters
-matched by the config's ``exact_patterns`` / ``min_numel`` are averaged exactly (QSDP 5.1).
+Native HSDP (``fully_shard(mesh=mesh["dp_replicate", "dp_shard"])``, what Accelerate's
+``ParallelismConfig(dp_replicate_size=..., dp_shard_size=...)`` builds) all-reduces exactly
+*before* the hook; ``apply`` compresses it as :class:`NativeHSDP`: FSDP2's own replica
+all-reduce switched off (``_fsdp2.shard_only``), the shard group's all-gather / reduce-scatter
+compressed as for FSDP2 and this hook on the replicas. Parameters matched by the config's
+``exact_patterns`` / ``min_numel`` are averaged exactly (QSDP 5.1).
 """
 
 from __future__ import annotations
@@ -50,6 +53,57 @@ class ReplicaHook:
         n = reduce_output.numel()
         layout = self.layouts.for_numel(n) or SlotLayout([Segment(self.name, n, False)])
         self.state.reduce(self.name, reduce_output.view(-1), layout)
+
+
+class NativeHSDP:
+    """What ``apply`` installs on a model sharded over a 2-D FSDP mesh (native HSDP): the
+    shard group's compressed collectives (an ``FSDPInstall``) and the replica all-reduce
+    (``replica``, an ``AllReduceState`` over the replicate group) as each module's all-reduce
+    hook, with FSDP2's exact replica all-reduce off while installed (its mesh info back on
+    ``uninstall``). The hook runs on the reduce-scatter output, the mean over the shard group,
+    and averages it over the replicas: the mean over every data-parallel rank, as FSDP2's.
+    DTensor placements and state dicts stay those of native HSDP."""
+
+    def __init__(self, fsdp: Any, replica: AllReduceState) -> None:
+        self.fsdp, self.replica = fsdp, replica
+        self.config, self.comms = fsdp.config, fsdp.comms
+        self.state_estimate = fsdp.state_estimate
+        self.hooks = {name: ReplicaHook(replica, name, c.layouts) for name, c in self.comms.items()}
+        self._native: dict[str, Any] = {}      # module name -> FSDP2's own mesh info
+
+    def install(self) -> None:
+        self.fsdp.install()
+        self.replica.install()
+        for name, c in self.comms.items():
+            if name not in self._native:
+                self._native[name] = _fsdp2.shard_only(c.param_group)
+            c.module.set_all_reduce_hook(self.hooks[name])
+
+    def uninstall(self) -> None:
+        self.fsdp.uninstall()
+        self.replica.uninstall()
+        for name, info in self._native.items():
+            _fsdp2.restore_mesh_info(self.comms[name].param_group, info)
+            self.comms[name].module.set_all_reduce_hook(None)
+        self._native = {}
+
+    def collectives(self) -> list[Any]:
+        return self.fsdp.collectives() + self.replica.collectives()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.fsdp.state_dict(), "replica": self.replica.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        replica = state.pop("replica", None)
+        if replica is None:
+            raise ValueError("hfcompress state holds no replica all-reduce: it was saved "
+                             "without HSDP (a 1-D FSDP mesh)")
+        self.fsdp.load_state_dict(state)
+        self.replica.load_state_dict(replica)
+
+    def describe(self) -> str:
+        return f"{self.fsdp.describe()} (native HSDP: replica all-reduce over {self.replica.size})"
 
 
 def is_hsdp_mesh(mesh: DeviceMesh | None) -> bool:

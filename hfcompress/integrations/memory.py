@@ -8,8 +8,9 @@ State a rank keeps between steps, as each scheme declares it (``Compressor.state
   ranks_per_node`` slots of each unit's shard with node-sharded references
   (``comm/reference_gather.py``), all ``world`` slots with one rank per node;
 - ``errors``: an error-feedback scheme's stored error (LoCo 3.2) of everything this rank
-  sends on a gradient hop: X parts of ``Y * s`` values on the 2-hop intra-node hop, else
-  ``world`` parts of ``s``;
+  sends on a gradient hop: X parts of ``Y * s`` values on the 2-hop intra-node hop and Y
+  parts of ``s`` on its inter-node hop (the node's partial sums), else ``world`` parts of
+  ``s``;
 - ``buffers``: nothing persistent (payload and gather buffers live for one call).
 """
 
@@ -38,10 +39,8 @@ def _gradient_hops(config: CompressionConfig, world: int, ranks_per_node: int
                    ) -> list[tuple[Compressor | None, int, int]]:
     """(compressor as the reduce-scatter builds it, parts, values per part / shard value)."""
     x, y = ranks_per_node, world // ranks_per_node
-    hops = {k: build_compressor(getattr(config, k)) for k in ("grad_intra", "grad_inter")}
-    first = config.loco_hop(x)
-    if config.loco is not None and hops[first] is not None:
-        hops[first] = config.loco.wrap(hops[first])
+    hops = config.with_loco({k: build_compressor(getattr(config, k))
+                             for k in ("grad_intra", "grad_inter")}, x)
     intra, inter = hops["grad_intra"], hops["grad_inter"]
     if config.two_hop and x > 1:
         return [(intra, x, y), (inter, y if y > 1 else 0, 1)]

@@ -5,8 +5,11 @@
   :func:`default_use_cpu` turns on ``use_cpu`` for a multi-process launch without an
   accelerator, so the ranks train together over gloo.
 - Accelerate keeps an FSDP plugin only for GPU-like distributed types and silently runs DDP
-  on CPU. :func:`enable_fsdp_on_cpu` sets the distributed type to ``MULTI_GPU`` before the
-  Trainer builds its ``Accelerator``; FSDP2 then shards the model on CPU (gloo).
+  on CPU, and its ``ParallelismConfig`` refuses ``MULTI_CPU``. :func:`enable_fsdp_on_cpu`
+  sets the distributed type to ``MULTI_GPU`` before the Trainer builds its ``Accelerator``
+  (FSDP asked for, or a model that transformers sharded at load time:
+  ``from_pretrained(distributed_config=DistributedConfig(tp_size=..., fsdp_size=...))``);
+  FSDP2 then shards the model on CPU (gloo), and the mesh is built on ``"cpu"``.
 """
 
 from __future__ import annotations
@@ -83,14 +86,21 @@ def fsdp_version(args) -> int | None:
     return None
 
 
-def enable_fsdp_on_cpu(args) -> bool:
-    """If FSDP was asked for and this is a multi-process CPU run, make Accelerate keep it.
+def sharded_by_transformers(model) -> bool:
+    """Whether transformers sharded ``model`` when loading it (``DistributedConfig``: TP, FSDP2
+    or HSDP over its own mesh); the Trainer then does not shard it again."""
+    return bool(getattr(model, "is_distributed_loading_by_transformers", False))
+
+
+def enable_fsdp_on_cpu(args, model=None) -> bool:
+    """If FSDP was asked for (or ``model`` was sharded by transformers at load time) and this
+    is a multi-process CPU run, make Accelerate keep it.
 
     Call after ``args.device`` was set up and before the Trainer creates its Accelerator.
     Returns whether the distributed type was changed."""
     from accelerate.utils import DistributedType
 
-    if fsdp_version(args) is None:
+    if fsdp_version(args) is None and not sharded_by_transformers(model):
         return False
     state = args.distributed_state
     if state is None or state.distributed_type != DistributedType.MULTI_CPU:

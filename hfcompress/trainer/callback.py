@@ -83,7 +83,7 @@ class CommCallback(TrainerCallback):
             per_node = st.handle.topology.ranks_per_node
             st.stats = CommStats(st.handle.meter)
             st.settings = checkpoint.settings(request_dict(self.config), st.handle.kind, world,
-                                              per_node)
+                                              per_node, mesh=device_mesh(t))
             if is_rank0():     # "auto": the chosen config (its table was logged by apply)
                 logger.warning(summary(st.handle.config, st.handle.kind, world, per_node))
         self._bind_loco_optimizer()
@@ -176,6 +176,12 @@ class CommCallback(TrainerCallback):
         st.logs += 1
         if self.log_every and st.logs % self.log_every == 0:
             st.pending_logs = st.stats.reduce(args.device)
+
+
+def device_mesh(trainer: Any) -> Any:
+    """The device mesh of Accelerate's ``ParallelismConfig`` (None without one)."""
+    accelerator = getattr(trainer, "accelerator", None)
+    return getattr(accelerator, "torch_device_mesh", None)
 
 
 def unwrap_optimizer(opt: Any) -> Any:

@@ -2,7 +2,10 @@
 
 A file holds what the compression handle's ``state_dict()`` returns (LoCo error buffers and
 step counters, qWD references, learned levels, RNG streams) plus the settings it was made
-with: the preset's ``CompressionConfig``, FSDP2 or DDP, world size and ranks per node. It is
+with: the preset's ``CompressionConfig``, FSDP2 or DDP, world size, ranks per node, the device
+mesh's shape (``{"dp_replicate": 2, "dp_shard": 2}``, ``{"dp_shard": 2, "tp": 2}``; ``{"dp":
+world}`` without a ``ParallelismConfig``) and this rank's coordinate in it: the state is of
+one (DP, TP) coordinate, so a resume on another mesh shape is refused (naming both). It is
 saved with ``torch.save`` and loaded with ``weights_only=True`` (tensors, numbers, strings and
 containers; DDP bucket layouts are allow-listed ``Segment`` records).
 
@@ -28,7 +31,8 @@ which file is of which run. A save between a step's start and its optimizer step
 collectives have moved the state past the weights) is refused (``step_started``).
 
 Format-1 files (no rank, step or checksum) and format-2 files (no run id) still load, with a
-warning of what cannot be verified.
+warning of what cannot be verified; files without a mesh shape are of the flat ``{"dp":
+world}`` mesh.
 """
 
 from __future__ import annotations
@@ -60,12 +64,31 @@ def state_path(checkpoint_dir: str, rank: int) -> str:
 
 
 def settings(config_dict: dict[str, Any], kind: str, world_size: int,
-             ranks_per_node: int, run: str | None = None) -> dict[str, Any]:
-    """What must match between the saving and the resuming run, and the id of the run
-    (``run``: compared across the ranks' files, not with the resuming run's; set it before
-    saving)."""
+             ranks_per_node: int, run: str | None = None, mesh: Any = None) -> dict[str, Any]:
+    """What must match between the saving and the resuming run (``mesh``: the device mesh of
+    Accelerate's ``ParallelismConfig``, None: the flat world), the id of the run (``run``:
+    compared across the ranks' files, not with the resuming run's; set it before saving) and
+    this rank's coordinate in the mesh (``coordinate``: informative, the rank fixes it)."""
+    shape, coordinate = mesh_layout(mesh, world_size)
     return {"config": config_dict, "integration": kind, "world_size": world_size,
-            "ranks_per_node": ranks_per_node, "run": run}
+            "ranks_per_node": ranks_per_node, "mesh": shape, "coordinate": coordinate,
+            "run": run}
+
+
+def mesh_layout(mesh: Any, world_size: int) -> tuple[dict[str, int], dict[str, int]]:
+    """(dim name -> size, dim name -> this rank's index) of a ``DeviceMesh``; the flat
+    ``{"dp": world_size}`` mesh for None."""
+    if mesh is None:
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        return {"dp": world_size}, {"dp": rank}
+    names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
+    coordinate = mesh.get_coordinate() or [0] * mesh.ndim
+    return ({n: int(s) for n, s in zip(names, mesh.mesh.shape)},
+            {n: int(c) for n, c in zip(names, coordinate)})
+
+
+def _shape(shape: dict[str, int]) -> str:
+    return " x ".join(f"{n}={s}" for n, s in shape.items())
 
 
 def new_run_id() -> str:
@@ -198,13 +221,23 @@ def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """One line per differing setting (config fields one by one)."""
     def fields(s: dict[str, Any]) -> dict[str, Any]:
         config = upgrade_dict(s.get("config", {}))    # files saved before configs froze
-        return {**{f"config.{k}": v for k, v in config.items()},
-                **{k: v for k, v in s.items() if k != "config"}}
+        out = {**{f"config.{k}": v for k, v in config.items()},
+               **{k: v for k, v in s.items() if k not in ("config", "mesh")}}
+        out.pop("run", None)          # compared across the ranks (_runs)
+        out.pop("coordinate", None)   # the rank's, given the mesh and the rank
+        return out
     a, b = fields(saved), fields(current)
-    a.pop("run", None), b.pop("run", None)        # compared across the ranks (_runs)
     missing = "<missing>"
-    return [f"{k}: checkpoint {a.get(k, missing)!r}, this run {b.get(k, missing)!r}"
-            for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
+    lines = [f"{k}: checkpoint {a.get(k, missing)!r}, this run {b.get(k, missing)!r}"
+             for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
+    # files saved before mesh shapes were recorded: the flat mesh of their world
+    mesh_a = saved.get("mesh") or {"dp": saved.get("world_size")}
+    mesh_b = current.get("mesh") or {"dp": current.get("world_size")}
+    if mesh_a != mesh_b:
+        lines.append(f"mesh: the checkpoint was saved on the device mesh {_shape(mesh_a)}, this "
+                     f"run's mesh is {_shape(mesh_b)} (the compressor state is per (DP, TP) "
+                     f"coordinate: resume on the mesh shape it was saved on)")
+    return lines
 
 
 def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
@@ -256,8 +289,8 @@ def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
     problem = "\n".join(problems)
     if on_mismatch == "error":
         raise ValueError(f"hfcompress: {problem}\nResume with the same comm_compressor, "
-                         f"ranks_per_node, integration (FSDP2 / DDP) and world size from an "
-                         f"intact checkpoint, or set comm_state_mismatch='reset' to start the "
+                         f"ranks_per_node, integration (FSDP2 / DDP), world size and mesh shape "
+                         f"from an intact checkpoint, or set comm_state_mismatch='reset' to start the "
                          f"compressor state fresh")
     warnings.warn(f"hfcompress: {problem}\ncomm_state_mismatch='reset': starting the "
                   f"compressor state fresh on every rank (LoCo errors zero, qWD references "

@@ -1,6 +1,8 @@
 """Install compressed communication on the model the Trainer prepared: ``hfcompress.apply``
-on the ``fully_shard``-ed FSDP2 model or on the DDP model (see ``integrations.ddp`` for what
-a preset all-reduces under DDP), plus the Trainer's checks and messages around it."""
+on the ``fully_shard``-ed FSDP2 model (over the world, or over the data-parallel dims of
+Accelerate's ``ParallelismConfig`` mesh: FSDP2 x TP, native HSDP) or on the DDP model (see
+``integrations.ddp`` for what a preset all-reduces under DDP), plus the Trainer's checks and
+messages around it."""
 
 from __future__ import annotations
 
@@ -37,10 +39,12 @@ def one_node_fallback(config: Request, ranks_per_node: int, world: int) -> str |
     """What a multi-node preset does on a single node (FSDP2), or None if nothing changes."""
     if not isinstance(config, CompressionConfig):
         return None          # auto chooses for the layout it probed
-    if ranks_per_node != world or world < 2 or not (config.two_hop or config.hpz):
+    # a 2-hop reduce-scatter sending one scheme on both hops (ulq, loco) sends it on one node too
+    two_hop = config.two_hop and config.grad_intra != config.grad_inter
+    if ranks_per_node != world or world < 2 or not (two_hop or config.hpz):
         return None
     parts = []
-    if config.two_hop:
+    if two_hop:
         parts.append(f"its 2-hop gradient reduce-scatter ({describe(config.grad_intra)} inside "
                      f"a node, {describe(config.grad_inter)} across nodes) runs only the "
                      f"intra-node hop, so gradients are sent {describe(config.grad_intra)}")
@@ -48,25 +52,11 @@ def one_node_fallback(config: Request, ranks_per_node: int, world: int) -> str |
         parts.append(f"hpZ changes nothing (the backward all-gather already stays inside the "
                      f"node; it sends {describe(config.weights)} weights like the forward one)")
     hint = "Set ranks_per_node to emulate nodes"
-    if config.two_hop and describe(config.grad_intra) != describe(config.grad_inter):
+    if two_hop:
         hint += ", or use 'ulq' / 'loco' for 4-bit gradients on one node"
     return (f"comm_compressor {config.name!r} is built for several nodes, but all {world} ranks "
             f"are on one node (ranks_per_node={ranks_per_node}): " + "; ".join(parts) +
             f". {hint}")
-
-
-def check_whole_world(model: Any, world: int) -> None:
-    """The Trainer path is tested with FSDP2 over the whole world only: a model sharded over a
-    data-parallel sub-mesh (accelerate's ``ParallelismConfig`` with TP / CP, HSDP) is refused
-    here, naming what works (``hfcompress.apply`` in a loop of one's own supports FSDP2 x TP)."""
-    ranks = dist.get_process_group_ranks(check_group(fsdp_modules(model)))
-    if len(ranks) != world:
-        raise ValueError(
-            f"hfcompress.Trainer: the model is sharded over {len(ranks)} of the {world} ranks "
-            f"(a data-parallel sub-mesh: accelerate's ParallelismConfig with tensor / context "
-            f"parallelism or HSDP). The Trainer path compresses FSDP2 over the whole world "
-            f"only for now; unset comm_compressor, or call hfcompress.apply(model, preset) on "
-            f"the FSDP2 x TP model in your own training loop (docs/architecture.md, 'Scale')")
 
 
 def install(model: Any, config: Request, ranks_per_node: int | None) -> Compression:
@@ -80,8 +70,9 @@ def install(model: Any, config: Request, ranks_per_node: int | None) -> Compress
                          f"neither FSDP2 nor DDP; nothing to install comm_compressor "
                          f"{config.name!r} on")
     world = dist.get_world_size()
-    check_whole_world(model, world)
-    fallback = one_node_fallback(config, resolve_ranks_per_node(world, ranks_per_node), world)
+    dp = dist.get_world_size(check_group(fsdp_modules(model)))   # the shard group's size
+    fallback = one_node_fallback(config, resolve_ranks_per_node(world, ranks_per_node), world) \
+        if dp == world else None
     if fallback and dist.get_rank() == 0:
         warnings.warn(f"hfcompress: {fallback}", UserWarning, stacklevel=2)
     return apply(model, config, ranks_per_node)

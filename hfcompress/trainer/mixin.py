@@ -119,14 +119,15 @@ class CompressionMixin:
             _ = args.device          # sets up Accelerate's PartialState
             accelerate_cpu.apply_ddp_timeout(args)   # a group created without it
             _check_launch(args, self.comm_config)
-            accelerate_cpu.enable_fsdp_on_cpu(args)
+            accelerate_cpu.enable_fsdp_on_cpu(args, model)
         super().__init__(model, args, *rest, **kwargs)
         if self.comm_config is None:
             return
         if self.is_deepspeed_enabled:
             raise ValueError("hfcompress compresses FSDP2 and DDP communication; DeepSpeed is "
                              "not supported (drop comm_compressor or DeepSpeed)")
-        check_integration(self.comm_config, self.is_fsdp_enabled)
+        check_integration(self.comm_config, self.is_fsdp_enabled
+                          or accelerate_cpu.sharded_by_transformers(model))
         if uses_loco(self.comm_config):
             self._check_loco_optimizer()
         if self.is_fsdp_enabled and uses_hpz(self.comm_config):
@@ -318,8 +319,10 @@ def warn_single_process(preset: str) -> None:
 
 def _check_unsharded(model: Any) -> None:
     """The Trainer shards the model itself (Accelerate's FSDP2 / DDP): refuse one that
-    ``hfcompress.apply(..., shard=True)`` or ``fully_shard`` already sharded."""
-    if hasattr(model, "named_modules") and fsdp_modules(model):
+    ``hfcompress.apply(..., shard=True)`` or ``fully_shard`` already sharded (not one that
+    transformers sharded at load time, ``DistributedConfig``, which the Trainer keeps)."""
+    if hasattr(model, "named_modules") and fsdp_modules(model) \
+            and not accelerate_cpu.sharded_by_transformers(model):
         raise ValueError("hfcompress: the model given to the Trainer is already fully_shard-ed "
                          "(e.g. by hfcompress.apply(model, shard=True)); pass the unsharded "
                          "model and comm_compressor='<preset>' to the Trainer instead, which "
