@@ -78,9 +78,10 @@ def describe(scheme: Scheme | None) -> str:
 
 @dataclass(frozen=True)
 class LoCoSettings:
-    """LoCo error feedback (LoCo Alg. 1) around the gradient scheme of the first hop: the
-    moving-average weight ``beta``, the reset period ``reset_every`` (optimizer steps) and
-    the 8-bit error's scale (``"group"``: absmax per 128 values, or a fixed float)."""
+    """LoCo error feedback (LoCo Alg. 1) around the gradient schemes of the hops that run
+    (:meth:`CompressionConfig.loco_hops`): the moving-average weight ``beta``, the reset
+    period ``reset_every`` (optimizer steps) and the 8-bit error's scale (``"group"``:
+    absmax per 128 values, or a fixed float)."""
 
     beta: float = 0.2
     reset_every: int = 512
@@ -155,7 +156,7 @@ class CompressionConfig:
       inter-node all-to-all hop (``two_hop=True``, ZeRO++ B.3 / SDP4Bit 3.2); with
       ``two_hop=False`` only ``grad_inter`` is used, as a 1-hop all-to-all. None = exact.
     - ``loco``: LoCo error feedback (:class:`LoCoSettings`, LoCo Alg. 1) wrapping the
-      gradient scheme of the hop that leaves the rank first; None = no error feedback.
+      gradient scheme of each hop that runs (:meth:`loco_hops`); None = no error feedback.
     - ``all_reduce``: the DDP / HSDP replica all-reduce scheme (Global-QSGD; e.g.
       ``Scheme("global_qsgd", {"block_size": 1024})``: one global scale per 1024 values).
     - ``hpz``: the backward all-gather stays inside the node (ZeRO++ 3.3).
@@ -225,6 +226,32 @@ class CompressionConfig:
         intra-node hop runs), else ``"grad_inter"``."""
         return "grad_intra" if self.two_hop and ranks_per_node > 1 else "grad_inter"
 
+    def loco_hops(self, ranks_per_node: int) -> tuple[str, ...]:
+        """The gradient schemes LoCo's error feedback wraps, first hop first: that of the hop
+        that leaves the rank first (Alg. 1 on the rank's gradient) and, on a 2-hop layout with
+        several ranks per node, the inter-node hop's too (the node's partial sums): the
+        authors' LoCo-Zero++ (LoCo 5.2; their DeepSpeed ``all_to_all_loco_quant_reduce``)
+        keeps an 8-bit error per hop, so neither 4-bit quantization's error accumulates."""
+        first = self.loco_hop(ranks_per_node)
+        return (first, "grad_inter") if first == "grad_intra" else (first,)
+
+    def with_loco(self, hops: Mapping[str, Compressor | None],
+                  ranks_per_node: int) -> dict[str, Compressor | None]:
+        """``hops`` (``"grad_intra"`` / ``"grad_inter"`` -> compressor as built, None: exact)
+        with LoCo error feedback on each of :meth:`loco_hops` that compresses; ValueError if
+        the first one sends exactly (there is nothing to feed the error back into)."""
+        hops = dict(hops)
+        if self.loco is None:
+            return hops
+        first, *rest = self.loco_hops(ranks_per_node)
+        if hops[first] is None:
+            raise ValueError(f"config {self.name!r}: loco error feedback needs a gradient "
+                             f"scheme on the {first.removeprefix('grad_')}-node hop")
+        for hop in (first, *rest):
+            if hops[hop] is not None:
+                hops[hop] = self.loco.wrap(hops[hop])
+        return hops
+
     def to_dict(self) -> dict[str, Any]:
         """Plain dicts, lists and numbers (logs, checkpoints; :meth:`from_dict` reads it)."""
         out: dict[str, Any] = {}
@@ -271,6 +298,7 @@ _INT8_W = Scheme("int", {"bits": 8, "group_size": 2048, "rounding": "nearest"})
 _QWD = Scheme("qwd")
 _INT4_G = Scheme("int", {"bits": 4, "group_size": 128, "rounding": "stochastic"})
 _INT8_G = Scheme("int", {"bits": 8, "group_size": 128, "rounding": "stochastic"})
+_INT4_N = Scheme("int", {"bits": 4, "group_size": 128, "rounding": "nearest"})   # LoCo 3.1
 _HS8 = Scheme("hadamard", {"bits": 8, "group_size": 128, "hadamard_size": 32})
 _HS4 = Scheme("hadamard", {"bits": 4, "group_size": 128, "hadamard_size": 32})
 _LOCO = LoCoSettings(beta=0.2, reset_every=512, error_scale="group")
@@ -292,8 +320,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                      "min_numel": 1024},
     "global_qsgd": {"all_reduce": Scheme("global_qsgd", {"bits": 8})},
     "global_qsgd_exp": {"all_reduce": Scheme("global_qsgd_exp", {"bits": 8})},
-    "loco": {"grad_inter": Scheme("int", {"bits": 4, "group_size": 128, "rounding": "nearest"}),
-             "loco": _LOCO},
+    "loco": {"grad_intra": _INT4_N, "grad_inter": _INT4_N, "two_hop": True, "loco": _LOCO},
     "loco_zeropp": {"weights": _INT8_W, "hpz": True, "grad_intra": _INT4_G,
                     "grad_inter": _INT4_G, "two_hop": True, "loco": _LOCO},
 }

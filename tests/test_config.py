@@ -102,6 +102,29 @@ def test_to_dict_round_trips_and_old_dicts_read():
     assert CompressionConfig(loco={"beta": 0.3}).loco == LoCoSettings(beta=0.3)
 
 
+def test_loco_wraps_every_gradient_hop_that_runs():
+    """``loco`` is 2-hop (int4 nearest on both hops): with one rank per node only its
+    inter-node hop runs, LoCo-wrapped (the former 1-hop preset); with several, LoCo wraps the
+    intra-node hop and the inter-node one (LoCo-Zero++, 5.2). An exact first hop is refused."""
+    loco = get_config("loco")
+    assert loco.two_hop and loco.grad_intra == loco.grad_inter
+    assert loco.grad_inter.params["rounding"] == "nearest"
+    assert loco.loco_hops(1) == ("grad_inter",)
+    assert loco.loco_hops(8) == get_config("loco_zeropp").loco_hops(2) == \
+        ("grad_intra", "grad_inter")
+    one_hop = dataclasses.replace(loco, grad_intra=None, two_hop=False)
+    assert one_hop.loco_hops(8) == ("grad_inter",)
+    built = {k: getattr(loco, k).build() for k in ("grad_intra", "grad_inter")}
+    assert {k: c.name for k, c in loco.with_loco(built, 1).items()} == \
+        {"grad_intra": "int", "grad_inter": "loco"}
+    assert {k: c.name for k, c in loco.with_loco(built, 2).items()} == \
+        {"grad_intra": "loco", "grad_inter": "loco"}
+    assert loco.with_loco({**built, "grad_inter": None}, 2)["grad_inter"] is None
+    assert get_config("ulq").with_loco(built, 2) == built           # no LoCo: as built
+    with pytest.raises(ValueError, match="intra-node hop"):
+        loco.with_loco({**built, "grad_intra": None}, 2)
+
+
 def test_resolve_tells_a_config_from_the_auto_request():
     assert resolve("sdp4bit") == get_config("sdp4bit")
     cfg = get_config("qwd")

@@ -168,7 +168,8 @@ def test_fsdp_state_memory_2_nodes_x_2():
         msg = r["refused"]
         assert msg and "saved with world_size=4, ranks_per_node=2" in msg and \
             "this run has world_size=4, ranks_per_node=1" in msg, msg
-        # LoCo (1-hop: errors of every row this rank sends, 8-bit + a scale per 128)
+        # LoCo (2 hops at X = 2: errors of every row this rank sends on hop 1 and of the node's
+        # partial sums on hop 2, 8-bit + a scale per 128: 0.5 (1 + 1/X) of the bf16 size)
         loco = r["loco_state"]
-        assert set(loco) == {"errors"} and 0.5 * full <= loco["errors"] <= 0.55 * full, loco
+        assert set(loco) == {"errors"} and 0.75 * full <= loco["errors"] <= 0.83 * full, loco
         assert loco == nonzero(r["loco_estimate"]), (loco, r["loco_estimate"])

@@ -1,5 +1,6 @@
 """LoCo error feedback (LoCo Alg. 1, sections 3.1-3.3)."""
 
+import dataclasses
 import io
 
 import pytest
@@ -197,3 +198,129 @@ def test_bad_parameters():
         loco.compress(torch.zeros(11))
     with pytest.raises(ValueError, match="error_scale"):
         get_compressor("loco", error_scale=FIXED).load_state_dict(loco.state_dict())
+
+
+# -- the ``loco`` preset on the 2-hop reduce-scatter (LoCo 3.3, LoCo-Zero++ 5.2) ------------
+S = 300     # values per rank: not a multiple of LoCo's groups of 128
+
+
+def _step_inputs(world, steps, rank):
+    """Every rank's reduce-scatter input per step: g = mu + noise, the rank's own mu."""
+    return [g.reshape(world * S) for g in _grads(steps, world * S, seed=rank, sigma=1.0)]
+
+
+def _run(collective, inputs):
+    """One call per step, then the optimizer step's reset clock (``Compression.step``)."""
+    from hfcompress.integrations.handle import step_error_feedback
+
+    outs = []
+    for x in inputs:
+        out = torch.empty(S)
+        collective(out, x.clone())
+        step_error_feedback(collective.compressors())
+        outs.append(out)
+    return outs
+
+
+def _loco_worker(rank, world):
+    import torch.distributed as dist
+
+    from hfcompress.comm import Topology, TwoHopReduceScatter, WireMeter
+    from hfcompress.config import LoCoSettings, get_config
+    from hfcompress.integrations import memory
+    from hfcompress.integrations.fsdp import gradient_collective
+
+    res = {}
+    short = LoCoSettings(reset_every=3)          # crosses the resets after steps 0 and 3
+    new = dataclasses.replace(get_config("loco"), loco=short)
+    old = dataclasses.replace(new, grad_intra=None, two_hop=False)    # loco before: 1-hop
+    inputs = _step_inputs(world, 6, rank)
+    build = lambda cfg, topo: gradient_collective(cfg, topo, WireMeter(), 0, rank, 0)  # noqa
+    one = Topology(ranks_per_node=1)
+    a, b = build(old, one), build(new, one)
+    res["x1_kinds"] = (type(a).__name__, type(b).__name__)
+    res["x1_equal"] = [torch.equal(p, q) for p, q in zip(_run(a, inputs), _run(b, inputs))]
+
+    two = Topology(ranks_per_node=2)             # 2 nodes x 2 ranks
+    c = build(new, two)
+    _run(c, inputs[:2])
+    state = c.state_dict()
+    res["x2_errors"] = {hop: sum("error_codes" in s for s in st["streams"].values())
+                        for hop, st in state.items()}    # a stream per destination row
+    res["x2_state_bytes"] = c.state_bytes()["errors"]
+    res["x2_estimate"] = memory.estimate_state_bytes(new, [S], world, 2, torch.float32)["errors"]
+    again = build(new, two)
+    again.load_state_dict(state)
+    res["x2_resumed"] = [torch.equal(p, q)
+                         for p, q in zip(_run(c, inputs[2:]), _run(again, inputs[2:]))]
+
+    # the time average at 2 x 2: the summed outputs vs the exact sum, with error feedback on
+    # no hop, on the first hop only, and on both
+    steps = 60
+    inputs = _step_inputs(world, steps, 100 + rank)
+    exact = torch.zeros(S)
+    for x in inputs:
+        out = torch.empty(S)
+        dist.reduce_scatter_tensor(out, x.clone())
+        exact += out
+    loco, int4 = LoCoSettings(), lambda: get_compressor("int")             # noqa: E731
+    errs = {}
+    for label, intra, inter in (("none", int4(), int4()), ("first", loco.wrap(int4()), int4()),
+                                ("both", loco.wrap(int4()), loco.wrap(int4()))):
+        total = torch.stack(_run(TwoHopReduceScatter(two, intra, inter), inputs)).sum(0)
+        errs[label] = ((total - exact).norm() / exact.norm()).item()
+    res["x2_time_average"] = errs
+    return res
+
+
+@pytest.fixture(scope="module")
+def loco_run():
+    from dist_utils import run_distributed
+    return run_distributed(_loco_worker, 4)
+
+
+def test_loco_at_one_rank_per_node_is_the_1_hop_loco_bit_for_bit(loco_run):
+    """With one rank per node the 2-hop ``loco`` runs only its inter-node hop, with LoCo on
+    it: the numbers of the former 1-hop preset, step after step, across error resets."""
+    for r in loco_run:
+        assert r["x1_kinds"] == ("QuantizedReduceScatter", "TwoHopReduceScatter")
+        assert r["x1_equal"] == [True] * 6, r["x1_equal"]
+
+
+def test_loco_feeds_back_the_error_of_both_hops_and_checkpoints_it(loco_run):
+    """2 nodes x 2 ranks: LoCo wraps the intra-node hop (X rows per rank) and the inter-node
+    hop (Y partial sums per rank, as the authors' LoCo-Zero++); the errors of both are in the
+    state dict (a fresh collective that loads it continues bit for bit) and in the memory
+    estimate, which equals the measured state."""
+    for r in loco_run:
+        assert r["x2_errors"] == {"intra": 2, "inter": 2}
+        assert r["x2_state_bytes"] == r["x2_estimate"] > 0
+        assert r["x2_resumed"] == [True] * 4, r["x2_resumed"]
+
+
+def test_error_feedback_on_the_second_hop_keeps_the_time_average(loco_run):
+    """60 steps of g = mu + noise at 2 x 2 (int4 nearest, group 128): the summed outputs'
+    error relative to the exact sum is 0.103 without feedback, 0.073 with it on the first hop
+    only (the partial sums' 4-bit error accumulates) and 0.024 with it on both hops (LoCo 3.2,
+    Eq. 6: bounded instead of growing). Deterministic; asserted both < 0.5 x first."""
+    errs = loco_run[0]["x2_time_average"]
+    assert errs["both"] < 0.5 * errs["first"] and errs["first"] < errs["none"], errs
+
+
+def test_loco_inter_node_bytes_per_node():
+    """Declared traffic (``comm/traffic.py``) of one reduce-scatter of S values per rank,
+    per node: the 2-hop ``loco`` sends X x (Y - 1) int4 rows, X times less than the 1-hop
+    all-to-all's X^2 (Y - 1); equal to it at X = 1."""
+    from hfcompress.comm import QuantizedReduceScatter, TwoHopReduceScatter
+    from hfcompress.comm.traffic import sent
+    from hfcompress.config import get_config
+
+    cfg, n = get_config("loco"), 128 * 1024
+    int4 = cfg.grad_inter.build()
+    for x in (1, 2, 8):
+        for y in (2, 4):
+            new = x * sent(TwoHopReduceScatter.traffic(n, x, y, int4, int4, 4), x, y)[1]
+            old = x * sent(QuantizedReduceScatter.traffic(n, x, y, int4, 4), x, y)[1]
+            exact = x * sent(QuantizedReduceScatter.traffic(n, x, y, None, 4), x, y)[1]
+            assert new == x * (y - 1) * n * 4.25 / 8 and old == x * new, (x, y)
+            assert exact / new == pytest.approx(x * 32 / 4.25), (x, y)

@@ -17,12 +17,15 @@ def test_estimate_follows_the_layout():
     assert memory.estimate_state_bytes("sdp4bit", shards, 8, 2, bf16, shard_references=False) \
         ["references"] == 8 * 4000 * 2
     assert memory.estimate_state_bytes("qwd", shards, 8, 1, bf16)["references"] == 8 * 4000 * 2
-    # LoCo 1-hop: every row of 1000 / 3000 values padded to 128, + a float32 scale per 128
-    loco = memory.estimate_state_bytes("loco", shards, 4, 2, bf16)
+    # LoCo with one rank per node (1 hop): every row of 1000 / 3000 values padded to 128,
+    # + a float32 scale per 128
+    loco = memory.estimate_state_bytes("loco", shards, 4, 1, bf16)
     assert loco["errors"] == 4 * (1024 + 32) + 4 * (3072 + 96) and loco["references"] == 0
-    # LoCo on the 2-hop intra hop: X parts of Y * s values
+    # LoCo on both 2-hop hops: X parts of Y * s values, then Y partial sums of s
+    intra, inter = 2 * (2048 + 64) + 2 * (6016 + 188), 2 * (1024 + 32) + 2 * (3072 + 96)
+    assert memory.estimate_state_bytes("loco", shards, 4, 2, bf16)["errors"] == intra + inter
     lz = memory.estimate_state_bytes("loco_zeropp", [1000], 4, 2, bf16)
-    assert lz["errors"] == 2 * (2048 + 64)
+    assert lz["errors"] == 2 * (2048 + 64) + 2 * (1024 + 32)
     for lean in ("zeropp", "tlq_hs"):
         assert sum(memory.estimate_state_bytes(lean, shards, 8, 2, bf16).values()) == 0
 
@@ -32,7 +35,7 @@ def test_frozen_values_keep_references_but_no_error_feedback():
     so LoCo keeps errors for the trainable values only."""
     shards, bf16 = [1000, 3000], torch.bfloat16
     lora = memory.estimate_state_bytes("loco", shards, 4, 2, bf16, grad_numels=[0, 128])
-    assert lora["errors"] == 4 * (128 + 4) and lora["references"] == 0
+    assert lora["errors"] == 2 * (256 + 8) + 2 * (128 + 4) and lora["references"] == 0
     assert memory.estimate_state_bytes("sdp4bit", shards, 8, 2, bf16, grad_numels=[0, 0]) == \
         memory.estimate_state_bytes("sdp4bit", shards, 8, 2, bf16)
 

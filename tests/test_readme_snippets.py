@@ -150,8 +150,9 @@ def test_checkpoint_table_is_the_estimate():
     assert total("sdp4bit", 2, 1) == 2 * 10**9
     assert rows["`sdp4bit`, `qwd`"] == "250 MB (2.0 GB at X = 1)"
     assert round(total("loco", 16, 8) / 1e9, 2) == round(total("loco_zeropp", 16, 8) / 1e9,
-                                                         2) == 1.03
-    assert rows["`loco`, `loco_zeropp`"] == "1.03 GB"
+                                                         2) == 1.16
+    assert round(total("loco", 16, 1) / 1e9, 2) == 1.03
+    assert rows["`loco`, `loco_zeropp`"] == "1.16 GB (1.03 GB at X = 1)"
     for preset in ("qw", "ulq", "tlq", "tlq_hs", "zeropp", "qsdp", "qsdp_learned"):
         assert total(preset, 16, 8) == 0, preset        # RNG streams and levels: not counted
     # r=8 LoRA on q_proj (2048 -> 2048) and v_proj (2048 -> 512) of 16 layers, fp32

@@ -31,8 +31,10 @@ Memory (``state_bytes()``): e covers every value this instance sends. In the red
 one instance serves one destination row (1-hop) or one intra-node part (2-hop); together
 they hold the error of the rank's whole local gradient, i.e. 1 uint8 code per value plus a
 float32 scale per 128 (~1.03 bytes per parameter per rank, ~0.52 x the bf16 model, at any
-world size): the 8-bit floor of LoCo 3.2. Per instance only the padding of its last group
-(< 128 values) comes on top. Measured: ``benchmarks/bench_memory.py``.
+world size): the 8-bit floor of LoCo 3.2. On a 2-hop layout with X ranks per node the
+inter-node hop's instances (one per node row of partial sums, as in the authors'
+LoCo-Zero++) add 1/X of that. Per instance only the padding of its last group (< 128
+values) comes on top. Measured: ``benchmarks/bench_memory.py``.
 """
 
 from __future__ import annotations
