@@ -1,4 +1,4 @@
-"""Command line: ``hfcompress list``, ``demo``, ``compare`` and ``eval``."""
+"""Command line: ``hfcompress list``, ``plan``, ``demo``, ``compare`` and ``eval``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,15 @@ from . import __version__
 from .compressors import get_compressor, list_compressors
 from .compressors.base import ReferenceCoded
 from .config import EXACT_GRAD_BITS, get_config, list_presets, preset_bits
+from .cost import ENGINES, ClusterLayout, ClusterLinks, compute_from_baseline, price_step
+from .cost.calibrate import fit_inter_node_gbps, load_runs
+from .cost.model_shape import ModelShape
+from .cost.report import plan_report, render_text
 
 
 def _cmd_list(args: argparse.Namespace) -> None:
+    if args.nodes is not None or args.gpus_per_node is not None or args.tp != 1:
+        return _cmd_list_layout(args)
     exact = {"FSDP2": preset_bits("none")["total"], "DDP": 2.0 * EXACT_GRAD_BITS}
     print("Presets (comm_compressor=NAME, hfcompress.apply(model, NAME)): inter-node bits per "
           "parameter per training step, steady state, 2 nodes x 1 rank, bf16 weights / fp32 "
@@ -38,6 +44,51 @@ def _cmd_list(args: argparse.Namespace) -> None:
               f"{json.dumps(c.config())}")
 
 
+def _cmd_list_layout(args: argparse.Namespace) -> None:
+    """``list --nodes N --gpus-per-node G [--tp T]``: every preset's inter-node bits per
+    parameter per step on one node's link (one direction), by the cost model (``cost/``)."""
+    shape = ModelShape(hidden=4096, layers=32)      # LLaMA-2 7B's shape: a large model
+    try:
+        layout = ClusterLayout(args.nodes or 2, args.gpus_per_node or 1, tp=args.tp)
+        bits: dict[str, tuple | str] = {}
+        for name in list_presets():
+            cfg = get_config(name)
+            try:
+                cost = price_step(cfg, shape.units(layout, cfg.exact_patterns, cfg.min_numel),
+                                  layout, ClusterLinks(400.0, 2400.0), compute_s=0.0)
+            except ValueError as e:      # a scheme that cannot serve this many ranks
+                bits[name] = str(e)
+                continue
+            parts = {"fwd": 0.0, "bwd": 0.0, "grads": 0.0}
+            for c in cost.collectives:
+                part = "fwd" if c.name.endswith("_fwd") else \
+                    "bwd" if c.name.endswith("_bwd") else "grads"
+                parts[part] += c.link_bytes_per_node * 8 / shape.params
+            bits[name] = (parts, "DDP" if cfg.all_reduce is not None else "FSDP2")
+    except ValueError as e:
+        args.parser.error(str(e))
+    print(f"Presets on {layout.nodes} nodes x {layout.gpus_per_node} GPUs (tp {layout.tp}: "
+          f"{layout.dp_per_node} DP ranks per node, {layout.groups_per_node} DP group(s) per "
+          f"node): inter-node bits per parameter per training step that one node's link "
+          f"carries, one direction, by the algorithm the backend runs (ring / direct / 2-hop; "
+          f"hfcompress.cost), steady state, a LLaMA-2 7B-shaped model, bf16 weights / fp32 "
+          f"gradients when exact; x less: than none (exact FSDP2). Without --nodes / "
+          f"--gpus-per-node: the 2 nodes x 1 rank table, counting both directions of its "
+          f"one boundary")
+    print(f"  {'preset':<16}{'engine':>7}{'fwd AG':>8}{'bwd AG':>8}{'grads':>8}{'total':>8}"
+          f"{'x less':>8}")
+    exact_total = sum(bits["none"][0].values())
+    for name, row in bits.items():
+        if isinstance(row, str):
+            print(f"  {name:<16}cannot run here: {row}")
+            continue
+        parts, engine = row
+        total = sum(parts.values())
+        less = f"{exact_total / total:>8.2f}" if total else f"{'inf':>8}"
+        print(f"  {name:<16}{engine:>7}{parts['fwd']:>8.2f}{parts['bwd']:>8.2f}"
+              f"{parts['grads']:>8.2f}{total:>8.2f}{less}")
+
+
 def _frozen_bits(name: str, bits: dict) -> float:
     """Inter-node bits per frozen parameter per steady-state step: no gradient; the weight
     all-gathers, except under a reference-coded scheme (qWD: the references already hold
@@ -47,6 +98,151 @@ def _frozen_bits(name: str, bits: dict) -> float:
                                    and isinstance(weights.build(), ReferenceCoded)):
         return 0.0
     return bits["weights_fwd"] + bits["weights_bwd"]
+
+
+#: presets whose training loss the benchmarks keep within 1% of ``none`` (BENCHMARKS.md "Loss
+#: kept", at both learning rates): not ``zeropp`` (int4 gradients, +3.6% at lr 3e-3,
+#: auto/candidates.py), ``qw`` (4-bit weights, +1.7%) nor the DDP presets (another engine)
+LOSS_KEEPING = ("none", "qwd", "tlq_hs", "sdp4bit", "loco")
+PLAN_DESCRIPTION = """What each preset saves on a cluster you describe (issue 31's cost
+model, hfcompress/cost): the inter-node bytes per node per step of each collective by the
+algorithm the backend runs (ring / direct all-to-all / 2-hop), communication, exposed
+communication (FSDP2 prefetch hides the weight all-gathers behind compute; megatron exposes
+everything) and codec seconds, step seconds and speedup over none, compressor state per GPU,
+the full-overlap limit, and a recommendation. Bandwidths are effective, not the data sheet's:
+fit them to a few measured steps with --calibrate. Example: hfcompress plan --hidden 8192
+--layers 80 --ffn 28672 --heads 64 --kv-heads 8 --nodes 16 --gpus-per-node 8 --gpu-tflops 400"""
+SHAPE_FLAGS = ("hidden", "layers", "ffn", "vocab", "heads", "kv_heads", "experts",
+               "experts_per_token", "tied_embeddings")
+
+
+def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    m = p.add_argument_group("model: --model, or its sizes (LLaMA-style decoder)")
+    m.add_argument("--model", metavar="NAME_OR_PATH", help="an HF config.json, a folder with "
+                   "one, or a hub id already in the local HF cache (never downloaded)")
+    m.add_argument("--hidden", type=int, help="hidden size")
+    m.add_argument("--layers", type=int, help="decoder layers")
+    m.add_argument("--ffn", type=int, help="MLP width (default: LLaMA's, 8/3 x hidden rounded "
+                   "up to 256)")
+    m.add_argument("--vocab", type=int, help="vocabulary (default 32000)")
+    m.add_argument("--heads", type=int, help="attention heads (default hidden / 128)")
+    m.add_argument("--kv-heads", type=int, help="key / value heads (GQA; default: heads)")
+    m.add_argument("--experts", type=int, help="MoE experts per layer (all communicated)")
+    m.add_argument("--experts-per-token", type=int, help="MoE top-k (compute only; default: "
+                   "every expert computes)")
+    m.add_argument("--tied-embeddings", action="store_true", default=None,
+                   help="the LM head shares the embedding matrix")
+    r = p.add_argument_group("batch")
+    r.add_argument("--seq-len", type=int, default=4096, help="tokens per sample (4096)")
+    r.add_argument("--micro-batch", type=int, default=1, help="samples per DP rank per "
+                   "micro-batch (1)")
+    r.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer "
+                   "step, each gathering weights and reducing gradients (1)")
+    c = p.add_argument_group("cluster")
+    c.add_argument("--nodes", type=int, required=True)
+    c.add_argument("--gpus-per-node", type=int, default=8, help="(8)")
+    c.add_argument("--tp", type=int, default=1, help="tensor-parallel size, inside a node (1)")
+    c.add_argument("--pp", type=int, default=1, help="pipeline stages, whole nodes each (1)")
+    c.add_argument("--cp", type=int, default=1, help="context-parallel size, inside a node (1)")
+    c.add_argument("--inter-node-gbps", type=float, default=400.0, help="effective Gbit/s of "
+                   "one node's network link, all its NICs, one direction (400: about what "
+                   "SDP4Bit's H800 nodes, 8 x 400 Gbit/s NICs, gave their data-parallel "
+                   "collectives, 0.13-0.16 of the sum; fit yours: --calibrate)")
+    c.add_argument("--intra-node-gbps", type=float, default=2400.0, help="effective Gbit/s "
+                   "per GPU inside a node (2400: two thirds of H100 NVLink's 450 GB/s a "
+                   "direction)")
+    c.add_argument("--engine", choices=ENGINES, default="fsdp2", help="fsdp2: prefetch hides "
+                   "weight all-gathers behind compute; megatron: nothing hidden (fsdp2)")
+    t = p.add_argument_group("compute: exactly one of")
+    t.add_argument("--step-time", type=float, metavar="S", help="measured seconds per "
+                   "optimizer step of the exact baseline (none) on this cluster and batch")
+    t.add_argument("--gpu-tflops", type=float, metavar="T", help="TFLOP/s one GPU achieves "
+                   "(compute = 6 x params x tokens + attention, / (tp x pp x cp) / T)")
+    p.add_argument("--presets", default=",".join(LOSS_KEEPING), help="comma-separated presets "
+                   f"(default: the loss-keeping ones, {','.join(LOSS_KEEPING)}; none is "
+                   "always priced: the baseline)")
+    p.add_argument("--calibrate", metavar="FILE", help="JSON list of runs measured on this "
+                   "cluster (hidden, layers, seq_len, micro_batch, nodes, gpus_per_node, tp, "
+                   "pp, preset, step_s; optional ffn, vocab): fit the effective inter-node "
+                   "bandwidth to them and use it instead of --inter-node-gbps")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _plan_shape(args: argparse.Namespace) -> ModelShape:
+    given = [f"--{k.replace('_', '-')}" for k in SHAPE_FLAGS if getattr(args, k) is not None]
+    if args.model is not None:
+        if given:
+            args.parser.error(f"--model {args.model} and {' '.join(given)}: give the model "
+                              f"either as --model or as its sizes, not both")
+        return ModelShape.from_config(args.model)
+    if args.hidden is None or args.layers is None:
+        args.parser.error("no model: give --model NAME_OR_PATH (an HF config.json, a folder, "
+                          "or a cached hub id) or --hidden H --layers L [--ffn F --vocab V]")
+    sizes = {k: getattr(args, k) for k in SHAPE_FLAGS if getattr(args, k) is not None}
+    return ModelShape(**sizes, name="LLaMA-style decoder")
+
+
+def _cmd_plan(args: argparse.Namespace) -> None:
+    if (args.step_time is None) == (args.gpu_tflops is None):
+        args.parser.error("give exactly one of --step-time S (the measured step of the exact "
+                          "baseline, none: compute = it minus none's exposed communication) "
+                          "or --gpu-tflops T (compute from 6 x params x tokens)" +
+                          (", not both" if args.step_time is not None else ""))
+    for flag in ("seq_len", "micro_batch", "grad_accum", "step_time", "gpu_tflops",
+                 "inter_node_gbps", "intra_node_gbps"):
+        value = getattr(args, flag)
+        if value is not None and not value > 0:
+            args.parser.error(f"--{flag.replace('_', '-')} {value:g} must be > 0")
+    try:
+        shape = _plan_shape(args)
+        presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+        for name in presets:
+            get_config(name)
+        layout = ClusterLayout(args.nodes, args.gpus_per_node, tp=args.tp, pp=args.pp,
+                               cp=args.cp)
+        fitted = runs = None
+        if args.calibrate:
+            runs = load_runs(args.calibrate)
+            fitted = fit_inter_node_gbps(runs, intra_node_gbps=args.intra_node_gbps,
+                                         engine=args.engine, gpu_tflops=args.gpu_tflops)
+        links = ClusterLinks(fitted or args.inter_node_gbps, args.intra_node_gbps)
+        if args.step_time is not None:
+            none = get_config("none")
+            compute = compute_from_baseline(
+                args.step_time / args.grad_accum,
+                shape.units(layout, none.exact_patterns, none.min_numel), layout, links,
+                engine=args.engine)
+            source = f"the measured none step, {args.step_time:g} s, minus its exposed " \
+                     f"communication"
+        else:
+            compute = shape.compute_seconds(layout, args.micro_batch, args.seq_len,
+                                            args.gpu_tflops)
+            source = f"6 x params x tokens + attention at {args.gpu_tflops:g} TFLOP/s per GPU"
+        report = plan_report(shape, layout, links, presets=presets, compute_s=compute,
+                             compute_source=source, engine=args.engine, seq_len=args.seq_len,
+                             micro_batch=args.micro_batch, grad_accum=args.grad_accum,
+                             loss_keeping=LOSS_KEEPING)
+    except ValueError as e:     # ModelShapeError, CalibrationError, layout, preset names
+        args.parser.error(str(e))
+    report = {"inputs": {k: v for k, v in vars(args).items() if k not in ("func", "parser")},
+              **report}
+    if fitted is not None:
+        report["links"]["source"] = f"fitted to {len(runs)} runs of {args.calibrate}"
+        report["fitted_inter_node_gbps"] = fitted
+        report["calibration_runs"] = len(runs)
+    if args.step_time is not None:
+        predicted = report["presets"]["none"]["step_s"]
+        if predicted > args.step_time * 1.01:
+            report["warning"] = (f"on these links none's step would take {predicted:.4g} s, "
+                                 f"more than the measured {args.step_time:g} s: the links "
+                                 f"are faster than {links.inter_node_gbps:g} Gbit/s per node; "
+                                 f"fit them to measured runs with --calibrate")
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return
+    print(render_text(report))
+    if "warning" in report:
+        print(f"warning: {report['warning']}")
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
@@ -75,9 +271,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="hfcompress", description=__doc__)
     parser.add_argument("--version", action="version", version=f"hfcompress {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="presets with their inter-node bits per parameter per step, "
-                   "compressors with their bits per value and defaults"
-                   ).set_defaults(func=_cmd_list)
+    ls = sub.add_parser("list", help="presets with their inter-node bits per parameter per "
+                        "step, compressors with their bits per value and defaults")
+    ls.add_argument("--nodes", type=int, default=None,
+                    help="price the presets on this many nodes (cost model; default: the 2 "
+                    "nodes x 1 rank table)")
+    ls.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (with "
+                    "--nodes; default 1)")
+    ls.add_argument("--tp", type=int, default=1, help="tensor-parallel size (inside a node)")
+    ls.set_defaults(func=_cmd_list, parser=ls)
+    pl = sub.add_parser("plan", help="what each preset saves on a cluster you describe: bytes "
+                        "per node link, exposed communication, step time, speedup",
+                        description=PLAN_DESCRIPTION)
+    _add_plan_arguments(pl)
+    pl.set_defaults(func=_cmd_plan, parser=pl)
     sub.add_parser("demo", help="compress a small LLaMA's real weights and gradients with "
                    "every scheme and print the table").set_defaults(func=_cmd_demo)
     cmp = sub.add_parser("compare", help="table of training runs (their summary.json) and a "

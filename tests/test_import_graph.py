@@ -18,6 +18,7 @@ LAYERS = [
     ("trainer", ("hfcompress.trainer",)),
     ("apply", ("hfcompress.api",)),
     ("auto", ("hfcompress.auto",)),
+    ("cost", ("hfcompress.cost",)),
     ("integrations", ("hfcompress.integrations",)),
     ("config", ("hfcompress.config",)),
     ("comm", ("hfcompress.comm",)),

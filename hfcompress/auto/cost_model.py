@@ -1,16 +1,21 @@
 """The cost model of ``comm_compressor="auto"``: the communication time of one training step
 under each :class:`~hfcompress.auto.candidates.Plan`, from the probed links and codec rates.
 
-Per FSDP unit (one ``fully_shard``-ed module; ``numel`` values per rank, W ranks = Y nodes x
-X ranks per node), the bytes each collective sends are what the collective declares for one
-call (its ``traffic`` method, ``comm/traffic.py``, checked against the WireMeter by
-``tests/test_traffic.py``), timed on the probed link of its primitive and group:
+The collectives and their bytes are the planner's (``cost/collectives.py``: one enumeration
+of a step's per-unit collectives, each one call's phases as the collective class declares
+them in its ``traffic`` method, ``comm/traffic.py``, checked against the WireMeter by
+``tests/test_traffic.py``; with their codec work). Only the pricing differs from the
+planner's (``cost/step_model.py``, node links of a cluster): here every phase is timed on the
+probed link of its primitive and group in the running job (``probe.py``: ``latency + send
+buffer / bandwidth``, fitted with every rank of a node sending at once, so the ring / direct
+algorithm and the node's shared link are in the measurement), and the codec at this
+device's measured kernel rates, or at the compressed collective's measured cost per value
+(``calibrate``):
 
-- weights: ``QuantizedAllGather.traffic`` in forward and (unless the unit stays gathered,
-  e.g. the root) in backward, with the weights unchanged (qWD: node-sharded references,
-  ``comm/reference_gather.py``); the codec: one batched decode of the rows a rank holds;
-- gradients: ``QuantizedReduceScatter.traffic`` (exact: torch's ``reduce_scatter``, its own
-  algorithm, timed by the probe) or ``TwoHopReduceScatter.traffic`` (ZeRO++ B.3, SDP4Bit
+- weights: the forward all-gather (qWD: node-sharded references, ``comm/reference_gather.py``)
+  and, unless the unit stays gathered, the backward one (the weights unchanged); the codec:
+  one batched decode of the rows a rank holds;
+- gradients: torch's exact ``reduce_scatter``, or the 2-hop all-to-all (ZeRO++ B.3, SDP4Bit
   Alg. 3); the codec: every value compressed and, as X payloads of Y rows, decompressed and
   summed in hop 1, the Y partial sums in hop 2;
 - the exactly sent columns (norms, biases: ``exact_patterns``) as exact collectives.
@@ -21,26 +26,22 @@ DDP / HSDP: ``QuantizedAllReduce.traffic`` per bucket (exact: torch's ``all_redu
 ones, Global-QSGD 4.3).
 
 ``exposed = wire x (1 - overlap) + codec``: ``overlap`` is the share of the wire time the
-framework hides behind compute (0 here: on CPU / gloo these collectives run in the step's
-critical path; the slow-link benchmark measures how close that is). Codec work is never
-hidden (it runs on the same device). The step time is ``compute + exposed``, with
-``compute`` measured from the running job (``AutoController``).
+framework hides behind compute (0 here: on CPU / gloo these collectives, and the two hops of
+a 2-hop reduce-scatter, run in the step's critical path one after the other; the slow-link
+benchmark measures how close that is; the planner's FSDP2 prefetch and 2-hop pipelining
+rules are for NCCL on GPUs). Codec work is never hidden (it runs on the same device). The
+step time is ``compute + exposed``, with ``compute`` measured from the running job
+(``AutoController``).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from ..comm.all_gather import QuantizedAllGather
-from ..comm.all_reduce import QuantizedAllReduce
-from ..comm.reduce_scatter import QuantizedReduceScatter
-from ..comm.reference_gather import ShardedReferences
 from ..comm.traffic import Phase, payload_bytes  # noqa: F401 (payload_bytes: tests)
-from ..comm.two_hop import TwoHopReduceScatter
 from ..compressors import Compressor
-from ..compressors.base import ReferenceCoded
 from ..compressors.registry import build_compressor
+from ..cost.collectives import Collective, Senders, ddp_collectives, unit_collectives
 from ..integrations.fsdp import Unit  # noqa: F401 (the FSDP units integrations computes)
 from .candidates import OPTIONS, Plan
 from .probe import CodecRate, Links
@@ -115,54 +116,33 @@ def ddp_needs(layout: Layout) -> list[tuple[str, str]]:
     return [("all_reduce", "world"), ("all_to_all", "world"), ("all_gather", "world")]
 
 
+def _price(cost: Cost, plan: Plan, collectives: list[Collective], layout: Layout,
+           links: Links, codecs: dict[str, CodecRate], measured: dict[str, float]) -> None:
+    """Add each collective's wire and codec seconds to ``cost`` under its part. ``measured``:
+    codec seconds per value of a compressed collective as a whole (``weights:<option>``,
+    ``grads:<intra>+<inter>``), used instead of its kernels' rates."""
+    keys = {"weights": f"weights:{plan.weights}",
+            "grads": f"grads:{plan.grad_intra}+{plan.grad_inter}"}
+    for c in collectives:
+        key = keys.get(c.part)
+        if c.codec and key in measured:
+            codec = measured[key] * c.numel
+        else:
+            codec = sum(codecs[getattr(plan, w.role)].seconds(w.compressed, w.decompressed)
+                        for w in c.codec)
+        cost.add(c.part, wire=wire_seconds(list(c.phases), layout, links, c.calls), codec=codec)
+
+
 def fsdp_cost(plan: Plan, units: list[Unit], layout: Layout, links: Links,
               codecs: dict[str, CodecRate], measured: dict[str, float] | None = None) -> Cost:
-    """Seconds per training step of the FSDP2 collectives under ``plan`` (module doc).
-    ``measured``: codec seconds per value of a compressed collective as a whole
-    (``weights:<option>``, ``grads:<intra>+<inter>``, from ``calibrate``), used instead of
-    the kernels' rates."""
-    measured = measured or {}
-    grads_key = f"grads:{plan.grad_intra}+{plan.grad_inter}"
-    w, x, y = layout.world, layout.ranks_per_node, layout.nodes
-    wb, gb = layout.weight_bytes, layout.grad_bytes
-    gather = scheme("weights", plan.weights, w)
-    hop1 = scheme("grad_intra", plan.grad_intra, w)
-    hop2 = scheme("grad_inter", plan.grad_inter, w)
-    exact_grads = plan.grad_intra == "exact" and plan.grad_inter == "exact"
+    """Seconds per training step of the FSDP2 collectives under ``plan`` (module doc):
+    the collectives ``cost/collectives.unit_collectives`` enumerates, on the probed links."""
+    senders = Senders.of(plan.config(), layout.world, layout.ranks_per_node)
     cost = Cost()
-
-    def add_codec(kind: str, key: str, numel: int, kernels: list[float]) -> None:
-        """A collective's codec seconds: measured as a whole, else its kernels' (in turn)."""
-        for seconds in [measured[key] * numel] if key in measured else kernels:
-            cost.add(kind, codec=seconds)
-
-    def gathers(u: Unit, numel: int, c: Compressor | None) -> float:
-        forward = QuantizedAllGather.traffic(numel, x, y, c, wb)
-        backward = QuantizedAllGather.traffic(numel, x, y, c, wb, unchanged=True)
-        return wire_seconds(forward, layout, links) + \
-            (wire_seconds(backward, layout, links) if u.backward_gather else 0.0)
-
     for u in units:
-        s, e = u.numel, u.exact_numel
-        cost.add("weights", wire=gathers(u, e, None) + gathers(u, s, gather))
-        cost.add("grads", wire=wire_seconds(
-            QuantizedReduceScatter.traffic(e, x, y, None, gb), layout, links))
-        if gather is not None:   # one decode of the rows a rank holds
-            rows = ShardedReferences.rows(w, x) if isinstance(gather, ReferenceCoded) else w
-            add_codec("weights", f"weights:{plan.weights}", s,
-                      [codecs[plan.weights].seconds(s, rows * s)])
-        if exact_grads:
-            cost.add("grads", wire=wire_seconds(
-                QuantizedReduceScatter.traffic(s, x, y, None, gb), layout, links))
-            continue
-        cost.add("grads", wire=wire_seconds(
-            TwoHopReduceScatter.traffic(s, x, y, hop1, hop2, gb), layout, links))
-        kernels = []
-        if x > 1 and hop1 is not None:   # hop 1: every row, X payloads of Y rows each way
-            kernels.append(codecs[plan.grad_intra].seconds(w * s, w * s))
-        if y > 1 and hop2 is not None:   # hop 2: the Y partial sums
-            kernels.append(codecs[plan.grad_inter].seconds(y * s, y * s))
-        add_codec("grads", grads_key, s, kernels)
+        _price(cost, plan, unit_collectives(senders, u, layout.nodes, layout.weight_bytes,
+                                            layout.grad_bytes), layout, links, codecs,
+               measured or {})
     return cost
 
 
@@ -187,11 +167,8 @@ def ddp_cost(plan: Plan, numel: int, layout: Layout, links: Links,
              codecs: dict[str, CodecRate], bucket_bytes: int = 25 << 20) -> Cost:
     """Seconds per training step of the DDP all-reduce of ``numel`` gradients (fp32 buckets
     of ``bucket_bytes``) under ``plan``."""
-    buckets = max(1, math.ceil(numel * 4 / bucket_bytes))
-    c = scheme("all_reduce", plan.all_reduce, layout.world)
-    phases = QuantizedAllReduce.traffic(-(-numel // buckets), layout.ranks_per_node,
-                                        layout.nodes, c, 4)
+    senders = Senders.of(plan.config(), layout.world, layout.ranks_per_node)
     cost = Cost()
-    cost.add("all_reduce", wire=wire_seconds(phases, layout, links, buckets),
-             codec=0.0 if c is None else codecs[plan.all_reduce].seconds(numel, numel))
+    _price(cost, plan, ddp_collectives(senders, numel, 0, layout.nodes, 4, bucket_bytes),
+           layout, links, codecs, {})
     return cost

@@ -1,0 +1,41 @@
+"""The links of a cluster one has not measured yet, as effective bandwidths (the planner's
+counterpart of ``auto/probe.py``'s fitted :class:`~hfcompress.auto.probe.Links`).
+
+Effective, not nominal: what a node's data-parallel collectives really get. The issue-31
+study of the papers' clusters found 0.13-0.16 of the stated NIC bandwidth on an H800
+cluster; measure it (``hfcompress probe``) or fit it to a few measured steps
+(``cost/calibrate.py``) rather than typing the data sheet's number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ClusterLinks:
+    """``inter_node_gbps``: Gbit/s of one node's network link (all its NICs), one direction;
+    ``intra_node_gbps``: Gbit/s per GPU inside a node (NVLink / PCIe); latencies per
+    message (per ring step)."""
+
+    inter_node_gbps: float
+    intra_node_gbps: float
+    inter_latency_us: float = 10.0
+    intra_latency_us: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("inter_node_gbps", "intra_node_gbps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"ClusterLinks.{name}={getattr(self, name)!r} must be > 0 "
+                                 f"(Gbit/s)")
+        for name in ("inter_latency_us", "intra_latency_us"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"ClusterLinks.{name}={getattr(self, name)!r} must be >= 0")
+
+    @property
+    def inter_bytes_per_s(self) -> float:
+        return self.inter_node_gbps * 1e9 / 8
+
+    @property
+    def intra_bytes_per_s(self) -> float:
+        return self.intra_node_gbps * 1e9 / 8

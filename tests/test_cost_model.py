@@ -1,0 +1,274 @@
+"""The cluster-scale cost model (``hfcompress/cost``, issue 31), pure arithmetic: bytes per node
+link against formulas derived by hand here (NCCL ring for all-gather / reduce-scatter, direct
+sends for all-to-all, k DP groups sharing a node's link), the meter's count against the
+collectives' declarations (``tests/test_traffic.py`` checks those against the real meter),
+the pipelined 2-hop, the engines' overlap, hpZ, the baseline's compute, the codec and the
+layout errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from hfcompress.comm.all_gather import QuantizedAllGather
+from hfcompress.comm.all_reduce import QuantizedAllReduce
+from hfcompress.comm.reduce_scatter import QuantizedReduceScatter
+from hfcompress.comm.traffic import sent
+from hfcompress.comm.two_hop import TwoHopReduceScatter
+from hfcompress.config import CompressionConfig, get_config
+from hfcompress.cost import (ENGINES, ClusterLayout, ClusterLinks, compute_from_baseline,
+                             price_step)
+from hfcompress.cost.collectives import Senders
+from hfcompress.integrations.fsdp import Unit
+
+S = 1 << 20            # values per rank of a unit: a multiple of every group size here
+NODES = 16
+LAYOUTS = [(x, k) for x in (1, 2, 4, 8) for k in (1, 2, 4, 8)]   # x DP ranks, k groups / node
+# wire bytes per value (payload + one fp32 scale per group)
+INT8_G2048 = (8 + 32 / 2048) / 8      # zeropp's weights
+INT4_G2048 = (4 + 32 / 2048) / 8      # qWD's coded differences
+INT4_G128 = (4 + 32 / 128) / 8        # zeropp's gradient hops, sdp4bit's inter-node hop
+INT8_G128 = (8 + 32 / 128) / 8        # sdp4bit's intra-node hop
+FAST = ClusterLinks(inter_node_gbps=100, intra_node_gbps=1000, inter_latency_us=0,
+                    intra_latency_us=0)
+
+
+def layout(x: int, k: int, nodes: int = NODES) -> ClusterLayout:
+    """x DP ranks and k DP groups per node: k-way tensor parallelism on x * k GPUs."""
+    return ClusterLayout(nodes=nodes, gpus_per_node=x * k, tp=k)
+
+
+def price(preset, lay, units=None, links=FAST, **kw):
+    kw.setdefault("compute_s", 0.0)
+    return price_step(preset, units or [Unit("layer", S)], lay, links, **kw)
+
+
+def link(cost, name: str | None = None) -> float:
+    return sum(c.link_bytes_per_node for c in cost.collectives if name in (None, c.name))
+
+
+def by_name(cost) -> dict:
+    return {c.name: c for c in cost.collectives}
+
+
+# -- bytes on a node's link, hand-derived ---------------------------------------------------
+@pytest.mark.parametrize("x,k", LAYOUTS)
+def test_link_bytes_of_the_exact_fsdp2_and_zero3_steps(x, k):
+    """FSDP2 ``none``: forward and backward bf16 all-gathers and the fp32 reduce-scatter, each
+    a ring over W = x * 16 ranks: (W - 1) chunks leave a node per ring, k rings at once.
+    ZeRO-3 (DeepSpeed: the reduce-scatter in bf16 too) is the same step at 2 bytes."""
+    w = x * NODES
+    none = price("none", layout(x, k))
+    got = by_name(none)
+    assert got["weights_fwd"].link_bytes_per_node == k * (w - 1) * S * 2
+    assert got["weights_bwd"].link_bytes_per_node == k * (w - 1) * S * 2
+    assert got["grads"].link_bytes_per_node == k * (w - 1) * S * 4
+    assert {c.algorithm for c in none.collectives} == {"ring"}
+    zero3 = price("none", layout(x, k), grad_bytes=2)
+    assert link(zero3) == k * 3 * (w - 1) * S * 2
+
+
+@pytest.mark.parametrize("x,k", LAYOUTS)
+def test_link_bytes_of_zeropp(x, k):
+    """ZeRO++: int8 weights over the world ring; hpZ keeps the backward gather in the node
+    (none at all with one rank per node); qgZ's 2-hop all-to-all sends only hop 2 over the
+    network: x ranks x (y - 1) peers x one int4 row of S values."""
+    w, y = x * NODES, NODES
+    got = by_name(price("zeropp", layout(x, k)))
+    assert math.isclose(got["weights_fwd"].link_bytes_per_node, k * (w - 1) * S * INT8_G2048)
+    assert got["grads"].algorithm == "2-hop"
+    assert math.isclose(got["grads"].link_bytes_per_node, k * x * (y - 1) * S * INT4_G128)
+    if x == 1:
+        assert "weights_bwd" not in got
+    else:
+        assert got["weights_bwd"].link_bytes_per_node == 0
+        assert got["weights_bwd"].intra_bytes_per_gpu == (x - 1) * y * S * 2
+
+
+@pytest.mark.parametrize("x,k", LAYOUTS)
+def test_link_bytes_of_sdp4bit_and_below_none_everywhere(x, k):
+    """SDP4Bit: qWD's coded differences gathered over the inter-node group (x groups of y
+    ranks per DP group: x (y - 1) rows leave a node), the rebuilt slots and the backward
+    gather inside the node; TLq-HS's int4 inter-node hop as ZeRO++'s. Fewer link bytes than
+    ``none`` at every layout."""
+    y = NODES
+    sdp = price("sdp4bit", layout(x, k))
+    got = by_name(sdp)
+    assert math.isclose(got["weights_fwd"].link_bytes_per_node, k * x * (y - 1) * S * INT4_G2048)
+    assert got.get("weights_bwd") is None or got["weights_bwd"].link_bytes_per_node == 0
+    assert math.isclose(got["grads"].link_bytes_per_node, k * x * (y - 1) * S * INT4_G128)
+    assert link(sdp) < link(price("none", layout(x, k)))
+
+
+def test_ring_versus_direct_sends_at_8_by_16():
+    """The meter counts direct sends: x * x (y - 1) chunks leave a node for each ring's
+    (W - 1): 8 * 8 * 15 / 127 = 7.56x at 8 GPUs x 16 nodes."""
+    got = by_name(price("none", layout(8, 1)))["weights_fwd"]
+    assert math.isclose(got.meter_bytes_per_node / got.link_bytes_per_node, 8 * 8 * 15 / 127)
+    assert round(got.meter_bytes_per_node / got.link_bytes_per_node, 1) == 7.6
+    # all-to-all: the meter's count is what the link carries
+    grads = by_name(price("sdp4bit", layout(8, 1)))["grads"]
+    assert grads.meter_bytes_per_node == grads.link_bytes_per_node
+
+
+@pytest.mark.parametrize("nodes,x", [(2, 1), (2, 2)])
+@pytest.mark.parametrize("preset", ["none", "qwd", "sdp4bit", "zeropp", "tlq", "global_qsgd_exp"])
+def test_meter_bytes_are_the_declarations_the_meter_checks(nodes, x, preset):
+    """The emulated runs' layouts (slow-link benchmark: 2 x 1, 2 x 2): the model's
+    meter_bytes_per_node is x ranks x the inter-node bytes of the collectives' ``traffic``
+    declarations (``tests/test_traffic.py`` checks them against the WireMeter)."""
+    y, w, cfg = nodes, nodes * x, get_config(preset)
+    s = Senders.of(cfg, w, x)
+    units = [Unit("layer", S), Unit("root", S, backward_gather=False)]
+    if cfg.all_reduce is not None:
+        buckets = math.ceil(2 * w * S * 4 / (25 << 20))
+        phases = buckets * QuantizedAllReduce.traffic(-(-2 * w * S // buckets), x, y,
+                                                      s.all_reduce, 4)
+    else:
+        fwd = QuantizedAllGather.traffic(S, x, y, s.weights, 2)
+        bwd = [] if cfg.hpz else QuantizedAllGather.traffic(S, x, y, s.weights, 2, True)
+        grads = TwoHopReduceScatter.traffic(S, x, y, s.grad_intra, s.grad_inter, 4) \
+            if cfg.two_hop else QuantizedReduceScatter.traffic(S, x, y, s.grad_inter, 4)
+        phases = 2 * fwd + bwd + 2 * grads     # the root: no backward gather
+    cost = price(preset, ClusterLayout(nodes, x), units)
+    meter = sum(c.meter_bytes_per_node for c in cost.collectives)
+    assert math.isclose(meter, x * sent(phases, x, y)[1])
+
+
+# -- time ---------------------------------------------------------------------------------
+def test_two_hop_gradients_are_pipelined():
+    """4 layers of S values and a root of 2 S, ``ulq`` (int4 both hops) at 4 x 16, no
+    latency: per S values hop 1 sends (x - 1) rows of y * S int4 values per GPU inside the
+    node, hop 2 k x (y - 1) rows of S per node over the network; the gradients take the
+    slower hop's sum plus the faster hop of the unit reduced first (the last layer, not the
+    root), not the sum of both."""
+    x, k, y, n = 4, 2, NODES, 4
+    links = ClusterLinks(100, 50, 0, 0)
+    hop1 = (x - 1) * y * S * INT4_G128 / (50e9 / 8)
+    hop2 = k * x * (y - 1) * S * INT4_G128 / (100e9 / 8)
+    units = [Unit(f"l{i}", S) for i in range(n)] + [Unit("root", 2 * S, backward_gather=False)]
+    grads = by_name(price("ulq", layout(x, k), units, links))["grads"]
+    assert math.isclose(grads.wire_s, (n + 2) * max(hop1, hop2) + min(hop1, hop2))
+    assert grads.wire_s < (n + 2) * (hop1 + hop2)
+
+
+def test_a_phase_crossing_nodes_takes_its_slower_part_and_latency_per_ring_step():
+    """``none``'s forward gather at 2 x 4: (W - 1) = 7 ring steps, each 10 us; the bytes
+    take the slower of the node link (7 S bf16 chunks at 100 Gbit/s) and the GPU's NVLink
+    (the same bytes at 10 Gbit/s here)."""
+    lay, w = ClusterLayout(4, 2), 8
+    for intra_gbps in (1000, 10):
+        links = ClusterLinks(100, intra_gbps, inter_latency_us=10, intra_latency_us=2)
+        fwd = by_name(price("none", lay, links=links))["weights_fwd"]
+        nbytes = (w - 1) * S * 2
+        assert math.isclose(fwd.wire_s, (w - 1) * 10e-6
+                            + max(nbytes / 12.5e9, nbytes / (intra_gbps * 1e9 / 8)))
+
+
+@pytest.mark.parametrize("compute", [0.0, 0.01, 10.0])
+def test_engines_overlap_rule(compute):
+    """FSDP2: the all-gathers hide behind compute up to the compute time, the rest is
+    exposed; Megatron-style: everything exposed. Step = compute + exposed + codec; the
+    full-overlap limit = max(compute, wire) + codec."""
+    lay = layout(2, 1)
+    for engine in ENGINES:
+        cost = price("sdp4bit", lay, compute_s=compute, engine=engine)
+        gathers = sum(c.wire_s for c in cost.collectives if c.name.endswith(("_fwd", "_bwd")))
+        rest = cost.wire_s - gathers
+        exposed = max(0.0, gathers - compute) + rest if engine == "fsdp2" else cost.wire_s
+        assert math.isclose(cost.exposed_s, exposed)
+        assert math.isclose(cost.step_s, compute + exposed + cost.codec_s)
+        assert math.isclose(cost.full_overlap_s, max(compute, cost.wire_s) + cost.codec_s)
+        assert all(c.overlappable == (engine == "fsdp2" and c.name.endswith(("_fwd", "_bwd")))
+                   for c in cost.collectives)
+    with pytest.raises(ValueError, match="fsdp2, megatron"):
+        price("none", lay, engine="deepspeed")
+
+
+def test_megatron_gathers_the_weights_once_per_step():
+    """Megatron's distributed optimizer gathers the parameters once per step: no backward
+    gather, the forward gather and the gradients as under FSDP2."""
+    fsdp2, megatron = (by_name(price("none", layout(8, 1), engine=e)) for e in ENGINES)
+    assert "weights_bwd" in fsdp2 and "weights_bwd" not in megatron
+    assert megatron["weights_fwd"] == dataclasses.replace(fsdp2["weights_fwd"], overlappable=False)
+    assert megatron["grads"] == fsdp2["grads"]
+
+
+def test_hpz_backward_gather_stays_in_the_node():
+    """hpZ on an exact step: with x > 1 the backward gather is the node's secondary
+    partition (y slots), exact, over the x ranks of the node; with x = 1 there is none; the
+    forward gather and the gradients are unchanged."""
+    hpz = dataclasses.replace(CompressionConfig(), hpz=True, name="hpz")
+    for x in (1, 4):
+        plain, got = by_name(price("none", layout(x, 1))), by_name(price(hpz, layout(x, 1)))
+        assert got["weights_fwd"] == plain["weights_fwd"] and got["grads"] == plain["grads"]
+        if x == 1:
+            assert "weights_bwd" not in got
+        else:
+            assert got["weights_bwd"].link_bytes_per_node == 0
+            assert got["weights_bwd"].intra_bytes_per_gpu == (x - 1) * NODES * S * 2
+
+
+def test_exact_columns_travel_in_exact_collectives():
+    """A unit with E exactly sent values: ``none`` sends them in its one call; a compressed
+    preset adds exact all-gathers and reduce-scatter of E values (rings)."""
+    e, x, w = 4096, 2, 2 * NODES
+    unit = [Unit("layer", S, exact_numel=e)]
+    assert by_name(price("none", layout(x, 1), unit))["grads"].link_bytes_per_node == \
+        (w - 1) * (S + e) * 4
+    got = by_name(price("sdp4bit", layout(x, 1), unit))
+    assert got["exact_fwd"].link_bytes_per_node == (w - 1) * e * 2
+    assert got["exact_grads"].link_bytes_per_node == (w - 1) * e * 4
+
+
+def test_codec_seconds_from_given_rates():
+    """``zeropp`` at 4 x 16 with every scheme at 1e9 values/s: the forward gather compresses
+    S and decodes W rows; hpZ's backward gather decodes nothing; hop 1 compresses and
+    decodes W S values, hop 2 y S."""
+    x, y = 4, NODES
+    w = x * y
+    cost = price("zeropp", layout(x, 1), codec_rates={"int": 1e9})
+    assert math.isclose(cost.codec_s, ((S + w * S) + 2 * w * S + 2 * y * S) / 1e9)
+    assert price("zeropp", layout(x, 1)).codec_s > 0     # the H200's measured defaults
+
+
+def test_compute_from_baseline():
+    """The baseline's compute = its measured step minus ``none``'s exposed communication:
+    priced again with that compute, ``none`` takes the measured step; never negative."""
+    lay, units = layout(4, 2), [Unit(f"l{i}", S) for i in range(4)]
+    for engine in ENGINES:
+        none = price("none", lay, units, engine=engine, compute_s=0.0)
+        step = 3 * none.wire_s
+        compute = compute_from_baseline(step, units, lay, FAST, engine=engine)
+        assert math.isclose(price("none", lay, units, engine=engine,
+                                  compute_s=compute).step_s, step)
+        assert compute_from_baseline(none.wire_s / 10, units, lay, FAST, engine=engine) >= 0.0
+
+
+def test_state_bytes_per_gpu():
+    """qWD's node-sharded references: y slots of each unit's shard, bf16; nothing for
+    ``none`` / ``zeropp``."""
+    assert price("none", layout(4, 1)).state_bytes_per_gpu == 0
+    assert price("zeropp", layout(4, 1)).state_bytes_per_gpu == 0
+    assert price("qwd", layout(4, 1)).state_bytes_per_gpu == NODES * S * 2
+
+
+def test_cluster_layout_and_its_errors():
+    lay = ClusterLayout(nodes=16, gpus_per_node=8, tp=2, pp=2)
+    assert (lay.dp_per_node, lay.groups_per_node, lay.dp_nodes, lay.dp) == (4, 2, 8, 32)
+    assert ClusterLayout(4, 8, tp=2, cp=2).groups_per_node == 4
+    with pytest.raises(ValueError, match="must divide gpus_per_node=8"):
+        ClusterLayout(16, 8, tp=3)
+    with pytest.raises(ValueError, match="pp=3 must divide nodes=16"):
+        ClusterLayout(16, 8, pp=3)
+    with pytest.raises(ValueError, match=">= 1"):
+        ClusterLayout(0, 8)
+    with pytest.raises(ValueError, match="must be > 0"):
+        ClusterLinks(0, 100)
+
+
+def test_a_preset_that_cannot_run_on_the_group_says_so():
+    with pytest.raises(ValueError, match="cannot run on a data-parallel group of 128"):
+        price("global_qsgd", layout(8, 1))
