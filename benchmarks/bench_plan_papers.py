@@ -6,22 +6,26 @@ transcriptions, with the paper line of every number and every assumption, are in
     python benchmarks/bench_plan_papers.py                    # all papers (< 1 min)
     python benchmarks/bench_plan_papers.py --papers sdp4bit   # one paper
 
-A row is one compressed run and the baseline run of the same model, batch and layout. Its
-measured step seconds follow from the paper's number (TFLOPs per GPU through
-``ModelShape.train_flops``, or the cluster's tokens/s through the tokens of one step), the
-compute time from the baseline's step minus the baseline's exposed communication
-(``compute_from_baseline``), and the predicted step from ``price_step`` at the effective
-inter-node bandwidth fitted LEAVE-ONE-OUT (issue 31): on the other rows of the same cluster and
-layout (``cost/calibrate.py``'s fit: squared log error of predicted vs measured steps, its
-``minimize_1d``), or, for a row alone in its layout, on the same cluster's layouts with as many
-DP ranks per node (x) and DP groups per node (k), else all its other layouts (``fit_scope``
-says which; ``n/a`` where the cluster has no other row). The error is the
-predicted speedup over the measured one, minus 1. The fitted bandwidth of each cluster and
-layout (on all its rows) is printed next to the paper's stated figure. The ``fsdp2`` rows
-(DeepSpeed ZeRO-3) are also priced with nothing hidden behind compute (``*_no_overlap``).
+A row is one compressed run and the baseline run of the same model, batch and layout. Each
+transcribed row becomes a run of ``hfcompress plan --calibrate`` (``cost/calibrate.py``: the
+model, layout, ``grad_accum``, the baseline's collective dtypes as ``weight_bytes`` /
+``grad_bytes``, and ``step_s``, the measured seconds per step from the paper's number: TFLOPs
+per GPU through ``ModelShape.train_flops``, or the cluster's tokens/s through the tokens of one
+step). The planner prices it as ``hfcompress plan`` does (``calibrate.StepPredictor``: compute
+from the baseline's step minus the baseline's exposed communication, communication per the
+engine, ``step_model.Engine``), at the effective inter-node bandwidth that
+``calibrate.fit_inter_node_gbps`` fits LEAVE-ONE-OUT (issue 31): on the runs of the other rows
+of the same cluster and layout (and their baselines), or, for a row alone in its layout, on the
+same cluster's layouts with as many DP ranks per node (x) and DP groups per node (k), else all
+its other layouts (``fit_scope`` says which; ``n/a`` where the cluster has no other row). The
+error is the predicted speedup over the measured one, minus 1. The fitted bandwidth of each
+cluster and layout (on all its rows) is printed next to the paper's stated figure. The
+``fsdp2`` rows (DeepSpeed ZeRO-3) are also priced with nothing hidden behind compute
+(``*_no_overlap``: the ``fsdp2`` engine with ``hides_gathers=False``).
 
-Row semantics: ZeRO-3 / FSDP re-gathers each layer's weights in backward; Megatron-LM's
-distributed optimizer gathers them once per step, so its units carry no backward gather.
+Engines (the CSV's ``engine``): ZeRO-3 re-gathers each layer's weights in backward; Megatron-LM's
+distributed optimizer gathers them once per step and reduces the gradients once per step, after
+the last of its ``accum`` micro-batches (LoCo's rows: accumulation 4 / 2 / 1).
 
 Writes ``plan_papers.csv`` (per row), ``plan_papers_fits.csv`` (per cluster and layout),
 ``plan_papers.md`` (the table for BENCHMARKS.md) and ``plan_papers_meta.csv`` under ``--out``.
@@ -31,32 +35,29 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hfcompress.config import CompressionConfig, get_config  # noqa: E402
-from hfcompress.cost.calibrate import HIGH_GBPS, LOW_GBPS, minimize_1d  # noqa: E402
+from hfcompress.cost.calibrate import (HIGH_GBPS, LOW_GBPS, MeasuredRun,  # noqa: E402
+                                       StepPredictor, fit_inter_node_gbps, parse_runs)
 from hfcompress.cost.cluster import ClusterLayout  # noqa: E402
-from hfcompress.cost.links import ClusterLinks  # noqa: E402
 from hfcompress.cost.model_shape import ModelShape  # noqa: E402
-from hfcompress.cost.step_model import StepCost, compute_from_baseline, price_step  # noqa: E402
-from hfcompress.integrations.fsdp import Unit  # noqa: E402
+from hfcompress.cost.step_model import DTYPE_BYTES, ENGINE_SPECS, Engine  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "plan_papers"
 OUT = ROOT / "benchmarks" / "results" / "plan_papers"
 PAPERS = ("zeropp", "loco", "sdp4bit")
-DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 TARGET = 0.25          # issue 31: every row within 25%
-FIT_GRID = 61          # the fit's scan: 10 points per decade of 0.1 .. 100000 Gbit/s
-FIT_TOL = 1e-3         # then golden-section search to 0.1% of the bandwidth
+#: ZeRO-3 as if its prefetch hid nothing (the ``*_no_overlap`` columns)
+NO_OVERLAP = replace(ENGINE_SPECS["fsdp2"], name="fsdp2, nothing overlapped",
+                     hides_gathers=False)
 FIELDS = ["row_id", "paper", "table", "line", "cluster", "layout", "model", "seq_len",
           "global_batch", "accum", "preset", "engine", "measured_speedup", "predicted_speedup",
           "error", "within_target", "fit_scope", "fit_rows", "fitted_gbps",
@@ -113,20 +114,49 @@ def step_seconds(row: dict, shape: ModelShape) -> float:
     raise ValueError(f"row {row['row_id']}: unit {row['unit']!r} is neither TFLOPs nor tokens/s")
 
 
+def run_of(row: dict) -> dict:
+    """The row as a run of ``hfcompress plan --calibrate`` (``cost/calibrate.py``'s keys; the
+    preset may be a CompressionConfig: hpZ alone)."""
+    shape = shape_of(row)
+    run = dict(hidden=shape.hidden, layers=shape.layers, ffn=shape.mlp_width,
+               vocab=shape.vocab, heads=shape.n_heads, seq_len=int(row["seq_len"]),
+               micro_batch=int(row["micro_batch"]), grad_accum=int(row["accum"]),
+               nodes=int(row["nodes"]), gpus_per_node=int(row["gpus_per_node"]),
+               tp=int(row["tp"]), pp=int(row["pp"]),
+               preset=row["preset"] if row["preset"] != "hpz" else config_of("hpz"),
+               step_s=step_seconds(row, shape), weight_bytes=DTYPE_BYTES[row["weight_dtype"]],
+               grad_bytes=DTYPE_BYTES[row["grad_dtype"]])
+    if row["kv_heads"]:
+        run["kv_heads"] = int(row["kv_heads"])
+    return run
+
+
+@dataclass
+class Cluster:
+    """One paper's cluster priced under one engine: its rows as calibration runs, and one
+    :class:`StepPredictor` over all of them (its memo shared by every fit of the cluster)."""
+
+    runs: dict[str, MeasuredRun]       # row_id -> run
+    predict: StepPredictor
+    intra_node_gbps: float
+    engine: Engine
+
+
 @dataclass
 class Case:
     """One compressed run and its baseline: what the planner must predict."""
 
     row: dict
     base: dict
-    overlap: bool = True       # False: price as if nothing hid behind compute
-    shape: ModelShape = field(init=False)
-    layout: ClusterLayout = field(init=False)
-    _priced: dict = field(init=False, default_factory=dict)
+    cluster: Cluster
 
-    def __post_init__(self) -> None:
-        self.shape = shape_of(self.row)
-        self.layout = layout_of(self.row)
+    @property
+    def run(self) -> MeasuredRun:
+        return self.cluster.runs[self.row["row_id"]]
+
+    @property
+    def base_run(self) -> MeasuredRun:
+        return self.cluster.runs[self.base["row_id"]]
 
     @property
     def group(self) -> tuple[str, str, str]:
@@ -142,88 +172,44 @@ class Case:
     def link_sharing(self) -> tuple[int, int]:
         """(x DP ranks per node, k DP groups per node): how the DP collectives use a node's
         link, what a bandwidth fitted on another layout must share to carry over best."""
-        return self.layout.dp_per_node, self.layout.groups_per_node
-
-    @property
-    def engine(self) -> str:
-        """The pricing engine: the row's, or ``megatron`` (everything exposed) without overlap."""
-        return self.row["engine"] if self.overlap else "megatron"
-
-    @cached_property
-    def base_step(self) -> float:
-        return step_seconds(self.base, self.shape)
-
-    @cached_property
-    def step(self) -> float:
-        return step_seconds(self.row, self.shape)
+        return self.run.layout.dp_per_node, self.run.layout.groups_per_node
 
     @property
     def measured_speedup(self) -> float:
-        return self.base_step / self.step
-
-    @cached_property
-    def _units(self) -> tuple[list[Unit], list[Unit]]:
-        """The baseline's and the run's units. Megatron's distributed optimizer gathers the
-        parameters once per step (after the optimizer), not again in backward."""
-        none, config = get_config("none"), config_of(self.row["preset"])
-        out = (self.shape.units(self.layout, none.exact_patterns, none.min_numel),
-               self.shape.units(self.layout, config.exact_patterns, config.min_numel))
-        if self.row["engine"] == "megatron":
-            out = tuple([replace(u, backward_gather=False) for u in units] for units in out)
-        return out
-
-    def links(self, gbps: float) -> ClusterLinks:
-        return ClusterLinks(inter_node_gbps=gbps,
-                            intra_node_gbps=float(self.row["intra_node_gbps"]))
-
-    def price(self, gbps: float) -> tuple[float, StepCost, StepCost]:
-        """(compute seconds, baseline's predicted StepCost, the run's predicted StepCost),
-        memoized: the fit's grid points recur in every leave-one-out fit of a group."""
-        if gbps not in self._priced:
-            self._priced[gbps] = self._price(gbps)
-        return self._priced[gbps]
-
-    def _price(self, gbps: float) -> tuple[float, StepCost, StepCost]:
-        base_units, units = self._units
-        links = self.links(gbps)
-        kw = dict(engine=self.engine, weight_bytes=DTYPE_BYTES[self.row["weight_dtype"]],
-                  grad_bytes=DTYPE_BYTES[self.row["grad_dtype"]])
-        compute = compute_from_baseline(self.base_step, base_units, self.layout, links, **kw)
-        base = price_step(get_config("none"), base_units, self.layout, links,
-                          compute_s=compute, **kw)
-        run = price_step(config_of(self.row["preset"]), units, self.layout, links,
-                         compute_s=compute, **kw)
-        return compute, base, run
-
-    def sq_log_error(self, gbps: float) -> float:
-        """Squared log errors of both predicted steps (the baseline's is 0 unless its
-        predicted communication alone exceeds its measured step)."""
-        _, base, run = self.price(gbps)
-        return (math.log(base.step_s / self.base_step) ** 2
-                + math.log(run.step_s / self.step) ** 2)
+        return self.base_run.step_s / self.run.step_s
 
     def predicted_speedup(self, gbps: float) -> float:
-        _, base, run = self.price(gbps)
-        return base.step_s / run.step_s
+        return self.cluster.predict(self.base_run, gbps) / self.cluster.predict(self.run, gbps)
 
 
 def load_cases(papers, overlap: bool = True) -> list[Case]:
+    """The benchmarked compressed rows with their baselines, their clusters' runs priced
+    under the rows' engine (``overlap=False``: ``fsdp2`` rows under :data:`NO_OVERLAP`)."""
     cases = []
     for paper in papers:
-        rows = load_rows(paper)
+        rows = [r for r in load_rows(paper) if r["benchmark"] == "yes"]
         by_id = {r["row_id"]: r for r in rows}
-        cases += [Case(r, by_id[r["baseline_row"]], overlap) for r in rows
-                  if r["baseline_row"] and r["benchmark"] == "yes"]
+        clusters = {}
+        for name in dict.fromkeys(r["cluster"] for r in rows):
+            members = [r for r in rows if r["cluster"] == name]
+            (engine, intra), = {(r["engine"], float(r["intra_node_gbps"])) for r in members}
+            spec = ENGINE_SPECS[engine] if overlap or engine != "fsdp2" else NO_OVERLAP
+            runs = parse_runs([run_of(r) for r in members], source=f"{paper} {name}")
+            clusters[name] = Cluster(dict(zip((r["row_id"] for r in members), runs)),
+                                     StepPredictor(runs, intra_node_gbps=intra, engine=spec),
+                                     intra, spec)
+        cases += [Case(r, by_id[r["baseline_row"]], clusters[r["cluster"]]) for r in rows
+                  if r["baseline_row"]]
     return cases
 
 
 def fit_gbps(cases: list[Case]) -> float:
-    """The inter-node Gbit/s minimizing the squared log error of the cases' predicted steps
-    (``cost/calibrate.py``'s objective and minimizer, on these engines and dtypes)."""
-    def loss(log_gbps: float) -> float:
-        return sum(c.sq_log_error(math.exp(log_gbps)) for c in cases)
-    return math.exp(minimize_1d(loss, math.log(LOW_GBPS), math.log(HIGH_GBPS),
-                                 grid=FIT_GRID, tol=FIT_TOL))
+    """``calibrate.fit_inter_node_gbps`` on the runs of ``cases`` and their baselines (one
+    cluster's: its predictor)."""
+    runs = list({id(r): r for c in cases for r in (c.base_run, c.run)}.values())
+    cluster = cases[0].cluster
+    return fit_inter_node_gbps(runs, intra_node_gbps=cluster.intra_node_gbps,
+                               engine=cluster.engine, predict=cluster.predict)
 
 
 def leave_one_out(cases: list[Case]) -> list[dict]:
@@ -246,16 +232,16 @@ def leave_one_out(cases: list[Case]) -> list[dict]:
                    global_batch=case.row["global_batch"], accum=case.row["accum"],
                    preset=case.row["preset"], engine=case.row["engine"],
                    measured_speedup=case.measured_speedup, fit_scope=scope,
-                   fit_rows=len(fit_on), baseline_step_s=case.base_step,
+                   fit_rows=len(fit_on), baseline_step_s=case.base_run.step_s,
                    stated_gbps=case.row["stated_inter_node_gbps"])
         if fit_on:
             gbps = fit_gbps(fit_on)
-            compute, base, run = case.price(gbps)
-            pred = base.step_s / run.step_s
+            run = case.cluster.predict.cost(case.run, gbps)
+            pred = case.predicted_speedup(gbps)
             rec.update(fitted_gbps=gbps, predicted_speedup=pred,
                        error=pred / case.measured_speedup - 1,
                        within_target=abs(pred / case.measured_speedup - 1) <= TARGET,
-                       compute_s=compute, predicted_step_s=run.step_s,
+                       compute_s=run.compute_s, predicted_step_s=run.step_s,
                        exposed_s=run.exposed_s, codec_s=run.codec_s)
         if rec["stated_gbps"]:
             at_stated = case.predicted_speedup(float(rec["stated_gbps"]))
@@ -293,8 +279,8 @@ def group_fits(cases: list[Case]) -> list[dict]:
         errors = [c.predicted_speedup(gbps) / c.measured_speedup - 1 for c in members]
         stated = members[0].row["stated_inter_node_gbps"]
         out.append(dict(paper=paper, cluster=cluster, layout=layout,
-                        engine=members[0].engine, rows=len(members), stated_gbps=stated,
-                        fitted_gbps=gbps,
+                        engine=members[0].cluster.engine.name, rows=len(members),
+                        stated_gbps=stated, fitted_gbps=gbps,
                         fitted_over_stated=gbps / float(stated) if stated else "",
                         in_sample_error_min=min(errors), in_sample_error_max=max(errors)))
     return out
@@ -398,9 +384,10 @@ def main(argv: list[str] | None = None) -> tuple[list[dict], list[dict]]:
                                                 *(argv if argv is not None else sys.argv[1:])])),
             dict(key="papers", value=",".join(papers)),
             dict(key="data", value="benchmarks/data/plan_papers/*.csv"),
-            dict(key="fit", value="leave-one-out per cluster and layout (else the cluster's "
-                 "layouts with the same x and k, else its other layouts), squared log error of "
-                 f"predicted steps, calibrate.minimize_1d (grid {FIT_GRID}, tol {FIT_TOL})"),
+            dict(key="fit", value="calibrate.fit_inter_node_gbps leave-one-out per cluster "
+                 "and layout (else the cluster's layouts with the same x and k, else its other "
+                 "layouts) on the rows' runs and their baselines: squared log error of "
+                 "predicted steps"),
             dict(key="date", value=time.strftime("%Y-%m-%d %H:%M"))])
     return results, fits
 

@@ -1,18 +1,22 @@
-"""Command line: ``hfcompress list``, ``plan``, ``demo``, ``compare`` and ``eval``."""
+"""Command line: ``hfcompress list``, ``plan``, ``probe``, ``demo``, ``compare`` and ``eval``."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from . import __version__
+from .auto.links_file import cluster_links as links_from_file
+from .auto.links_file import codec_rates, describe_layout, load as load_links_file
 from .compressors import get_compressor, list_compressors
 from .compressors.base import ReferenceCoded
 from .config import EXACT_GRAD_BITS, get_config, list_presets, preset_bits
 from .cost import ENGINES, ClusterLayout, ClusterLinks, compute_from_baseline, price_step
 from .cost.calibrate import fit_inter_node_gbps, load_runs
 from .cost.model_shape import ModelShape
+from .cost.step_model import DTYPE_BYTES
 from .cost.report import plan_report, render_text
 
 
@@ -112,6 +116,7 @@ everything) and codec seconds, step seconds and speedup over none, compressor st
 the full-overlap limit, and a recommendation. Bandwidths are effective, not the data sheet's:
 fit them to a few measured steps with --calibrate. Example: hfcompress plan --hidden 8192
 --layers 80 --ffn 28672 --heads 64 --kv-heads 8 --nodes 16 --gpus-per-node 8 --gpu-tflops 400"""
+DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS = 400.0, 2400.0
 SHAPE_FLAGS = ("hidden", "layers", "ffn", "vocab", "heads", "kv_heads", "experts",
                "experts_per_token", "tied_embeddings")
 
@@ -137,22 +142,44 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--micro-batch", type=int, default=1, help="samples per DP rank per "
                    "micro-batch (1)")
     r.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer "
-                   "step, each gathering weights and reducing gradients (1)")
+                   "step (1): compute for each; fsdp2 (HF Trainer / Accelerate) gathers the "
+                   "weights every micro-batch and reduces the gradients once per step (no_sync: "
+                   "set_requires_gradient_sync(False)), zero3 (DeepSpeed ZeRO-3, or FSDP2 with "
+                   "sync_each_batch) both every micro-batch, megatron both once per step")
     c = p.add_argument_group("cluster")
     c.add_argument("--nodes", type=int, required=True)
     c.add_argument("--gpus-per-node", type=int, default=8, help="(8)")
     c.add_argument("--tp", type=int, default=1, help="tensor-parallel size, inside a node (1)")
     c.add_argument("--pp", type=int, default=1, help="pipeline stages, whole nodes each (1)")
     c.add_argument("--cp", type=int, default=1, help="context-parallel size, inside a node (1)")
-    c.add_argument("--inter-node-gbps", type=float, default=400.0, help="effective Gbit/s of "
-                   "one node's network link, all its NICs, one direction (400: about what "
+    c.add_argument("--inter-node-gbps", type=float, help="effective Gbit/s of "
+                   "one node's network link, all its NICs, one direction; wins over --links "
+                   "(default: the --links file's, else 400: about what "
                    "SDP4Bit's H800 nodes, 8 x 400 Gbit/s NICs, gave their data-parallel "
                    "collectives, 0.13-0.16 of the sum; fit yours: --calibrate)")
-    c.add_argument("--intra-node-gbps", type=float, default=2400.0, help="effective Gbit/s "
-                   "per GPU inside a node (2400: two thirds of H100 NVLink's 450 GB/s a "
-                   "direction)")
-    c.add_argument("--engine", choices=ENGINES, default="fsdp2", help="fsdp2: prefetch hides "
-                   "weight all-gathers behind compute; megatron: nothing hidden (fsdp2)")
+    c.add_argument("--intra-node-gbps", type=float, help="effective Gbit/s per GPU inside a "
+                   "node; wins over --links (default: the --links file's, else 2400: two "
+                   "thirds of H100 NVLink's 450 GB/s a direction)")
+    c.add_argument("--links", metavar="FILE", help="the JSON of `hfcompress probe`: the "
+                   "measured effective bandwidths and latencies (per node link / per GPU, so "
+                   "usable on another layout than the one it was measured on) and codec "
+                   "rates, in place of the defaults and the H200's rates; --inter-node-gbps "
+                   "/ --intra-node-gbps given explicitly still win")
+    c.add_argument("--engine", choices=ENGINES, default="fsdp2", help="fsdp2 / zero3: "
+                   "prefetch hides the weight all-gathers (forward and backward) behind "
+                   "compute; megatron: nothing hidden, weights gathered once per step; see "
+                   "--grad-accum (fsdp2)")
+    c.add_argument("--gather-dtype", choices=DTYPE_BYTES, default="bf16", help="dtype of the "
+                   "exact weight all-gathers (bf16: FSDP2 mixed precision; fp16: DeepSpeed on "
+                   "V100; fp32: no mixed precision)")
+    c.add_argument("--reduce-dtype", choices=DTYPE_BYTES, default="fp32", help="dtype of the "
+                   "exact gradient reduction (fp32: FSDP2's reduce_dtype; bf16 / fp16: "
+                   "DeepSpeed ZeRO-3, Megatron's default)")
+    c.add_argument("--gpu-memory-gb", type=float, metavar="GB", help="GPU memory: a preset "
+                   "whose compressor state plus the model's sharded training state (18 B per "
+                   "parameter a GPU holds: bf16 + fp32 master + 2 fp32 Adam moments + fp32 "
+                   "gradient; activations not counted) exceeds it is marked ! and not "
+                   "recommended")
     t = p.add_argument_group("compute: exactly one of")
     t.add_argument("--step-time", type=float, metavar="S", help="measured seconds per "
                    "optimizer step of the exact baseline (none) on this cluster and batch")
@@ -163,9 +190,34 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    "always priced: the baseline)")
     p.add_argument("--calibrate", metavar="FILE", help="JSON list of runs measured on this "
                    "cluster (hidden, layers, seq_len, micro_batch, nodes, gpus_per_node, tp, "
-                   "pp, preset, step_s; optional ffn, vocab): fit the effective inter-node "
+                   "pp, preset, step_s per optimizer step; optional ffn, vocab, heads, "
+                   "kv_heads, experts, cp, grad_accum, weight_bytes and grad_bytes: 2 or 4 "
+                   "bytes per value of the exact gather / reduction, default those of "
+                   "--gather-dtype / --reduce-dtype): fit the effective inter-node "
                    "bandwidth to them and use it instead of --inter-node-gbps")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_probe_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, metavar="FILE", help="where rank 0 writes the JSON")
+    m = p.add_argument_group("model whose message sizes to time (default: one unit of 1 Mi "
+                             "values per rank)")
+    m.add_argument("--model", metavar="NAME_OR_PATH", help="an HF config.json, a folder with "
+                   "one, or a hub id already in the local HF cache")
+    for flag in SHAPE_FLAGS:
+        if flag == "tied_embeddings":
+            m.add_argument("--tied-embeddings", action="store_true", default=None)
+        else:
+            m.add_argument(f"--{flag.replace('_', '-')}", type=int)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size: the world splits "
+                   "into tp data-parallel groups, TP innermost (1)")
+    p.add_argument("--ranks-per-node", type=int, help="ranks per node (default: "
+                   "LOCAL_WORLD_SIZE, as torchrun sets it)")
+    p.add_argument("--presets", default=",".join(LOSS_KEEPING), help="presets whose "
+                   "collectives and codecs to time (default: the loss-keeping ones)")
+    p.add_argument("--max-mib", type=float, default=64.0, help="largest message timed, MiB "
+                   "(64; a few on CPU keeps it short)")
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions per size (3)")
 
 
 def _plan_shape(args: argparse.Namespace) -> ModelShape:
@@ -182,6 +234,16 @@ def _plan_shape(args: argparse.Namespace) -> ModelShape:
     return ModelShape(**sizes, name="LLaMA-style decoder")
 
 
+def _plan_links(args: argparse.Namespace, measured: dict | None) -> ClusterLinks:
+    """--inter-node-gbps / --intra-node-gbps, else the --links file's, else the defaults."""
+    given = ClusterLinks(args.inter_node_gbps or DEFAULT_INTER_GBPS,
+                         args.intra_node_gbps or DEFAULT_INTRA_GBPS)
+    if measured is None:
+        return given
+    return links_from_file(measured, given, inter_node_gbps=args.inter_node_gbps,
+                           intra_node_gbps=args.intra_node_gbps)
+
+
 def _cmd_plan(args: argparse.Namespace) -> None:
     if (args.step_time is None) == (args.gpu_tflops is None):
         args.parser.error("give exactly one of --step-time S (the measured step of the exact "
@@ -189,7 +251,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
                           "or --gpu-tflops T (compute from 6 x params x tokens)" +
                           (", not both" if args.step_time is not None else ""))
     for flag in ("seq_len", "micro_batch", "grad_accum", "step_time", "gpu_tflops",
-                 "inter_node_gbps", "intra_node_gbps"):
+                 "inter_node_gbps", "intra_node_gbps", "gpu_memory_gb"):
         value = getattr(args, flag)
         if value is not None and not value > 0:
             args.parser.error(f"--{flag.replace('_', '-')} {value:g} must be > 0")
@@ -200,32 +262,44 @@ def _cmd_plan(args: argparse.Namespace) -> None:
             get_config(name)
         layout = ClusterLayout(args.nodes, args.gpus_per_node, tp=args.tp, pp=args.pp,
                                cp=args.cp)
+        measured = load_links_file(args.links) if args.links else None
+        links = _plan_links(args, measured)
         fitted = runs = None
+        dtypes = dict(weight_bytes=DTYPE_BYTES[args.gather_dtype],
+                      grad_bytes=DTYPE_BYTES[args.reduce_dtype])
         if args.calibrate:
             runs = load_runs(args.calibrate)
-            fitted = fit_inter_node_gbps(runs, intra_node_gbps=args.intra_node_gbps,
-                                         engine=args.engine, gpu_tflops=args.gpu_tflops)
-        links = ClusterLinks(fitted or args.inter_node_gbps, args.intra_node_gbps)
+            fitted = fit_inter_node_gbps(runs, intra_node_gbps=links.intra_node_gbps,
+                                         engine=args.engine, gpu_tflops=args.gpu_tflops,
+                                         **dtypes)
+            links = dataclasses.replace(links, inter_node_gbps=fitted)
         if args.step_time is not None:
             none = get_config("none")
             compute = compute_from_baseline(
-                args.step_time / args.grad_accum,
-                shape.units(layout, none.exact_patterns, none.min_numel), layout, links,
-                engine=args.engine)
+                args.step_time, shape.units(layout, none.exact_patterns, none.min_numel),
+                layout, links, engine=args.engine, grad_accum=args.grad_accum, **dtypes)
             source = f"the measured none step, {args.step_time:g} s, minus its exposed " \
                      f"communication"
         else:
-            compute = shape.compute_seconds(layout, args.micro_batch, args.seq_len,
-                                            args.gpu_tflops)
+            compute = args.grad_accum * shape.compute_seconds(layout, args.micro_batch,
+                                                              args.seq_len, args.gpu_tflops)
             source = f"6 x params x tokens + attention at {args.gpu_tflops:g} TFLOP/s per GPU"
         report = plan_report(shape, layout, links, presets=presets, compute_s=compute,
                              compute_source=source, engine=args.engine, seq_len=args.seq_len,
                              micro_batch=args.micro_batch, grad_accum=args.grad_accum,
-                             loss_keeping=LOSS_KEEPING)
+                             gpu_memory_gb=args.gpu_memory_gb, loss_keeping=LOSS_KEEPING,
+                             codec_rates=None if measured is None else codec_rates(measured),
+                             **dtypes)
     except ValueError as e:     # ModelShapeError, CalibrationError, layout, preset names
         args.parser.error(str(e))
     report = {"inputs": {k: v for k, v in vars(args).items() if k not in ("func", "parser")},
               **report}
+    if measured is not None:
+        report["links"]["source"] = f"measured by hfcompress probe ({args.links}) on " \
+            f"{describe_layout(measured)}, {measured['device']}"
+        report["links"]["measured_layout"] = measured["layout"]
+        report["links"]["codec_rates_source"] = f"measured by hfcompress probe on " \
+            f"{measured['device']}"
     if fitted is not None:
         report["links"]["source"] = f"fitted to {len(runs)} runs of {args.calibrate}"
         report["fitted_inter_node_gbps"] = fitted
@@ -243,6 +317,52 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     print(render_text(report))
     if "warning" in report:
         print(f"warning: {report['warning']}")
+
+
+def _cmd_probe(args: argparse.Namespace) -> None:
+    """Every rank measures (``auto/cluster_probe.py``); rank 0 writes --out and prints."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from .auto.cluster_probe import probe_cluster
+    from .auto.links_file import save
+
+    if not args.max_mib > 0 or args.reps < 1:
+        args.parser.error(f"--max-mib {args.max_mib:g} must be > 0 and --reps {args.reps} >= 1")
+    sized = args.model is not None or any(getattr(args, k) is not None for k in SHAPE_FLAGS)
+    try:
+        shape = _plan_shape(args) if sized else None
+    except ValueError as e:
+        args.parser.error(str(e))
+    started = not dist.is_initialized()
+    if started:
+        if "RANK" not in os.environ:
+            args.parser.error("run it on every rank of the job, e.g. torchrun --nnodes N "
+                              "--nproc_per_node 8 -m hfcompress.cli probe --out links.json "
+                              "--model CONFIG (or accelerate launch)")
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        device = torch.device("cuda", torch.cuda.current_device()) \
+            if dist.get_backend() == "nccl" else torch.device("cpu")
+        presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+        result = probe_cluster(shape, tp=args.tp, ranks_per_node=args.ranks_per_node,
+                               presets=presets, device=device,
+                               max_bytes=int(args.max_mib * (1 << 20)), reps=args.reps)
+        if dist.get_rank() == 0:
+            save(result, args.out)
+            print(f"hfcompress probe: {describe_layout(result)}, {result['device']}: "
+                  f"{result['inter_node_gbps'] or 0:.4g} Gbit/s per node between nodes, "
+                  f"{result['intra_node_gbps'] or 0:.4g} Gbit/s per GPU inside a node "
+                  f"(0: nothing measured there); {len(result['fits'])} primitives, "
+                  f"{len(result['codec_rates'])} codecs; the probe cost "
+                  f"{result['probe_s']:.1f} s; wrote {args.out}")
+    finally:
+        if started:
+            dist.destroy_process_group()
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
@@ -285,6 +405,12 @@ def main(argv: list[str] | None = None) -> None:
                         description=PLAN_DESCRIPTION)
     _add_plan_arguments(pl)
     pl.set_defaults(func=_cmd_plan, parser=pl)
+    pr = sub.add_parser("probe", help="under torchrun / accelerate launch: measure the "
+                        "data-parallel groups' links at the model's message sizes and this "
+                        "device's codec rates into a JSON for plan --links and auto "
+                        "(HFCOMPRESS_LINKS_FILE)")
+    _add_probe_arguments(pr)
+    pr.set_defaults(func=_cmd_probe, parser=pr)
     sub.add_parser("demo", help="compress a small LLaMA's real weights and gradients with "
                    "every scheme and print the table").set_defaults(func=_cmd_demo)
     cmp = sub.add_parser("compare", help="table of training runs (their summary.json) and a "

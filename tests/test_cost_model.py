@@ -20,7 +20,8 @@ from hfcompress.comm.two_hop import TwoHopReduceScatter
 from hfcompress.config import CompressionConfig, get_config
 from hfcompress.cost import (ENGINES, ClusterLayout, ClusterLinks, compute_from_baseline,
                              price_step)
-from hfcompress.cost.collectives import Senders
+from hfcompress.cost.collectives import Senders, unit_collectives
+from hfcompress.cost.step_model import _Pricer, engine_spec
 from hfcompress.integrations.fsdp import Unit
 
 S = 1 << 20            # values per rank of a unit: a multiple of every group size here
@@ -169,31 +170,109 @@ def test_a_phase_crossing_nodes_takes_its_slower_part_and_latency_per_ring_step(
 
 @pytest.mark.parametrize("compute", [0.0, 0.01, 10.0])
 def test_engines_overlap_rule(compute):
-    """FSDP2: the all-gathers hide behind compute up to the compute time, the rest is
-    exposed; Megatron-style: everything exposed. Step = compute + exposed + codec; the
+    """FSDP2 / ZeRO-3: the all-gathers hide behind compute up to the compute time, the rest
+    is exposed; Megatron-style: everything exposed. Step = compute + exposed + codec; the
     full-overlap limit = max(compute, wire) + codec."""
     lay = layout(2, 1)
     for engine in ENGINES:
         cost = price("sdp4bit", lay, compute_s=compute, engine=engine)
         gathers = sum(c.wire_s for c in cost.collectives if c.name.endswith(("_fwd", "_bwd")))
         rest = cost.wire_s - gathers
-        exposed = max(0.0, gathers - compute) + rest if engine == "fsdp2" else cost.wire_s
+        hides = engine in ("fsdp2", "zero3")
+        exposed = max(0.0, gathers - compute) + rest if hides else cost.wire_s
         assert math.isclose(cost.exposed_s, exposed)
         assert math.isclose(cost.step_s, compute + exposed + cost.codec_s)
         assert math.isclose(cost.full_overlap_s, max(compute, cost.wire_s) + cost.codec_s)
-        assert all(c.overlappable == (engine == "fsdp2" and c.name.endswith(("_fwd", "_bwd")))
+        assert all(c.overlappable == (hides and c.name.endswith(("_fwd", "_bwd")))
                    for c in cost.collectives)
-    with pytest.raises(ValueError, match="fsdp2, megatron"):
+    with pytest.raises(ValueError, match="fsdp2, zero3, megatron"):
         price("none", lay, engine="deepspeed")
 
 
 def test_megatron_gathers_the_weights_once_per_step():
     """Megatron's distributed optimizer gathers the parameters once per step: no backward
     gather, the forward gather and the gradients as under FSDP2."""
-    fsdp2, megatron = (by_name(price("none", layout(8, 1), engine=e)) for e in ENGINES)
+    fsdp2, megatron = (by_name(price("none", layout(8, 1), engine=e))
+                       for e in ("fsdp2", "megatron"))
     assert "weights_bwd" in fsdp2 and "weights_bwd" not in megatron
     assert megatron["weights_fwd"] == dataclasses.replace(fsdp2["weights_fwd"], overlappable=False)
     assert megatron["grads"] == fsdp2["grads"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_grad_accumulation_runs_each_collective_as_the_engine_does(engine):
+    """An optimizer step of 3 micro-batches: compute for all of them; FSDP2 under the HF
+    Trainer / Accelerate gathers the weights every micro-batch and reduces once (no_sync),
+    ZeRO-3 does both every micro-batch, Megatron both once. FSDP2's step is two micro-batches
+    without the reduction plus one with it, each hiding its gathers behind its own compute."""
+    lay, units, ga, c = layout(4, 2), [Unit(f"l{i}", S) for i in range(3)], 3, 0.004
+    one = by_name(price("sdp4bit", lay, units, engine=engine, compute_s=c))
+    step = price("sdp4bit", lay, units, engine=engine, compute_s=ga * c, grad_accum=ga)
+    assert step.compute_s == ga * c
+    every = {"fsdp2": {"weights"}, "zero3": {"weights", "grads"}, "megatron": set()}[engine]
+    for got in step.collectives:
+        times = ga if got.part in every else 1
+        assert got.times_per_step == times
+        assert math.isclose(got.link_bytes_per_node, times * one[got.name].link_bytes_per_node)
+        assert math.isclose(got.wire_s, times * one[got.name].wire_s)
+        assert math.isclose(got.codec_s, times * one[got.name].codec_s)
+    if engine == "fsdp2":
+        gathers = [g for g in one.values() if g.part == "weights"]
+        wire, codec = sum(g.wire_s for g in gathers), sum(g.codec_s for g in gathers)
+        no_sync = c + max(0.0, wire - c) + codec
+        last = price("sdp4bit", lay, units, engine=engine, compute_s=c).step_s
+        assert math.isclose(step.step_s, (ga - 1) * no_sync + last)
+    assert price("sdp4bit", lay, units, engine=engine, compute_s=c, grad_accum=1) == \
+        price("sdp4bit", lay, units, engine=engine, compute_s=c)
+    with pytest.raises(ValueError, match="grad_accum=0 must be an int >= 1"):
+        price("none", lay, grad_accum=0)
+
+
+def _ungrouped(preset, units, lay, links, compute_s, engine="fsdp2"):
+    """The step priced unit by unit (no grouping of equal shapes): per collective, the sum
+    over the units; a 2-hop collective pipelined behind the last layer's faster hop."""
+    config = get_config(preset)
+    spec = engine_spec(engine)
+    units = [dataclasses.replace(u, backward_gather=spec.backward_gather and u.backward_gather)
+             for u in units]
+    senders = Senders.of(config, lay.dp, lay.dp_per_node)
+    pricer = _Pricer(config, lay, links, None)
+    rows, first = {}, None
+    for u in units:
+        for c in unit_collectives(senders, u, lay.dp_nodes):
+            p = pricer.collective(c)
+            row = rows.setdefault(c.name, dict.fromkeys(("link", "hop1", "hop2", "codec"), 0.0))
+            for key in ("link", "hop1", "hop2", "codec"):
+                row[key] += p[key]
+            row["two_hop"], row["part"] = c.two_hop, c.part
+            if c.two_hop and (u.backward_gather or first is None):
+                first = min(p["hop1"], p["hop2"])
+    wire, hidden, codec = {}, 0.0, 0.0
+    for name, r in rows.items():
+        wire[name] = max(r["hop1"], r["hop2"]) + first if r["two_hop"] else r["hop1"] + r["hop2"]
+        codec += r["codec"]
+        hidden += wire[name] if spec.hides_gathers and r["part"] == "weights" else 0.0
+    total = sum(wire.values())
+    return rows, wire, compute_s + max(0.0, hidden - compute_s) + total - hidden + codec
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("preset", ["none", "qwd", "sdp4bit", "zeropp", "loco"])
+def test_units_of_equal_shape_priced_once_give_the_unit_by_unit_step(preset, engine):
+    """Grouping equal units (priced once, times their count) changes nothing but rounding,
+    with two layer shapes interleaved, a root and exact columns."""
+    units = [Unit("a0", S, 512), Unit("b0", S // 2, 256), Unit("a1", S, 512),
+             Unit("b1", S // 2, 256), Unit("a2", S, 512), Unit("root", 2 * S, 0, False)]
+    lay = layout(4, 2)
+    links = ClusterLinks(100, 1000)
+    rows, wire, step = _ungrouped(preset, units, lay, links, 0.01, engine)
+    cost = price(preset, lay, units, links=links, compute_s=0.01, engine=engine)
+    assert set(by_name(cost)) == set(rows)
+    for c in cost.collectives:
+        assert math.isclose(c.link_bytes_per_node, rows[c.name]["link"], rel_tol=1e-12)
+        assert math.isclose(c.codec_s, rows[c.name]["codec"], rel_tol=1e-12)
+        assert math.isclose(c.wire_s, wire[c.name], rel_tol=1e-12)
+    assert math.isclose(cost.step_s, step, rel_tol=1e-12)
 
 
 def test_hpz_backward_gather_stays_in_the_node():
@@ -245,6 +324,12 @@ def test_compute_from_baseline():
         assert math.isclose(price("none", lay, units, engine=engine,
                                   compute_s=compute).step_s, step)
         assert compute_from_baseline(none.wire_s / 10, units, lay, FAST, engine=engine) >= 0.0
+        # a step of 4 micro-batches: the compute of all of them, the same round trip
+        none4 = price("none", lay, units, engine=engine, compute_s=0.0, grad_accum=4)
+        compute = compute_from_baseline(3 * none4.wire_s, units, lay, FAST, engine=engine,
+                                        grad_accum=4)
+        assert math.isclose(price("none", lay, units, engine=engine, compute_s=compute,
+                                  grad_accum=4).step_s, 3 * none4.wire_s)
 
 
 def test_state_bytes_per_gpu():

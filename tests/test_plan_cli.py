@@ -157,16 +157,74 @@ def test_plan_json_is_consistent_and_sdp4bit_sends_less_than_none(capsys):
     assert rec["preset"] in LOSS_KEEPING and rec["preset"] != "none"
     assert rec["preset"] == max(presets, key=lambda k: presets[k]["speedup"])
     assert report["inputs"]["gpu_tflops"] == 400
-    # grad_accum micro-batches each gather and reduce: every second and byte times 2
-    twice = plan_json(capsys, *LLAMA70B_DIMS, *CLUSTER_16X8, "--gpu-tflops", "400",
-                      "--grad-accum", "2")["presets"]
-    for key in ("step_s", "exposed_s", "link_bytes_per_node"):
-        assert twice["sdp4bit"][key] == pytest.approx(2 * presets["sdp4bit"][key])
-    assert twice["sdp4bit"]["state_bytes_per_gpu"] == presets["sdp4bit"]["state_bytes_per_gpu"]
+    # 2 micro-batches per step: compute twice; fsdp2 (the Trainer's no_sync) gathers the
+    # weights every micro-batch and reduces once, zero3 both twice, megatron both once
+    for engine, weights, grads in (("fsdp2", 2, 1), ("zero3", 2, 2), ("megatron", 1, 1)):
+        one, two = (plan_json(capsys, *LLAMA70B_DIMS, *CLUSTER_16X8, "--gpu-tflops", "400",
+                              "--engine", engine, "--presets", "sdp4bit", "--grad-accum", ga)
+                    for ga in ("1", "2"))
+        assert two["compute_s"] == pytest.approx(2 * one["compute_s"])
+        before = {c["name"]: c for c in one["presets"]["sdp4bit"]["collectives"]}
+        for c in two["presets"]["sdp4bit"]["collectives"]:
+            times = weights if c["part"] == "weights" else grads
+            assert c["times_per_step"] == times
+            assert c["link_bytes_per_node"] == pytest.approx(
+                times * before[c["name"]]["link_bytes_per_node"])
+        assert two["presets"]["sdp4bit"]["state_bytes_per_gpu"] == \
+            one["presets"]["sdp4bit"]["state_bytes_per_gpu"]
     # tp 2: two DP groups of 4 ranks per node share the link
     lay = plan_json(capsys, *LLAMA70B_DIMS, *CLUSTER_16X8, "--tp", "2", "--gpu-tflops",
                     "400", "--presets", "sdp4bit")["layout"]
     assert (lay["dp_per_node"], lay["groups_per_node"], lay["dp"]) == (4, 2, 64)
+
+
+def test_plan_dtypes_of_the_exact_collectives(capsys):
+    """--reduce-dtype bf16 halves none's gradient bytes (ZeRO-3, LoCo's baselines),
+    --gather-dtype fp32 doubles its weight bytes."""
+    def link(*flags):
+        report = plan_json(capsys, "--hidden", "4096", "--layers", "32", *CLUSTER_16X8,
+                           "--gpu-tflops", "400", "--presets", "none", *flags)
+        return {c["name"]: c["link_bytes_per_node"]
+                for c in report["presets"]["none"]["collectives"]}
+    default = link()
+    assert link("--reduce-dtype", "bf16")["grads"] == default["grads"] / 2
+    assert link("--reduce-dtype", "fp16")["weights_fwd"] == default["weights_fwd"]
+    assert link("--gather-dtype", "fp32")["weights_fwd"] == 2 * default["weights_fwd"]
+    assert "invalid choice" in plan_error(capsys, "--hidden", "4096", "--layers", "32",
+                                          "--nodes", "2", "--gpu-tflops", "400",
+                                          "--reduce-dtype", "int8")
+
+
+def test_plan_gpu_memory_marks_presets_that_do_not_fit(capsys):
+    """LoCo's 8-bit error of the whole gradient a rank sends is 69 GB per GPU at 70B: with
+    the sharded training state (18 B per parameter a GPU holds) it exceeds 80 GB: marked,
+    never recommended; too little memory even for none says what to do."""
+    args = [*LLAMA70B_DIMS, *CLUSTER_16X8, "--gpu-tflops", "400", "--presets",
+            "sdp4bit,loco"]
+    free = plan_json(capsys, *args)["presets"]
+    assert "fits_gpu_memory" not in free["loco"]
+    report = plan_json(capsys, *args, "--gpu-memory-gb", "80")
+    presets = report["presets"]
+    train = report["train_state_bytes_per_gpu"]
+    assert train == pytest.approx(18 * ModelShape.from_dict(LLAMA2_70B).params / 128, rel=1e-3)
+    for p in presets.values():
+        assert p["memory_bytes_per_gpu"] == train + p["state_bytes_per_gpu"]
+        assert p["fits_gpu_memory"] == (p["memory_bytes_per_gpu"] <= 80e9)
+    assert presets["loco"]["state_bytes_per_gpu"] > 60e9
+    assert presets["none"]["fits_gpu_memory"] and presets["sdp4bit"]["fits_gpu_memory"]
+    assert not presets["loco"]["fits_gpu_memory"]
+    assert report["recommendation"]["preset"] == "sdp4bit"
+    # loco alone: faster than none but over the memory, so not recommended
+    alone = plan_json(capsys, *LLAMA70B_DIMS, *CLUSTER_16X8, "--gpu-tflops", "400",
+                      "--presets", "loco", "--gpu-memory-gb", "80")
+    assert alone["presets"]["loco"]["speedup"] > 1.03
+    assert alone["recommendation"]["preset"] == "none"
+    assert "fits the GPU's memory" in alone["recommendation"]["why"]
+    main(["plan", *args, "--gpu-memory-gb", "80"])
+    out = capsys.readouterr().out
+    assert "loco!" in out and "never recommended" in out and "memory GB/GPU" in out
+    assert "shard it over more GPUs" in plan_json(capsys, *args, "--gpu-memory-gb",
+                                                  "5")["memory_warning"]
 
 
 def test_plan_table_prints_layout_bytes_meter_and_recommendation(capsys):
@@ -250,6 +308,37 @@ def test_calibration_recovers_the_bandwidth_that_made_the_runs(capsys, tmp_path)
     compressed = [r for r in runs if r["preset"] != "none"]
     assert fit_inter_node_gbps(compressed, intra_node_gbps=2400.0, gpu_tflops=100) == \
         pytest.approx(150, rel=0.01)
+
+
+@pytest.mark.parametrize("engine", ["fsdp2", "megatron"])
+def test_calibration_prices_accumulation_and_dtypes_of_each_run(capsys, tmp_path, engine):
+    """Runs of 4 micro-batches with bf16 gradient reductions (run keys grad_accum,
+    grad_bytes), made at 150 Gbit/s: fitted back to 150, whether the dtype comes from the
+    run or from --reduce-dtype; priced with fp32 reductions instead, the fit goes wrong."""
+    runs = []
+    for preset in ("none", "sdp4bit", "tlq_hs"):
+        p = plan_json(capsys, "--hidden", "4096", "--layers", "32", *CLUSTER_16X8,
+                      "--gpu-tflops", "100", "--inter-node-gbps", "150", "--engine", engine,
+                      "--grad-accum", "4", "--reduce-dtype", "bf16",
+                      "--presets", preset)["presets"][preset]
+        runs.append({"hidden": 4096, "layers": 32, "seq_len": 4096, "micro_batch": 1,
+                     "grad_accum": 4, "nodes": 16, "gpus_per_node": 8, "tp": 1, "pp": 1,
+                     "preset": preset, "step_s": p["step_s"]})
+    fit = {}
+    for name, data, flags in (
+            ("keys", [{**r, "grad_bytes": 2} for r in runs], []),
+            ("flag", runs, ["--reduce-dtype", "bf16"]),
+            ("wrong", runs, [])):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(data))
+        fit[name] = plan_json(capsys, *LLAMA70B_DIMS, *CLUSTER_16X8, "--gpu-tflops", "400",
+                              "--engine", engine, "--calibrate", str(path),
+                              *flags)["fitted_inter_node_gbps"]
+    assert fit["keys"] == pytest.approx(150, rel=0.01)
+    assert fit["flag"] == pytest.approx(150, rel=0.01)
+    assert not fit["wrong"] == pytest.approx(150, rel=0.05)
+    with pytest.raises(CalibrationError, match="grad_bytes=3"):
+        fit_inter_node_gbps([{**runs[0], "grad_bytes": 3}], intra_node_gbps=2400.0)
 
 
 def test_calibration_errors_name_the_run_and_the_fix(tmp_path):

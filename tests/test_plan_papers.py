@@ -1,9 +1,11 @@
 """The papers' transcribed measurements (``benchmarks/data/plan_papers/``) and the benchmark
 that feeds them to the planner (``benchmarks/bench_plan_papers.py``): every row parses, cites
 a line of its paper that holds its number, and pairs with a baseline of the same setting; the
-benchmark's main runs on one paper's rows."""
+benchmark's main runs on one paper's rows; its rows are ``hfcompress plan --calibrate`` runs
+(the bandwidth it fits is the one the CLI fits to them)."""
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -86,3 +88,23 @@ def test_main_runs_on_one_paper(bench, tmp_path):
     for name in ("plan_papers.csv", "plan_papers_fits.csv", "plan_papers.md",
                  "plan_papers_meta.csv"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_a_layouts_rows_as_calibration_runs_fit_what_the_cli_fits(bench, tmp_path, capsys):
+    """SDP4Bit's 16 x 4 A100 layout (Megatron, bf16 weights / fp32 gradients): the
+    benchmark's fit equals ``hfcompress plan --calibrate`` on the rows written as JSON."""
+    from hfcompress.cli import main
+
+    cases = [c for c in bench.load_cases(["sdp4bit"])
+             if c.group == ("sdp4bit", "A100 Slingshot-10", "16x4 tp1 pp1")]
+    assert len(cases) == 2
+    rows = list({r["row_id"]: r for c in cases for r in (c.base, c.row)}.values())
+    runs = [bench.run_of(r) for r in rows]
+    assert {(r["weight_bytes"], r["grad_bytes"]) for r in runs} == {(2, 4)}
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(runs))
+    main(["plan", "--hidden", "2048", "--layers", "24", "--nodes", "16", "--gpus-per-node",
+          "4", "--gpu-tflops", "100", "--engine", "megatron", "--intra-node-gbps",
+          rows[0]["intra_node_gbps"], "--calibrate", str(path), "--json"])
+    fitted = json.loads(capsys.readouterr().out)["fitted_inter_node_gbps"]
+    assert fitted == pytest.approx(bench.fit_gbps(cases), rel=1e-9)

@@ -14,6 +14,9 @@
 
 Every rank measures; :func:`agree` takes the slowest rank's numbers, so every rank holds the
 same facts. Host syncs are fine here: the probe runs before training and at re-probes only.
+With ``HFCOMPRESS_LINKS_FILE`` set to the JSON of ``hfcompress probe`` (``links_file.py``:
+measured once, at the model's message sizes) measured on this layout, :func:`probe_links`
+takes its fits from the file and probes only what the file lacks.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch.distributed as dist
 from ..comm import Topology
 from ..comm.hop import all_gather_single, reduce_scatter_single
 from ..compressors import Compressor
+from .links_file import known_fits
 
 SMALL_BYTES = 4 << 10     # latency
 MID_BYTES = 1 << 20       # bandwidth: the slope from MID to LARGE (a shaped link's burst
@@ -132,24 +136,32 @@ def _primitive(name: str, nbytes: int, group: dist.ProcessGroup,
     return lambda: dist.all_reduce(x, group=group)
 
 
-def probe_links(topology: Topology, needed: list[tuple[str, str]], device: torch.device,
-                reps: int = 3) -> Links:
-    """Fit every ``(primitive, group)`` in ``needed`` on the real groups (see module doc)."""
-    groups = groups_of(topology)
-    world = topology.group
+def time_sizes(needed: list[tuple[str, dist.ProcessGroup, tuple[int, ...]]],
+               device: torch.device, reps: int, world: dist.ProcessGroup | None) -> list[float]:
+    """Median seconds of each ``(primitive, group, sizes)`` at each of its sizes (send
+    buffer bytes; the first size, the latency point, timed ``2 reps + 1`` times), every rank
+    of ``world`` starting each run together, agreed over ``world``: a flat list in order."""
     raw = []
-    for prim, gname in needed:
-        group = groups[gname]
-        calls = [_primitive(prim, n, group, device) for n in SIZES]
+    for prim, group, sizes in needed:
+        calls = [_primitive(prim, n, group, device) for n in sizes]
         for call in calls:   # connection set-up, buffers of each size: not timed
             call()
-        raw += [_timed(call, r, device, world) for call, r in zip(calls, (2 * reps + 1, reps,
-                                                                          reps))]
-    raw = agree(raw, device, world)
-    links = Links()
-    for i, (prim, gname) in enumerate(needed):
-        links.fits[f"{prim}@{gname}"] = Fit.from_points(
-            *zip(SIZES, raw[3 * i:3 * i + 3]))
+        raw += [_timed(call, 2 * reps + 1 if i == 0 else reps, device, world)
+                for i, call in enumerate(calls)]
+    return agree(raw, device, world) if raw else []
+
+
+def probe_links(topology: Topology, needed: list[tuple[str, str]], device: torch.device,
+                reps: int = 3) -> Links:
+    """Fit every ``(primitive, group)`` in ``needed`` on the real groups (see module doc);
+    the fits a links file (``HFCOMPRESS_LINKS_FILE``, ``links_file.py``) holds for this
+    layout are taken from it instead."""
+    links = Links({k: Fit(*v) for k, v in known_fits(topology).items()})
+    todo = [(p, g) for p, g in needed if f"{p}@{g}" not in links.fits]
+    groups = groups_of(topology)
+    raw = time_sizes([(p, groups[g], SIZES) for p, g in todo], device, reps, topology.group)
+    for i, (prim, gname) in enumerate(todo):
+        links.fits[f"{prim}@{gname}"] = Fit.from_points(*zip(SIZES, raw[3 * i:3 * i + 3]))
     return links
 
 

@@ -6,12 +6,18 @@ node, its A100 cluster like 1.1-1.7x of 100 Gbit/s; docs/DESIGN "Cost at cluster
 bandwidth fitted to a few measured runs of one cluster predicts the next run there.
 
 A run is a JSON object with ``hidden``, ``layers``, ``seq_len``, ``micro_batch``, ``nodes``,
-``gpus_per_node``, ``tp``, ``pp``, ``preset`` and ``step_s`` (measured seconds per step), and
-optionally ``ffn``, ``vocab``, ``heads``, ``kv_heads``, ``experts``, ``cp``, ``grad_accum``.
-Its compute time comes from the ``none`` run of the same model, sequence, batch and layout
-(``compute_from_baseline`` at the candidate bandwidth: that run's step minus its exposed
-communication), else from ``gpu_tflops`` (:meth:`ModelShape.compute_seconds`). The fit
-minimizes the sum of squared log errors of predicted vs measured step seconds over
+``gpus_per_node``, ``tp``, ``pp``, ``preset`` and ``step_s`` (measured seconds per optimizer
+step), and optionally ``ffn``, ``vocab``, ``heads``, ``kv_heads``, ``experts``, ``cp``,
+``grad_accum`` (micro-batches per step, 1), ``weight_bytes`` (bytes per value of the exact
+weight all-gather: 2 for bf16 / fp16, 4 for fp32) and ``grad_bytes`` (of the exact gradient
+reduction: 4 for fp32, 2 for bf16 / fp16, e.g. DeepSpeed ZeRO-3's fp16 reduce-scatter); a run
+without them takes the fit's (``hfcompress plan --gather-dtype`` / ``--reduce-dtype``). Its
+compute time comes from the ``none`` run of the same model, sequence, batch, accumulation,
+layout and dtypes (``compute_from_baseline`` at the candidate bandwidth: that run's step minus
+its exposed communication), else from ``gpu_tflops`` (:meth:`ModelShape.compute_seconds`,
+times ``grad_accum``). Communication per step follows the engine (``step_model.Engine``:
+under ``fsdp2`` the weights are gathered every micro-batch, the gradients reduced once). The
+fit minimizes the sum of squared log errors of predicted vs measured step seconds over
 0.1 .. 100000 Gbit/s: a log-spaced grid, then golden-section search around its best point
 (robust to the plateaus full overlap makes; no scipy).
 """
@@ -24,15 +30,16 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..config import get_config
+from ..config import CompressionConfig, get_config
 from .cluster import ClusterLayout
 from .links import ClusterLinks
 from .model_shape import ModelShape
-from .step_model import compute_from_baseline, price_step
+from .step_model import Engine, StepCost, compute_from_baseline, price_step
 
 REQUIRED = ("hidden", "layers", "seq_len", "micro_batch", "nodes", "gpus_per_node", "tp", "pp",
             "preset", "step_s")
 OPTIONAL_SHAPE = ("ffn", "vocab", "heads", "kv_heads", "experts")
+VALUE_BYTES = (2, 4)        # weight_bytes / grad_bytes: bf16 / fp16, fp32
 LOW_GBPS, HIGH_GBPS = 0.1, 100000.0
 
 
@@ -42,7 +49,9 @@ class CalibrationError(ValueError):
 
 @dataclass(frozen=True)
 class MeasuredRun:
-    """One measured training step: the model, the layout, the tokens and the preset."""
+    """One measured optimizer step: the model, the layout, the tokens, the preset (a name,
+    or from Python a :class:`CompressionConfig`) and the exact collectives' bytes per value
+    (None: the fit's)."""
 
     index: int
     shape: ModelShape
@@ -50,13 +59,25 @@ class MeasuredRun:
     seq_len: int
     micro_batch: int
     grad_accum: int
-    preset: str
+    preset: str | CompressionConfig
     step_s: float
+    weight_bytes: int | None = None
+    grad_bytes: int | None = None
 
     @property
     def setting(self) -> tuple:
         """What a ``none`` run must share to be this run's baseline."""
-        return (self.shape, self.layout, self.seq_len, self.micro_batch, self.grad_accum)
+        return (self.shape, self.layout, self.seq_len, self.micro_batch, self.grad_accum,
+                self.weight_bytes, self.grad_bytes)
+
+    @property
+    def is_baseline(self) -> bool:
+        """A run of the exact ``none`` preset (its name or its configuration)."""
+        return get_config(self.preset) == get_config("none")
+
+    @property
+    def preset_name(self) -> str:
+        return get_config(self.preset).name
 
 
 def load_runs(path: str) -> list[MeasuredRun]:
@@ -91,9 +112,16 @@ def parse_runs(data: Any, source: str = "runs") -> list[MeasuredRun]:
             step_s = float(run["step_s"])
             if not step_s > 0:
                 raise ValueError(f"step_s={run['step_s']!r} must be > 0 seconds")
+            grad_accum = int(run.get("grad_accum", 1))
+            if grad_accum < 1:
+                raise ValueError(f"grad_accum={run['grad_accum']!r} must be >= 1")
+            for key in ("weight_bytes", "grad_bytes"):
+                if run.get(key) not in (None, *VALUE_BYTES):
+                    raise ValueError(f"{key}={run[key]!r}: bytes per value of the exact "
+                                     f"collective, 2 (bf16 / fp16) or 4 (fp32)")
             runs.append(MeasuredRun(i, shape, layout, int(run["seq_len"]),
-                                    int(run["micro_batch"]), int(run.get("grad_accum", 1)),
-                                    run["preset"], step_s))
+                                    int(run["micro_batch"]), grad_accum, run["preset"], step_s,
+                                    run.get("weight_bytes"), run.get("grad_bytes")))
         except (TypeError, ValueError) as e:
             raise CalibrationError(f"{source}: run {i}: {e}") from e
     return runs
@@ -102,61 +130,83 @@ def parse_runs(data: Any, source: str = "runs") -> list[MeasuredRun]:
 Predict = Callable[[MeasuredRun, float], float]
 
 
-def step_predictor(runs: list[MeasuredRun], *, intra_node_gbps: float, engine: str = "fsdp2",
-                   gpu_tflops: float | None = None) -> Predict:
-    """``predict(run, inter_node_gbps)``: the planner's step seconds for ``run`` at that
-    bandwidth, its compute from its ``none`` baseline (median of them) or ``gpu_tflops``."""
-    baselines: dict[tuple, list[float]] = {}
-    for r in runs:
-        if r.preset == "none":
-            baselines.setdefault(r.setting, []).append(r.step_s)
-    for r in runs:
-        if r.setting not in baselines and gpu_tflops is None:
-            raise CalibrationError(f"run {r.index} ({r.preset}) has no 'none' run of the same "
-                                   f"model, seq_len, micro_batch and layout to take its compute "
-                                   f"time from: add that run or give --gpu-tflops")
+class StepPredictor:
+    """``predictor(run, inter_node_gbps)``: the planner's step seconds for ``run`` at that
+    bandwidth (``cost(run, gbps)``: its :class:`StepCost`, memoized: a fit's grid points
+    recur), its compute from its ``none`` baseline (median of them) or ``gpu_tflops``; the
+    runs' missing dtypes are ``weight_bytes`` / ``grad_bytes``."""
 
-    computes: dict[tuple, float] = {}      # (setting, Gbit/s) -> baseline compute
+    def __init__(self, runs: list[MeasuredRun], *, intra_node_gbps: float,
+                 engine: str | Engine = "fsdp2", gpu_tflops: float | None = None,
+                 weight_bytes: int = 2, grad_bytes: int = 4) -> None:
+        self.intra_node_gbps, self.engine, self.gpu_tflops = intra_node_gbps, engine, gpu_tflops
+        self.weight_bytes, self.grad_bytes = weight_bytes, grad_bytes
+        self.baselines: dict[tuple, list[float]] = {}
+        for r in runs:
+            if r.is_baseline:
+                self.baselines.setdefault(r.setting, []).append(r.step_s)
+        for r in runs:
+            if r.setting not in self.baselines and gpu_tflops is None:
+                raise CalibrationError(
+                    f"run {r.index} ({r.preset_name}) has no 'none' run of the same model, "
+                    f"seq_len, micro_batch, grad_accum, layout and dtypes to take its compute "
+                    f"time from: add that run or give --gpu-tflops")
+        self._computes: dict[tuple, float] = {}      # (setting, Gbit/s) -> compute
+        self._costs: dict[tuple, StepCost] = {}      # (run, Gbit/s) -> StepCost
 
-    def compute(run: MeasuredRun, links: ClusterLinks) -> float:
-        if run.setting not in baselines:
-            return run.shape.compute_seconds(run.layout, run.micro_batch, run.seq_len,
-                                             gpu_tflops)
+    def __call__(self, run: MeasuredRun, inter_node_gbps: float) -> float:
+        return self.cost(run, inter_node_gbps).step_s
+
+    def _kwargs(self, run: MeasuredRun) -> dict:
+        return dict(engine=self.engine, grad_accum=run.grad_accum,
+                    weight_bytes=run.weight_bytes or self.weight_bytes,
+                    grad_bytes=run.grad_bytes or self.grad_bytes)
+
+    def compute(self, run: MeasuredRun, links: ClusterLinks) -> float:
+        """Compute seconds of ``run``'s optimizer step (module doc)."""
+        if run.setting not in self.baselines:
+            return run.grad_accum * run.shape.compute_seconds(
+                run.layout, run.micro_batch, run.seq_len, self.gpu_tflops)
         key = (run.setting, links.inter_node_gbps)
-        if key not in computes:
+        if key not in self._computes:
             exact = get_config("none")
-            computes[key] = compute_from_baseline(
-                statistics.median(baselines[run.setting]) / run.grad_accum,
+            self._computes[key] = compute_from_baseline(
+                statistics.median(self.baselines[run.setting]),
                 run.shape.units(run.layout, exact.exact_patterns, exact.min_numel),
-                run.layout, links, engine=engine)
-        return computes[key]
+                run.layout, links, **self._kwargs(run))
+        return self._computes[key]
 
-    def predict(run: MeasuredRun, inter_node_gbps: float) -> float:
-        links = ClusterLinks(inter_node_gbps=inter_node_gbps, intra_node_gbps=intra_node_gbps)
-        config = get_config(run.preset)
-        units = run.shape.units(run.layout, config.exact_patterns, config.min_numel)
-        cost = price_step(config, units, run.layout, links, compute_s=compute(run, links),
-                          engine=engine)
-        return cost.step_s * run.grad_accum
-
-    return predict
+    def cost(self, run: MeasuredRun, inter_node_gbps: float) -> StepCost:
+        key = (run, inter_node_gbps)
+        if key not in self._costs:
+            links = ClusterLinks(inter_node_gbps=inter_node_gbps,
+                                 intra_node_gbps=self.intra_node_gbps)
+            config = get_config(run.preset)
+            units = run.shape.units(run.layout, config.exact_patterns, config.min_numel)
+            self._costs[key] = price_step(config, units, run.layout, links,
+                                          compute_s=self.compute(run, links),
+                                          **self._kwargs(run))
+        return self._costs[key]
 
 
 def fit_inter_node_gbps(runs: list[dict] | list[MeasuredRun], *, intra_node_gbps: float,
-                        engine: str = "fsdp2", gpu_tflops: float | None = None,
+                        engine: str | Engine = "fsdp2", gpu_tflops: float | None = None,
+                        weight_bytes: int = 2, grad_bytes: int = 4,
                         predict: Predict | None = None) -> float:
     """The effective inter-node Gbit/s per node minimizing the squared log error of the
     predicted vs measured step seconds of ``runs`` (module doc). ``predict`` replaces the
-    planner's prediction (tests)."""
+    planner's prediction: a :class:`StepPredictor` of more runs (its memo shared between
+    fits: leave-one-out), or a test's."""
     if not runs or not all(isinstance(r, MeasuredRun) for r in runs):
         runs = parse_runs(runs)
-    if all(r.preset == "none" for r in runs):
+    if all(r.is_baseline for r in runs):
         raise CalibrationError("only 'none' runs: each is its own compute baseline, so its "
                                "predicted step is the measured one at any bandwidth. Add a run "
                                "of a compressed preset (same model, batch and layout as a "
                                "'none' run, or any with --gpu-tflops)")
-    predict = predict or step_predictor(runs, intra_node_gbps=intra_node_gbps, engine=engine,
-                                        gpu_tflops=gpu_tflops)
+    predict = predict or StepPredictor(runs, intra_node_gbps=intra_node_gbps, engine=engine,
+                                       gpu_tflops=gpu_tflops, weight_bytes=weight_bytes,
+                                       grad_bytes=grad_bytes)
 
     def loss(log_gbps: float) -> float:
         gbps = math.exp(log_gbps)

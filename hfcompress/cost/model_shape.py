@@ -17,6 +17,13 @@ to a multiple of the DP size). Pipeline stages (``pp``) split the layers: the un
 those of the heaviest stage, ``ceil(layers / pp)`` layers and, with ``pp > 1``, one of the
 embeddings / the head (the step waits for the slowest stage). Norms and biases (the
 config's ``exact_patterns`` / ``min_numel``, QSDP 5.1) are counted as ``exact_numel``.
+
+Training state per GPU (:meth:`ModelShape.train_state_bytes`): :data:`TRAIN_STATE_BYTES` per
+parameter value a GPU holds after TP, PP and DP sharding: mixed-precision Adam as FSDP2 shards
+it, bf16 parameter 2 + fp32 master 4 + two fp32 moments 8 + fp32 gradient 4 = 18 bytes (ZeRO,
+Rajbhandari et al. 2020, 3.1: 16 with fp16 gradients). Not counted: activations, the gathered
+units and communication buffers (so a lower bound), and Megatron's unsharded bf16 parameters
+and gradient buffer (its distributed optimizer shards only the fp32 states).
 """
 
 from __future__ import annotations
@@ -29,6 +36,10 @@ from typing import Any, Sequence
 from ..integrations.exact_params import is_exact
 from ..integrations.fsdp import Unit
 from .cluster import ClusterLayout
+
+
+#: bytes of training state per parameter value (module doc)
+TRAIN_STATE_BYTES = 2 + 4 + 4 + 4 + 4
 
 
 class ModelShapeError(ValueError):
@@ -220,6 +231,11 @@ class ModelShape:
             root = max(self.embedding_tensors(), self.head_tensors(),
                        key=lambda ts: sum(t.numel for t in ts))
         return out + [unit("root", root, False)]
+
+    def train_state_bytes(self, layout: ClusterLayout) -> int:
+        """Bytes of parameters, gradients and Adam states one GPU of the heaviest pipeline
+        stage holds on ``layout``: :data:`TRAIN_STATE_BYTES` per value (module doc)."""
+        return TRAIN_STATE_BYTES * sum(u.numel + u.exact_numel for u in self.units(layout))
 
     def _check_split(self, tp: int, pp: int) -> None:
         for what, size in (("heads", self.n_heads), ("kv_heads", self.n_kv_heads),

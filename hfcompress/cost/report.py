@@ -1,12 +1,18 @@
 """What ``hfcompress plan`` prints: the presets priced for one model on one cluster
 (``cost/step_model.py``), as one JSON-ready dict and as a table, with a recommendation.
 
-Seconds and bytes are per optimizer step: ``grad_accum`` micro-batches, each gathering the
-weights and reducing the gradients (FSDP2's default), so the micro-batch's
-:class:`~hfcompress.cost.step_model.StepCost` times ``grad_accum``; compressor state is per
-GPU. Link bytes are what the backend's algorithm puts on a node's link (all its DP groups);
-meter bytes what hfcompress's WireMeter counts for the same collectives (direct sends to
-every peer), the figure the benchmarks report.
+Seconds and bytes are per optimizer step of ``grad_accum`` micro-batches: compute for all of
+them, each collective as often as the engine runs it (``step_model.Engine``: under ``fsdp2``
+the weights are gathered every micro-batch, the gradients reduced once per step;
+``times_per_step`` in each collective's row). Link bytes are what the backend's algorithm puts
+on a node's link (all its DP groups); meter bytes what hfcompress's WireMeter counts for the
+same collectives (direct sends to every peer), the figure the benchmarks report.
+
+Memory per GPU: the compressor's state (qWD references, LoCo errors, ...) plus the model's
+sharded training state (``ModelShape.train_state_bytes``: 18 bytes per parameter value a GPU
+holds, bf16 parameter + fp32 master + two fp32 Adam moments + fp32 gradient; activations not
+counted). With ``gpu_memory_gb``, a preset whose sum exceeds it is marked and never
+recommended.
 """
 
 from __future__ import annotations
@@ -25,40 +31,39 @@ MARGIN = 0.03
 GB = 1e9
 
 
-def collective_rows(cost: StepCost, grad_accum: int) -> list[dict[str, Any]]:
-    """Each collective of the step (summed over the units), its seconds and bytes for
-    ``grad_accum`` micro-batches."""
-    scaled = ("link_bytes_per_node", "meter_bytes_per_node", "intra_bytes_per_gpu", "wire_s",
-              "codec_s")
-    return [{k: v * grad_accum if k in scaled else v for k, v in asdict(c).items()}
-            for c in cost.collectives]
-
-
-def preset_entry(cost: StepCost, baseline_step_s: float, grad_accum: int) -> dict[str, Any]:
-    """A preset's seconds, bytes and speedup over ``none``'s ``baseline_step_s``."""
-    step = cost.step_s * grad_accum
-    collectives = collective_rows(cost, grad_accum)
-    return {
-        "step_s": step, "speedup": baseline_step_s / step,
-        "compute_s": cost.compute_s * grad_accum, "wire_s": cost.wire_s * grad_accum,
-        "exposed_s": cost.exposed_s * grad_accum, "codec_s": cost.codec_s * grad_accum,
-        "full_overlap_s": cost.full_overlap_s * grad_accum,
-        "full_overlap_speedup": baseline_step_s / (cost.full_overlap_s * grad_accum),
+def preset_entry(cost: StepCost, baseline_step_s: float, train_state_bytes: int,
+                 gpu_memory_gb: float | None) -> dict[str, Any]:
+    """A preset's seconds, bytes, memory and speedup over ``none``'s ``baseline_step_s``."""
+    collectives = [asdict(c) for c in cost.collectives]
+    memory = train_state_bytes + cost.state_bytes_per_gpu
+    entry = {
+        "step_s": cost.step_s, "speedup": baseline_step_s / cost.step_s,
+        "compute_s": cost.compute_s, "wire_s": cost.wire_s, "exposed_s": cost.exposed_s,
+        "codec_s": cost.codec_s, "full_overlap_s": cost.full_overlap_s,
+        "full_overlap_speedup": baseline_step_s / cost.full_overlap_s,
         "state_bytes_per_gpu": cost.state_bytes_per_gpu,
+        "memory_bytes_per_gpu": memory,
         "link_bytes_per_node": sum(c["link_bytes_per_node"] for c in collectives),
         "meter_bytes_per_node": sum(c["meter_bytes_per_node"] for c in collectives),
         "collectives": collectives,
     }
+    if gpu_memory_gb is not None:
+        entry["fits_gpu_memory"] = memory <= gpu_memory_gb * GB
+    return entry
 
 
 def recommend(presets: dict[str, dict[str, Any]], loss_keeping: tuple[str, ...]
               ) -> dict[str, Any]:
-    """The fastest loss-keeping preset, or ``none`` ("don't compress") when none of them
-    beats it by more than :data:`MARGIN`, with the reason."""
+    """The fastest loss-keeping preset that fits the GPU's memory, or ``none`` ("don't
+    compress") when none of them beats it by more than :data:`MARGIN`, with the reason."""
     base = presets["none"]
-    rivals = {k: v for k, v in presets.items() if k != "none" and k in loss_keeping}
+    rivals = {k: v for k, v in presets.items() if k != "none" and k in loss_keeping
+              and v.get("fits_gpu_memory", True)}
     if not rivals:
-        return {"preset": "none", "why": "no loss-keeping compressed preset was priced"}
+        return {"preset": "none", "why": "no loss-keeping compressed preset was priced" +
+                (" that fits the GPU's memory" if any(
+                    k in loss_keeping and not v.get("fits_gpu_memory", True)
+                    for k, v in presets.items()) else "")}
     best = max(rivals, key=lambda k: rivals[k]["speedup"])
     gain = rivals[best]["speedup"] - 1.0
     if gain > MARGIN:
@@ -85,11 +90,15 @@ def recommend(presets: dict[str, dict[str, Any]], loss_keeping: tuple[str, ...]
 
 def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *,
                 presets: list[str], compute_s: float, compute_source: str, engine: str,
-                seq_len: int, micro_batch: int, grad_accum: int = 1,
-                loss_keeping: tuple[str, ...] = ()) -> dict[str, Any]:
+                seq_len: int, micro_batch: int, grad_accum: int = 1, weight_bytes: int = 2,
+                grad_bytes: int = 4, gpu_memory_gb: float | None = None,
+                loss_keeping: tuple[str, ...] = (),
+                codec_rates: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every preset of ``presets`` (``none`` first, added if missing: the baseline) priced
     for ``shape`` on ``layout`` / ``links`` with ``compute_s`` seconds of compute per
-    micro-batch, as one JSON-ready dict (module doc)."""
+    optimizer step of ``grad_accum`` micro-batches, the exact collectives at
+    ``weight_bytes`` / ``grad_bytes`` per value, the codecs at ``codec_rates``
+    (``price_step``'s; None: the H200's), as one JSON-ready dict (module doc)."""
     names = ["none"] + [p for p in presets if p != "none"]
     costs, unavailable = {}, {}
     for name in names:
@@ -97,15 +106,17 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
         units = shape.units(layout, config.exact_patterns, config.min_numel)
         try:
             costs[name] = price_step(config, units, layout, links, compute_s=compute_s,
-                                     engine=engine)
+                                     engine=engine, grad_accum=grad_accum,
+                                     weight_bytes=weight_bytes, grad_bytes=grad_bytes,
+                                     codec_rates=codec_rates)
         except ValueError as e:   # a scheme that cannot serve this layout (none always can)
             if name == "none":
                 raise
             unavailable[name] = str(e)
-    baseline = costs["none"].step_s * grad_accum
-    entries = {name: {**preset_entry(cost, baseline, grad_accum),
+    train_state = shape.train_state_bytes(layout)
+    entries = {name: {**preset_entry(cost, costs["none"].step_s, train_state, gpu_memory_gb),
                       "loss_keeping": name in loss_keeping} for name, cost in costs.items()}
-    return {
+    report = {
         "model": {"description": shape.describe(), "params": shape.params,
                   "active_params": shape.active_params, "hidden": shape.hidden,
                   "layers": shape.layers, "ffn": shape.mlp_width, "vocab": shape.vocab,
@@ -119,12 +130,19 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
                   "intra_node_gbps": links.intra_node_gbps,
                   "inter_latency_us": links.inter_latency_us,
                   "intra_latency_us": links.intra_latency_us},
-        "engine": engine,
-        "compute_s": compute_s * grad_accum, "compute_source": compute_source,
+        "engine": engine, "grad_accum": grad_accum,
+        "weight_bytes": weight_bytes, "grad_bytes": grad_bytes,
+        "compute_s": compute_s, "compute_source": compute_source,
         "tokens_per_step": layout.dp * micro_batch * seq_len * grad_accum,
+        "train_state_bytes_per_gpu": train_state, "gpu_memory_gb": gpu_memory_gb,
         "presets": entries, "unavailable": unavailable,
         "recommendation": recommend(entries, loss_keeping),
     }
+    if gpu_memory_gb is not None and not entries["none"]["fits_gpu_memory"]:
+        report["memory_warning"] = (
+            f"the model's training state alone, {train_state / GB:.4g} GB per GPU, exceeds "
+            f"{gpu_memory_gb:g} GB: shard it over more GPUs (--tp, --pp, --nodes)")
+    return report
 
 
 def _gb(value: float) -> str:
@@ -144,28 +162,45 @@ def render_text(report: dict[str, Any]) -> str:
              f"{' (' + links['source'] + ')' if links.get('source') else ''}, "
              f"{links['intra_node_gbps']:.4g} Gbit/s per GPU inside a node; engine "
              f"{report['engine']}",
-             f"compute: {report['compute_s']:.4g} s per step ({report['compute_source']}); "
-             f"{report['tokens_per_step']} tokens per step over the cluster",
+             f"compute: {report['compute_s']:.4g} s per step of {report['grad_accum']} "
+             f"micro-batch(es) ({report['compute_source']}); {report['tokens_per_step']} tokens "
+             f"per step over the cluster; exact collectives: weights {report['weight_bytes']} B, "
+             f"gradients {report['grad_bytes']} B per value",
              ""]
-    w = max(len(name) for name in presets) + 2
+    memory = report["gpu_memory_gb"] is not None
+    w = max(len(name) for name in presets) + 3
     head = (f"{'preset':<{w}}{'step s':>9}{'speedup':>9}{'comm s':>9}{'exposed s':>11}"
-            f"{'codec s':>9}{'overlap-limit s':>17}{'state GB/GPU':>14}{'link GB/node':>14}"
-            f"{'meter GB/node':>15}")
+            f"{'codec s':>9}{'overlap-limit s':>17}{'state GB/GPU':>14}"
+            + (f"{'memory GB/GPU':>15}" if memory else "")
+            + f"{'link GB/node':>14}{'meter GB/node':>15}")
     lines.append(head)
     for name, p in presets.items():
-        mark = "" if p["loss_keeping"] else "*"
+        mark = ("" if p["loss_keeping"] else "*") + ("" if p.get("fits_gpu_memory", True)
+                                                     else "!")
+        mem = f"{_gb(p['memory_bytes_per_gpu']):>15}" if memory else ""
         lines.append(f"{name + mark:<{w}}{p['step_s']:>9.4g}{p['speedup']:>8.3f}x"
                      f"{p['wire_s']:>9.4g}{p['exposed_s']:>11.4g}{p['codec_s']:>9.4g}"
-                     f"{p['full_overlap_s']:>17.4g}{_gb(p['state_bytes_per_gpu']):>14}"
+                     f"{p['full_overlap_s']:>17.4g}{_gb(p['state_bytes_per_gpu']):>14}{mem}"
                      f"{_gb(p['link_bytes_per_node']):>14}{_gb(p['meter_bytes_per_node']):>15}")
     if not all(p["loss_keeping"] for p in presets.values()):
         lines.append("* not among the loss-keeping presets (never recommended)")
+    if memory:
+        lines.append(f"memory: compressor state + the model's sharded training state, "
+                     f"{_gb(report['train_state_bytes_per_gpu'])} GB per GPU (18 B per "
+                     f"parameter: bf16 + fp32 master + 2 fp32 Adam moments + fp32 gradient; "
+                     f"activations not counted)" +
+                     (f"; ! over --gpu-memory-gb {report['gpu_memory_gb']:g} (never "
+                      f"recommended)" if not all(p["fits_gpu_memory"] for p in presets.values())
+                      else f", all within {report['gpu_memory_gb']:g} GB"))
+    if "memory_warning" in report:
+        lines.append(f"warning: {report['memory_warning']}")
     for name, why in report["unavailable"].items():
         lines.append(f"{name}: cannot run on this layout: {why}")
     lines += ["", "inter-node GB per node per step, per collective (algorithm on the link; "
                   "under 0.1% of a preset's bytes, e.g. the exact norms: --json only):"]
     for name, p in presets.items():
-        parts = [f"{c['name']} {_gb(c['link_bytes_per_node'])} ({c['algorithm']})"
+        parts = [f"{c['name']} {_gb(c['link_bytes_per_node'])} ({c['algorithm']}"
+                 f"{', x' + str(c['times_per_step']) if c['times_per_step'] > 1 else ''})"
                  for c in p["collectives"]
                  if c["link_bytes_per_node"] > 1e-3 * p["link_bytes_per_node"]]
         lines.append(f"  {name:<{w}}{', '.join(parts) or 'nothing crosses the node links'}")

@@ -12,16 +12,34 @@ rates (``cost/codec_rates.py``), compute, and what the engine overlaps.
   (the last decoder layer in forward order: backward starts there; the root, which FSDP2
   does not re-gather, reduces last).
 - **Codec**: never hidden (it runs on the same GPU as the compute).
-- **Overlap** (``engine``): ``"fsdp2"``: prefetching hides the weight all-gathers behind
-  compute, up to the compute time: exposed = max(0, all-gathers - compute) + the rest. FSDP2
-  also runs unit i's reduce-scatter while backward computes unit i - 1; that is not
-  modelled: the same backward compute already hides the backward all-gathers, which share
-  the node's link with the reduce-scatters, so crediting both would count one compute twice
-  (exposed is an upper bound). ``"megatron"``: Megatron-style data parallelism is taken as
-  exposing everything (its gradient all-reduce / reduce-scatter after backward, its
-  parameter all-gather before forward), and its distributed optimizer gathers the
-  parameters once per step: no unit is gathered again in backward. Step = compute + exposed + codec; the full-overlap
-  limit = max(compute, wire) + codec.
+- **Engine** (:class:`Engine`, ``engine=``): what hides behind compute and how often each
+  collective runs in an optimizer step of ``grad_accum`` micro-batches (compute: all of them).
+
+  ``"fsdp2"`` (FSDP2 under the HF Trainer / Accelerate): prefetching hides the weight
+  all-gathers behind compute, up to the compute time: exposed = max(0, all-gathers -
+  compute) + the rest. Every micro-batch gathers each layer in forward and again in backward;
+  the gradients are reduced once per step: the Trainer and ``Accelerator.accumulate`` run the
+  accumulation micro-batches under ``Accelerator.no_sync``, which for FSDP2 calls
+  ``set_requires_gradient_sync(False)`` (FSDP2 then skips ``foreach_reduce``, hfcompress's
+  reduce-scatter included, and keeps the unsharded gradient). FSDP2 also runs unit i's
+  reduce-scatter while backward computes unit i - 1; that is not modelled: the same backward
+  compute already hides the backward all-gathers, which share the node's link with the
+  reduce-scatters, so crediting both would count one compute twice (exposed is an upper
+  bound). Each micro-batch hides its own gathers behind its own compute: grad_accum x
+  max(0, G - c) = max(0, grad_accum G - grad_accum c), the same rule on the step's totals.
+
+  ``"zero3"``: DeepSpeed ZeRO-3, and FSDP2 reducing every micro-batch (accelerate's
+  ``sync_each_batch=True``, a loop without ``set_requires_gradient_sync``): as ``"fsdp2"``,
+  with the gradients reduced every micro-batch.
+
+  ``"megatron"``: Megatron-style data parallelism exposes everything (its gradient
+  all-reduce / reduce-scatter after the last micro-batch's backward, its parameter
+  all-gather before forward) and its distributed optimizer gathers the parameters once per
+  step: no unit is gathered again in backward nor per micro-batch.
+
+  Step = compute + exposed + codec; the full-overlap limit = max(compute, wire) + codec.
+- **Grouping**: units of equal shape have equal collectives: each shape is priced once and
+  its sums multiplied by its count (the same numbers as a loop over the units, to rounding).
 """
 
 from __future__ import annotations
@@ -42,14 +60,54 @@ from .collectives import (ROLES, Collective, Senders, Work, ddp_collectives,
 from .link_bytes import phase_bytes
 from .links import ClusterLinks
 
-ENGINES = ("fsdp2", "megatron")
+
+@dataclass(frozen=True)
+class Engine:
+    """What a training engine does with a step's collectives (module docstring)."""
+
+    name: str
+    hides_gathers: bool               # prefetch overlaps the weight all-gathers with compute
+    backward_gather: bool             # each layer gathered again in backward (ZeRO-3, FSDP2)
+    gathers_per_micro_batch: bool     # every accumulation micro-batch gathers the weights
+    reduces_per_micro_batch: bool     # every accumulation micro-batch reduces its gradients
+
+    def times_per_step(self, part: str, grad_accum: int) -> int:
+        """How often a collective of ``part`` (``Collective.part``) runs per optimizer step."""
+        every = self.gathers_per_micro_batch if part == "weights" else \
+            self.reduces_per_micro_batch
+        return grad_accum if every else 1
+
+
+ENGINE_SPECS = {
+    "fsdp2": Engine("fsdp2", hides_gathers=True, backward_gather=True,
+                    gathers_per_micro_batch=True, reduces_per_micro_batch=False),
+    "zero3": Engine("zero3", hides_gathers=True, backward_gather=True,
+                    gathers_per_micro_batch=True, reduces_per_micro_batch=True),
+    "megatron": Engine("megatron", hides_gathers=False, backward_gather=False,
+                       gathers_per_micro_batch=False, reduces_per_micro_batch=False),
+}
+ENGINES = tuple(ENGINE_SPECS)
+#: bytes per value of an exact collective's dtype (``hfcompress plan --gather-dtype`` /
+#: ``--reduce-dtype``; ``weight_bytes`` / ``grad_bytes``)
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def engine_spec(engine: str | Engine) -> Engine:
+    """The :class:`Engine` of a name of :data:`ENGINES` (an Engine passes through)."""
+    if isinstance(engine, Engine):
+        return engine
+    if engine not in ENGINE_SPECS:
+        raise ValueError(f"engine={engine!r}: choose one of {', '.join(ENGINES)}")
+    return ENGINE_SPECS[engine]
 
 
 @dataclass
 class CollectiveCost:
-    """One collective of every unit, per training step."""
+    """One collective of every unit, per optimizer step (``times_per_step`` calls each)."""
 
     name: str                 # weights_fwd | weights_bwd | grads | exact_* | all_reduce
+    part: str                 # weights | grads | all_reduce (``Collective.part``)
+    times_per_step: int       # grad_accum when the engine runs it every micro-batch, else 1
     algorithm: str            # "ring" | "direct" (all-to-all) | "2-hop" | "ring+..."
     link_bytes_per_node: float   # inter-node bytes one node sends (all k groups of the node)
     meter_bytes_per_node: float  # what hfcompress's WireMeter counts for the same
@@ -61,6 +119,8 @@ class CollectiveCost:
 
 @dataclass
 class StepCost:
+    """One optimizer step (all its micro-batches)."""
+
     preset: str
     collectives: list[CollectiveCost]
     compute_s: float
@@ -76,7 +136,7 @@ class _Pricer:
     """Seconds and bytes of collectives on one layout's links (cached per unit shape)."""
 
     def __init__(self, config: CompressionConfig, layout: ClusterLayout, links: ClusterLinks,
-                 codec_rates: dict[str, float] | None) -> None:
+                 codec_rates: dict[str, float | tuple[float, float]] | None) -> None:
         self.x, self.y, self.k = layout.dp_per_node, layout.dp_nodes, layout.groups_per_node
         self.links = links
         loco = config.loco_hops(self.x) if config.loco is not None else ()
@@ -88,7 +148,10 @@ class _Pricer:
                 continue
             key = rate_key(scheme, role in loco)
             rate = given.get(key, given.get(scheme.name))
-            self.rates[role] = (rate, rate, rate) if rate else default_rates(key)
+            if isinstance(rate, tuple):     # measured (compress, decompress): hfcompress probe
+                self.rates[role] = (rate[0], rate[1], rate[1])
+            else:
+                self.rates[role] = (rate, rate, rate) if rate else default_rates(key)
 
     def phase(self, p: Phase) -> tuple[float, float, float, float, str]:
         """(link bytes of the node, meter bytes of the node, intra bytes per GPU, seconds,
@@ -123,65 +186,83 @@ class _Pricer:
         return out
 
 
-def _collectives(senders: Senders, units: list[Unit], nodes: int, weight_bytes: int,
-                 grad_bytes: int) -> list[tuple[bool, list[Collective]]]:
-    """Per unit (DDP: one list for the whole model), whether backward re-gathers it (a
-    layer, not the root) and its collectives."""
-    if senders.ddp:
-        w = senders.world
-        return [(False, ddp_collectives(senders, w * sum(u.numel for u in units),
-                                        w * sum(u.exact_numel for u in units), nodes,
-                                        grad_bytes))]
-    cache: dict[Unit, list[Collective]] = {}
-    out = []
+def _unit_groups(units: list[Unit]) -> tuple[dict[Unit, int], Unit | None]:
+    """The units' shapes (name dropped) with their counts, in forward order of first
+    appearance, and the shape backward reduces first: the last unit it gathers again (the
+    last layer; the root, which FSDP2 does not re-gather, reduces last), else the first."""
+    counts: dict[Unit, int] = {}
+    first = None
     for u in units:
         key = Unit("", u.numel, u.exact_numel, u.backward_gather)
-        if key not in cache:
-            cache[key] = unit_collectives(senders, u, nodes, weight_bytes, grad_bytes)
-        out.append((u.backward_gather, cache[key]))
-    return out
+        counts[key] = counts.get(key, 0) + 1
+        if u.backward_gather or first is None:
+            first = key
+    return counts, first
+
+
+def _collectives(senders: Senders, units: list[Unit], nodes: int, weight_bytes: int,
+                 grad_bytes: int) -> list[tuple[int, bool, list[Collective]]]:
+    """Per unit shape (DDP: one list for the whole model): its count, whether backward
+    reduces it first (:func:`_unit_groups`) and its collectives."""
+    if senders.ddp:
+        w = senders.world
+        return [(1, False, ddp_collectives(senders, w * sum(u.numel for u in units),
+                                           w * sum(u.exact_numel for u in units), nodes,
+                                           grad_bytes))]
+    counts, first = _unit_groups(units)
+    return [(count, key == first, unit_collectives(senders, key, nodes, weight_bytes,
+                                                   grad_bytes))
+            for key, count in counts.items()]
 
 
 def price_step(config: CompressionConfig | str, units: list[Unit], layout: ClusterLayout,
-               links: ClusterLinks, *, compute_s: float, engine: str = "fsdp2",
-               codec_rates: dict[str, float] | None = None, weight_bytes: int = 2,
-               grad_bytes: int = 4) -> StepCost:
-    """One training step of ``units`` (values per DP rank, forward order) under ``config``
-    (a preset name or a :class:`CompressionConfig`; DDP presets: the all-reduce of every
-    gradient) on ``layout`` / ``links`` (module docstring). ``codec_rates``: values/s per
-    rate key (``cost/codec_rates.rate_key``) or scheme name, for compress and decompress
-    alike; None: the H200's measured rates."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r}: choose one of {', '.join(ENGINES)}")
+               links: ClusterLinks, *, compute_s: float, engine: str | Engine = "fsdp2",
+               grad_accum: int = 1,
+               codec_rates: dict[str, float | tuple[float, float]] | None = None,
+               weight_bytes: int = 2, grad_bytes: int = 4) -> StepCost:
+    """One optimizer step of ``grad_accum`` micro-batches of ``units`` (values per DP rank,
+    forward order) under ``config`` (a preset name or a :class:`CompressionConfig`; DDP
+    presets: the all-reduce of every gradient) on ``layout`` / ``links``, with
+    ``compute_s`` seconds of compute for the whole step (module docstring).
+    ``weight_bytes`` / ``grad_bytes``: bytes per value of the exact all-gathers and
+    reductions (bf16 / fp16: 2, fp32: 4). ``codec_rates``: values/s per rate key
+    (``cost/codec_rates.rate_key``) or scheme name, for compress and decompress alike or
+    a measured (compress, decompress) pair (``hfcompress probe``'s); a scheme without
+    one: the H200's measured rates."""
+    spec = engine_spec(engine)
+    if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
+        raise ValueError(f"grad_accum={grad_accum!r} must be an int >= 1 (micro-batches per "
+                         f"optimizer step)")
     config = get_config(config)
-    if engine == "megatron":     # parameters gathered once per step (module docstring)
+    if not spec.backward_gather:     # parameters gathered once per step (module docstring)
         units = [dataclasses.replace(u, backward_gather=False) for u in units]
-    x, y = layout.dp_per_node, layout.dp_nodes
-    senders = Senders.of(config, layout.dp, x)
+    senders = Senders.of(config, layout.dp, layout.dp_per_node)
     pricer = _Pricer(config, layout, links, codec_rates)
     rows: dict[str, dict] = {}
     first_hops: tuple[float, float] | None = None     # of the unit backward reduces first
-    priced: dict[int, list[tuple[Collective, dict]]] = {}
-    for layer, colls in _collectives(senders, units, y, weight_bytes, grad_bytes):
-        if id(colls) not in priced:
-            priced[id(colls)] = [(c, pricer.collective(c)) for c in colls]
-        for c, p in priced[id(colls)]:
+    for count, first, colls in _collectives(senders, units, layout.dp_nodes, weight_bytes,
+                                            grad_bytes):
+        for c in colls:
+            p = pricer.collective(c)
             row = rows.setdefault(c.name, {"algorithm": p["algorithm"], "link": 0.0,
                                            "meter": 0.0, "intra": 0.0, "hop1": 0.0,
                                            "hop2": 0.0, "codec": 0.0, "part": c.part,
                                            "two_hop": c.two_hop})
             for key in ("link", "meter", "intra", "hop1", "hop2", "codec"):
-                row[key] += p[key]
-            if c.two_hop and (layer or first_hops is None):
-                first_hops = (p["hop1"], p["hop2"])    # the last layer's: reduced first
+                row[key] += count * p[key]
+            if c.two_hop and (first or first_hops is None):
+                first_hops = (p["hop1"], p["hop2"])
     out = []
     for name, r in rows.items():
         if r["two_hop"]:   # pipelined: the slower hop, plus the first unit's faster one
             wire = max(r["hop1"], r["hop2"]) + min(first_hops)
         else:
             wire = r["hop1"] + r["hop2"]
-        out.append(CollectiveCost(name, r["algorithm"], r["link"], r["meter"], r["intra"], wire,
-                                  r["codec"], engine == "fsdp2" and r["part"] == "weights"))
+        times = spec.times_per_step(r["part"], grad_accum)
+        out.append(CollectiveCost(name, r["part"], times, r["algorithm"], times * r["link"],
+                                  times * r["meter"], times * r["intra"], times * wire,
+                                  times * r["codec"],
+                                  spec.hides_gathers and r["part"] == "weights"))
     return _step(config, out, compute_s, units, layout, weight_bytes)
 
 
@@ -199,14 +280,16 @@ def _step(config: CompressionConfig, colls: list[CollectiveCost], compute_s: flo
 
 
 def compute_from_baseline(step_s: float, units: list[Unit], layout: ClusterLayout,
-                          links: ClusterLinks, *, engine: str = "fsdp2", weight_bytes: int = 2,
+                          links: ClusterLinks, *, engine: str | Engine = "fsdp2",
+                          grad_accum: int = 1, weight_bytes: int = 2,
                           grad_bytes: int = 4) -> float:
-    """Compute seconds of a step whose exact baseline (``none``) measured ``step_s``: the
-    step minus ``none``'s exposed communication, >= 0. Under ``"fsdp2"`` the all-gathers
-    hide behind that compute, so it is ``step_s`` minus the rest; when the result is below
-    the all-gathers' time the modelled links are slower than the measurement allows
-    (``price_step`` will then predict more than ``step_s``: fit the bandwidth instead)."""
+    """Compute seconds of an optimizer step whose exact baseline (``none``) measured
+    ``step_s`` (all ``grad_accum`` micro-batches): the step minus ``none``'s exposed
+    communication, >= 0. Where the engine hides the all-gathers they hide behind that
+    compute, so it is ``step_s`` minus the rest; when the result is below the all-gathers'
+    time the modelled links are slower than the measurement allows (``price_step`` will then
+    predict more than ``step_s``: fit the bandwidth instead)."""
     none = price_step("none", units, layout, links, compute_s=0.0, engine=engine,
-                      weight_bytes=weight_bytes, grad_bytes=grad_bytes)
+                      grad_accum=grad_accum, weight_bytes=weight_bytes, grad_bytes=grad_bytes)
     rest = sum(c.wire_s for c in none.collectives if not c.overlappable)
     return max(0.0, step_s - rest)
