@@ -26,7 +26,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 #: Order only: a file missing here runs after them, in collection order.
 LONGEST_FIRST = (
     "test_real_model.py", "test_fsdp_training.py", "test_transients.py",
-    "test_trainer_dist.py", "test_fsdp_tp.py", "test_faults_trainer.py",
+    "test_trainer_dist.py", "test_fsdp_tp.py", "test_trainer_tp.py", "test_loco.py",
+    "test_faults_trainer.py",
     "test_eval_end_to_end.py", "test_group_quant.py",
     "test_compress_rows.py", "test_fsdp_hotpath.py", "test_examples.py", "test_lm_eval_cli.py",
     "test_ddp_hook.py", "test_ddp_async.py", "test_gpu_check.py", "test_gpu_registers.py",

@@ -1,5 +1,7 @@
-"""trainer_examples argument handling: default output folders per model / preset / engine,
-and mistakes caught before any work (one message on rank 0, nothing written)."""
+"""trainer_examples argument handling: default output folders per model / preset / engine /
+mesh, the mesh flags as Accelerate's ``ParallelismConfig`` / transformers'
+``DistributedConfig``, and mistakes caught before any work (one message on rank 0, nothing
+written)."""
 
 import os
 import subprocess
@@ -12,6 +14,7 @@ from test_examples import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "trainer_examples"))
 import clm  # noqa: E402
+import mesh_args  # noqa: E402
 from finetune_llama import ModelArguments  # noqa: E402
 
 
@@ -27,6 +30,10 @@ def parse(*argv: str, name: str = "llama"):
     (1, False, ["--comm_compressor", "sdp4bit"], "runs/llama-sdp4bit-1proc"),
     (2, False, [], "runs/llama-plain-ddp"),
     (2, False, ["--fsdp", "full_shard", "--comm_compressor", "qwd"], "runs/llama-qwd"),
+    (4, False, ["--dp_replicate_size", "2", "--comm_compressor", "sdp4bit"],
+     "runs/llama-sdp4bit-hsdp2"),
+    (4, False, ["--tp_size=2", "--comm_compressor", "none"], "runs/llama-none-tp2"),
+    (4, False, ["--dp_shard_size", "4"], "runs/llama-plain"),     # FSDP2 over the 4
 ])
 def test_default_output_dir_tells_runs_apart(monkeypatch, world, fsdp, argv, expected):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true" if fsdp else "false")   # a FSDP config
@@ -85,3 +92,63 @@ def test_launched_mistake_one_message_no_files(tmp_path, args, message):
     assert log.count(message) == 1, log[-3000:]
     assert log.count(": error:") == 1, log[-3000:]
     assert os.listdir(tmp_path) == []
+
+
+def parse_on(world: int, monkeypatch, *argv: str):
+    """:func:`parse` as if ``world`` processes were launched (this process stays alone)."""
+    monkeypatch.setattr(clm, "launched_world_size", lambda: world)
+    return parse(*argv)
+
+
+def test_mesh_flags_become_parallelism_config(monkeypatch):
+    """HSDP: Accelerate's ParallelismConfig with FSDP2 turned on; TP: the same sizes as the
+    DistributedConfig the model is loaded with (transformers shards it, no --fsdp);
+    --dp_shard_size alone: FSDP2 over the world; no flags: no mesh."""
+    _, _, targs = parse_on(4, monkeypatch, "--dp_replicate_size", "2", "--dp_shard_size", "2",
+                           "--comm_compressor", "sdp4bit", "--ranks_per_node", "2")
+    pc = targs.parallelism_config
+    assert (pc.dp_replicate_size, pc.dp_shard_size, pc.tp_size) == (2, 2, 1)
+    assert targs.fsdp and targs.fsdp_config["version"] == 2
+    assert mesh_args.distributed_config(pc) is None
+    assert mesh_args.mesh_shape(pc) == {"dp_replicate": 2, "dp_shard": 2}
+    _, _, targs = parse_on(4, monkeypatch, "--dp_replicate_size", "2")   # shards: the rest
+    assert targs.parallelism_config.dp_shard_size == 2
+    margs, _, targs = parse_on(4, monkeypatch, "--tp_size", "2", "--model_name_or_path",
+                               "org/tiny-llama", "--comm_compressor", "sdp4bit")
+    pc = targs.parallelism_config
+    assert (pc.dp_replicate_size, pc.dp_shard_size, pc.tp_size) == (1, 2, 2)
+    assert not targs.fsdp
+    dc = mesh_args.distributed_config(pc)
+    assert (dc.tp_size, dc.fsdp_size, dc.dp_replicate_size) == (2, 2, 1)
+    assert mesh_args.mesh_shape(pc) == {"dp_shard": 2, "tp": 2}
+    _, _, targs = parse_on(4, monkeypatch, "--dp_shard_size", "4")
+    assert targs.parallelism_config is None and targs.fsdp
+    _, _, targs = parse_on(4, monkeypatch)
+    assert targs.parallelism_config is None and not targs.fsdp
+
+
+@pytest.mark.parametrize("world, argv, message", [
+    (4, ["--dp_replicate_size", "3"], r"3 x 1 x 1 = 3, but 4 process\(es\) were launched"),
+    (1, ["--dp_replicate_size", "2", "--dp_shard_size", "2"], r"but 1 process\(es\)"),
+    (8, ["--dp_replicate_size", "2", "--tp_size", "2", "--model_name_or_path", "org/m"],
+     r"HSDP beside TP\) is not supported"),
+    (4, ["--tp_size", "2"], r"--tp_size needs --model_name_or_path"),
+    (4, ["--tp_size", "2", "--model_name_or_path", "smollm2-135m"], r"not a \.gguf file"),
+    (4, ["--tp_size", "2", "--model_name_or_path", "org/m", "--fsdp"], r"drop --fsdp"),
+    (4, ["--dp_replicate_size", "4"], r"leaves dp_shard_size 1.*replicas alone are DDP"),
+    (4, ["--tp_size", "4", "--model_name_or_path", "org/m"], r"TP alone has no data-parallel"),
+    (4, ["--tp_size", "0"], r"must be >= 1"),
+])
+def test_mesh_mistakes_raise_one_clear_error(monkeypatch, world, argv, message):
+    with pytest.raises(clm.ArgumentError, match=message):
+        parse_on(world, monkeypatch, *argv)
+
+
+def test_tp_size_must_divide_the_heads():
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(num_attention_heads=4, num_key_value_heads=1)
+    mesh_args.check_tp_heads(config, 1)
+    with pytest.raises(ValueError, match=r"--tp_size 2 does not divide the model's "
+                       r"num_key_value_heads = 1 \(each TP rank holds whole heads\)"):
+        mesh_args.check_tp_heads(config, 2)

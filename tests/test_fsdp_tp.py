@@ -9,8 +9,15 @@ One spawned job (``tp_workers.worker``) runs every check.
 - hfcompress's collectives run on the DP groups only, never on a TP group;
 - the meter's bytes per step equal the collectives' declarations on the DP group's layout
   (x = 1, y = 2), per collective, and ``test_traffic``'s cases on that topology too;
-- HSDP over a sub-mesh, native HSDP, ``auto`` over a sub-mesh, a DP group with more ranks on
-  one node than another, and different models per rank (pipeline stages) are refused clearly.
+- ``handle.node_traffic()`` sums them per node (both DP groups share a node's link) and per
+  DP group: the declarations of the node's / group's ranks, for the last step and the run;
+- the DP group's topology builds no subgroup of one rank (x = 1: no intra-node groups; one
+  node: no inter-node groups);
+- refused clearly, naming the way out: HSDP through ``apply``'s ('replicate', 'shard') mesh
+  over a sub-mesh (native HSDP instead), ``auto`` over a sub-mesh, a DP group with more ranks
+  on one node than another, and different models per rank (pipeline stages). Native HSDP
+  (``fully_shard`` over ``mesh["dp_replicate", "dp_shard"]``, also beside TP) is compressed:
+  ``tests/test_trainer_tp.py``.
 """
 
 import pytest
@@ -87,6 +94,49 @@ def test_meter_equals_declared_traffic(runs, preset):
                 assert step["intra_bytes"] == step["uncompressed_intra_bytes"] == 0
 
 
+@pytest.mark.parametrize("preset", ["none", "sdp4bit", "zeropp"])
+def test_node_traffic_sums_the_dp_groups_of_a_node(runs, preset):
+    """Per node (ranks 2n, 2n + 1: one rank of each DP group) and per DP group, the report
+    (the same on every rank) holds the sum of its ranks' declared bytes of a steady step,
+    and over the run the sum of its ranks' metered steps."""
+    report = runs[0]["train"][preset]["node_traffic"]
+    assert all(r["train"][preset]["node_traffic"] == report for r in runs)
+    declared = [[sum(d[i] for d in r["train"][preset]["declared"].values()) for i in (0, 1)]
+                for r in runs]                                  # (intra, inter) per rank
+    metered = [[sum(s[k] for s in r["train"][preset]["meter"]) for k in ("intra_bytes",
+                                                                         "inter_bytes")]
+               for r in runs]
+    members = {("nodes", n): [2 * n, 2 * n + 1] for n in (0, 1)}
+    members.update({("groups", g): list(g) for g in DP_GROUPS})
+    assert set(report["nodes"]) == {0, 1} and set(report["groups"]) == DP_GROUPS
+    for (kind, key), ranks in members.items():
+        entry = report[kind][key]
+        assert entry["ranks"] == ranks, (kind, key, entry)
+        for when, per_rank in (("last_step", declared), ("total", metered)):
+            got = entry[when]["intra_bytes"], entry[when]["inter_bytes"]
+            assert got == tuple(sum(per_rank[r][i] for r in ranks) for i in (0, 1)), \
+                (preset, kind, key, when, got)
+        assert entry["last_step"]["inter_bytes"] > 0 == entry["last_step"]["intra_bytes"]
+        if preset == "none":
+            assert entry["total"]["inter_bytes"] == entry["total"]["uncompressed_inter_bytes"]
+    # the node's link carries both groups: per node = the two groups' sum / 2 nodes each
+    for when in ("last_step", "total"):
+        nodes = [report["nodes"][n][when]["inter_bytes"] for n in (0, 1)]
+        groups = [report["groups"][g][when]["inter_bytes"] for g in DP_GROUPS]
+        assert sum(nodes) == sum(groups)
+
+
+def test_no_subgroup_of_one_rank(runs):
+    """The DP groups {0, 2}, {1, 3}: with 2 ranks per node (x = 1, y = 2) only their
+    inter-node groups are built (the groups themselves), with 4 (x = 2, y = 1) only their
+    intra-node groups; the other kind is None (each would hold one rank). Before: 6 groups."""
+    for r in runs:
+        for per_node, none in ((2, (True, False)), (4, (False, True))):
+            made, *absent = r["subgroups"][per_node]
+            assert made == [(0, 2), (1, 3)], (per_node, made)
+            assert tuple(absent) == none, per_node
+
+
 def test_collectives_declare_what_they_send_on_the_dp_group(runs):
     for cases in zip(*(r["traffic"] for r in runs)):
         label, declared = cases[0][0], cases[0][1]
@@ -99,23 +149,25 @@ def test_collectives_declare_what_they_send_on_the_dp_group(runs):
 
 
 def test_refusals_name_the_way_out(runs):
+    """Native HSDP (also beside TP) and the Trainer's sub-meshes are supported now
+    (``tests/test_trainer_tp.py``); ``apply``'s ('replicate', 'shard') mode over a sub-mesh
+    names native HSDP as the way."""
     for r in runs:
         msg = r["refusals"]
-        assert "native HSDP" in msg["native_hsdp"] and "HSDP x TP" in msg["native_hsdp"]
         assert "sub-mesh" in msg["auto"] and "preset" in msg["auto"]
-        assert "2 of the 4 ranks" in msg["trainer"] and "ParallelismConfig" in msg["trainer"]
-        assert "HSDP over a sub-mesh" in msg["hsdp_tp"]
+        assert "HSDP over a sub-mesh" in msg["hsdp_tp"] and "native" in msg["hsdp_tp"]
         assert "different number of ranks on each node" in msg["uneven"], msg["uneven"]
         assert "pipeline parallelism is not supported" in msg["pipeline"], msg["pipeline"]
 
 
 def test_report(runs):
-    """Bytes per step (``pytest -s`` prints them): per rank, and per node (its 2 ranks, one of
-    each DP group, share the node's link)."""
+    """Bytes per step (``pytest -s`` prints them): per rank, and per node from
+    ``handle.node_traffic()`` (its 2 ranks, one of each DP group, share the node's link)."""
     for preset in ("none", "sdp4bit", "zeropp"):
         steps = [r["train"][preset]["meter"][-1] for r in runs]
-        node = [sum(s["inter_bytes"] for s in steps[n * 2:n * 2 + 2]) for n in (0, 1)]
-        base = [sum(s["uncompressed_inter_bytes"] for s in steps[n * 2:n * 2 + 2]) for n in (0, 1)]
+        nodes = runs[0]["train"][preset]["node_traffic"]["nodes"]
+        node = [nodes[n]["last_step"]["inter_bytes"] for n in (0, 1)]
+        base = [nodes[n]["last_step"]["uncompressed_inter_bytes"] for n in (0, 1)]
         print(f"{preset:8s} inter-node bytes per step: per rank {[s['inter_bytes'] for s in steps]}"
               f", per node {node} (uncompressed {base}), "
               f"{runs[0]['train'][preset]['seconds']:.1f} s for {STEPS} steps")

@@ -135,6 +135,7 @@ def train(preset, steps: int, shard: bool = False) -> dict:
                            "groups_per_node": topo.groups_per_node}
         out["meter"] = h.meter.history
         out["declared"] = declared_step(model, h)
+        out["node_traffic"] = h.node_traffic()      # collective: every rank, same point
         h.remove()
     return out
 
@@ -165,52 +166,54 @@ def declared_step(model, h) -> dict[str, tuple[float, float]]:
     return {k: sent(v, x, y) for k, v in out.items() if v}
 
 
-def traffic_cases() -> list:
+def topology_counting_groups(per_node: int, group) -> tuple[Topology, list]:
+    """``Topology(per_node, group=group)`` and the ranks of every ``new_group`` it called."""
+    made, new_group = [], dist.new_group
+
+    def counted(ranks, **kwargs):
+        made.append(tuple(ranks))
+        return new_group(ranks, **kwargs)
+    dist.new_group = counted
+    try:
+        return Topology(per_node, group=group), made
+    finally:
+        dist.new_group = new_group
+
+
+def traffic_cases() -> tuple[list, dict]:
     """``test_traffic``'s collectives on the DP group's topology: (label, declared, recorded),
     with 2 nodes of 2 (the DP group: x = 1 on y = 2 nodes) and with one node of 4 (x = 2,
-    y = 1: the intra-node hop and node-sharded references inside a sub-group)."""
+    y = 1: the intra-node hop and node-sharded references inside a sub-group); and per
+    layout the subgroups the topology built, and whether its intra / inter group is None."""
     from test_traffic import _cases, _measure
     mesh = mesh_2d()
-    out = []
+    out, subgroups = [], {}
     for per_node in (RANKS_PER_NODE, 4):
-        topo = Topology(per_node, group=mesh["dp"].get_group())
+        topo, made = topology_counting_groups(per_node, mesh["dp"].get_group())
+        subgroups[per_node] = (made, topo.intra_group is None, topo.inter_group is None)
         x, w = topo.ranks_per_node, topo.world_size
         for label, phases, call in _cases(topo.rank, w, x, topo):
             meter = WireMeter()
             out.append((f"{label} x={x} y={w // x}", sent(phases, x, w // x),
                         _measure(meter, lambda: call(meter))))
         dist.barrier()
-    return out
+    return out, subgroups
 
 
 def refusals() -> dict:
     """What is refused, with which message (every rank raises the same)."""
-    mesh3 = init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
     out = {}
     uneven = dist.new_group([0, 1, 3])        # 2 ranks on node 0, 1 on node 1
     try:
         Topology(RANKS_PER_NODE, group=uneven if dist.get_rank() != 2 else None)
     except ValueError as err:
         out["uneven"] = str(err)
-    model = tiny_llama()
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh3["dp_replicate", "dp_shard"])
-    fully_shard(model, mesh=mesh3["dp_replicate", "dp_shard"])
-    try:
-        hfcompress.apply(model, "sdp4bit", ranks_per_node=RANKS_PER_NODE)
-    except ValueError as err:
-        out["native_hsdp"] = str(err)
     mesh = mesh_2d()
     model = tp_model(mesh)
     try:
         hfcompress.apply(model, "auto", ranks_per_node=RANKS_PER_NODE)
     except ValueError as err:
         out["auto"] = str(err)
-    from hfcompress.trainer.install import check_whole_world
-    try:                      # the Trainer path (ParallelismConfig): not yet, said so
-        check_whole_world(model, dist.get_world_size())
-    except ValueError as err:
-        out["trainer"] = str(err)
     hsdp = init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("replicate", "shard", "tp"))
     try:
         hfcompress.apply(tiny_llama(), "global_qsgd", ranks_per_node=RANKS_PER_NODE, shard=True,
@@ -256,7 +259,7 @@ def worker(rank: int, world: int, steps: int) -> dict:
     setup()
     out = {"train": {p: train(p, steps) for p in (None, "none", "sdp4bit")}}
     out["train"]["zeropp"] = train("zeropp", steps, shard=True)   # hpZ: x = 1, no secondary
-    out["traffic"] = traffic_cases()
+    out["traffic"], out["subgroups"] = traffic_cases()
     out["ddp"] = ddp_subgroup()
     # last: after new_group([0, 1, 3]) (the uneven layout), a later use_local_synchronization
     # new_group of ranks 0 and 2 (DDP's hook group) hangs on gloo (torch, not hfcompress)

@@ -29,6 +29,8 @@ from hfcompress.comm.topology import resolve_ranks_per_node
 from hfcompress.data import lm_datasets, text_datasets, train_tokenizer
 from hfcompress.models import ModelLoadError, check_model, load_causal_lm, load_tokenizer
 from hfcompress.trainer import warn_single_process
+from mesh_args import (FSDP2_FLAGS, MeshArguments, check_tp_heads, distributed_config,
+                       parallelism_config, wants_fsdp2)
 from run_summary import LossClock, describe, describe_model, report, summarize
 
 
@@ -109,11 +111,16 @@ def flag_value(argv: list[str], flag: str) -> str | None:
 
 
 def default_output_dir(name: str, argv: list[str], world: int) -> str:
-    """``runs/<model>-<preset>``, ``-ddp`` for DDP, ``-1proc`` for one process: e.g.
-    ``runs/llama-sdp4bit`` (FSDP2), ``runs/llama-tlq_hs-ddp``, ``runs/llama-none``;
-    ``plain`` when no ``--comm_compressor`` is given (the plain Trainer)."""
+    """``runs/<model>-<preset>``, ``-ddp`` for DDP, ``-hsdp<R>`` / ``-tp<T>`` on a mesh,
+    ``-1proc`` for one process: e.g. ``runs/llama-sdp4bit`` (FSDP2), ``runs/llama-tlq_hs-ddp``,
+    ``runs/llama-sdp4bit-hsdp2``, ``runs/llama-none``; ``plain`` when no
+    ``--comm_compressor`` is given (the plain Trainer)."""
     preset = flag_value(argv, "--comm_compressor") or "plain"
-    engine = "-1proc" if world < 2 else "" if fsdp_requested(argv) else "-ddp"
+    mesh = "".join(f"-{short}{v}" for flag, short in (("--dp_replicate_size", "hsdp"),
+                                                       ("--tp_size", "tp"))
+                   if (v := flag_value(argv, flag)) not in (None, "1"))
+    fsdp = fsdp_requested(argv) or flag_value(argv, "--dp_shard_size") not in (None, "0", "1")
+    engine = "-1proc" if world < 2 else mesh or ("" if fsdp else "-ddp")
     return os.path.join("runs", f"{name}-{preset}{engine}")
 
 
@@ -137,8 +144,10 @@ def parse_args(model_args: type, defaults: dict[str, str], argv: list[str] | Non
     """``(model, data, training)`` arguments: ``defaults`` (flag -> value) under the command
     line. ``--num_train_epochs`` drops the default ``--max_steps``; ``--model_name_or_path``
     lowers the default learning rate to a fine-tuning one and names the default output
-    directory after the model. Raises :class:`ArgumentError` for a mistake, before any work:
-    an unknown flag or preset, a node layout the world size does not divide."""
+    directory after the model. The mesh flags (``mesh_args.MeshArguments``) become
+    ``training.parallelism_config`` (HSDP turns FSDP2 on). Raises :class:`ArgumentError` for
+    a mistake, before any work: an unknown flag or preset, a node layout or mesh the world
+    size does not fit."""
     argv = args_file_flags(sys.argv[1:] if argv is None else argv)
     given = {a.split("=")[0] for a in argv if a.startswith("--")}
     if "--num_train_epochs" in given:
@@ -151,7 +160,7 @@ def parse_args(model_args: type, defaults: dict[str, str], argv: list[str] | Non
         defaults = {**defaults, "--data_cache_dir": os.path.join("runs", "data_cache"),
                     "--output_dir": default_output_dir(name, argv, launched_world_size())}
     base = [x for flag, value in defaults.items() if flag not in given for x in (flag, value)]
-    parser = _Parser((model_args, DataArguments, TrainingArguments))
+    parser = _Parser((model_args, DataArguments, TrainingArguments, MeshArguments))
     unknown = [a.split("=")[0] for a in argv if a.startswith("--")
                and a.split("=")[0] not in parser._option_string_actions]
     if unknown:
@@ -159,9 +168,15 @@ def parse_args(model_args: type, defaults: dict[str, str], argv: list[str] | Non
             a, parser._option_string_actions, n=1)) else a for a in unknown]
         raise ArgumentError(f"unknown flag(s): {', '.join(hints)}")
     try:
-        margs, dargs, targs = parser.parse_args_into_dataclasses(args=[*base, *argv])
-    except ValueError as e:    # an unknown preset or a bad value in __post_init__
+        margs, dargs, targs, mesh = parser.parse_args_into_dataclasses(args=[*base, *argv])
+        parallelism = parallelism_config(mesh, launched_world_size(), fsdp_requested(argv),
+                                         margs.model_name_or_path)
+        if wants_fsdp2(mesh) and not fsdp_requested(argv):
+            margs, dargs, targs, mesh = parser.parse_args_into_dataclasses(
+                args=[*base, *FSDP2_FLAGS, *argv])
+    except ValueError as e:    # an unknown preset, a bad value in __post_init__, the mesh
         raise ArgumentError(str(e)) from None
+    targs.parallelism_config = parallelism
     check_layout(targs, launched_world_size())
     if margs.model_name_or_path is not None:   # a short name, a .gguf file: checked now
         try:
@@ -266,12 +281,19 @@ def load_data(margs: ModelArguments, dargs: DataArguments, targs: TrainingArgume
     return tokenizer, lm
 
 
-def build_model(margs: ModelArguments, tokenizer, config_from_args: Callable):
+def build_model(margs: ModelArguments, tokenizer, config_from_args: Callable,
+                parallelism=None):
     """The pretrained model (``hfcompress.models.load_causal_lm``: hub id, folder, GGUF file
-    or short name), or ``config_from_args(margs, vocab_size)`` initialised randomly (the
-    same on every rank: the seed is set first)."""
+    or short name; with TP in ``parallelism``, sharded by transformers as it loads), or
+    ``config_from_args(margs, vocab_size)`` initialised randomly (the same on every rank: the
+    seed is set first)."""
     if margs.model_name_or_path is not None:
-        return load_causal_lm(margs.model_name_or_path, dtype=margs.dtype)
+        tp = distributed_config(parallelism)
+        if tp is None:
+            return load_causal_lm(margs.model_name_or_path, dtype=margs.dtype)
+        model = load_causal_lm(margs.model_name_or_path, dtype=margs.dtype, distributed_config=tp)
+        check_tp_heads(model.config, tp.tp_size)
+        return model
     config = config_from_args(margs, len(tokenizer))
     config.bos_token_id = config.eos_token_id = config.pad_token_id = tokenizer.eos_token_id
     return AutoModelForCausalLM.from_config(config)
@@ -324,7 +346,7 @@ def train(margs, dargs, targs, config_from_args: Callable) -> None:
         warn_single_process(targs.comm_compressor)
     set_seed(targs.seed)
     tokenizer, lm = load_data(margs, dargs, targs)
-    model = build_model(margs, tokenizer, config_from_args)
+    model = build_model(margs, tokenizer, config_from_args, targs.parallelism_config)
     described = describe_model(model)
     clock = LossClock()
     trainer = Trainer(model=model, args=targs, train_dataset=lm["train"],

@@ -2,7 +2,7 @@
 and the lines printed on the main process.
 
 ``summary.json`` holds what tells runs apart (model, preset, engine, world size, ranks per
-node), the losses (each logged training loss with its step and wall-clock second), whether
+node, the device mesh), the losses (each logged training loss with its step and wall-clock second), whether
 the run diverged (``diverged``, ``diverged_at_step``, ``nonfinite_steps``: see
 :func:`nonfinite`), the evaluation loss, time (training wall time, steps per second) and,
 with a ``comm_compressor``, the communication totals ``hfcompress.Trainer`` logged: bytes
@@ -16,9 +16,12 @@ from __future__ import annotations
 import math
 import time
 
+from torch.distributed.fsdp import FSDPModule
 from transformers import TrainerCallback
 
 import hfcompress
+from hfcompress.trainer.accelerate_cpu import sharded_by_transformers
+from mesh_args import mesh_shape
 
 
 class LossClock(TrainerCallback):
@@ -111,8 +114,10 @@ def summarize(log_history: list[dict], eval_metrics: dict, clock: LossClock | No
 
 
 def describe_model(model) -> dict:
-    """Class and parameter count, taken before the Trainer wraps or shards the model."""
-    return {"model": type(model).__name__,
+    """Class and parameter count, taken before the Trainer wraps or shards the model (the
+    class under FSDP2's ``FSDP<class>`` of a model transformers sharded at load time)."""
+    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+    return {"model": cls.__name__,
             "n_params": sum(p.numel() for p in model.parameters())}
 
 
@@ -120,9 +125,11 @@ def describe(trainer, model: dict, world: int, ranks_per_node: int, start_step: 
     """What tells this run apart from others (the first keys of ``summary.json``);
     ``model``: :func:`describe_model`."""
     args = trainer.args
-    engine = "fsdp2" if trainer.is_fsdp_enabled else "ddp" if world > 1 else "single"
+    fsdp = trainer.is_fsdp_enabled or sharded_by_transformers(trainer.model)   # TP: the latter
+    engine = "fsdp2" if fsdp else "ddp" if world > 1 else "single"
     out = {**model, "comm_compressor": args.comm_compressor, "engine": engine,
            "world_size": world, "ranks_per_node": ranks_per_node, "nodes": world // ranks_per_node,
+           "mesh": mesh_shape(args.parallelism_config),
            "resumed_from_step": start_step or None, "output_dir": args.output_dir,
            "hfcompress_version": hfcompress.__version__}
     handle = trainer.compression

@@ -405,9 +405,16 @@ def shard_model(model: nn.Module, ranks_per_node: int, hpz: bool,
 
 
 def fsdp_modules(model: nn.Module) -> list[tuple[str, FSDPModule]]:
-    """Every FSDPModule with parameters, by name (the root is ``""``)."""
-    return [(n, m) for n, m in model.named_modules()
-            if isinstance(m, FSDPModule) and _fsdp2.param_groups(m)]
+    """Every FSDP unit with parameters, by name (the root is ``""``): one entry per
+    ``fully_shard`` call. Modules sharded by one call (``fully_shard([norm, lm_head])``,
+    Accelerate's tail unit) share its param group and collectives: one entry, the first
+    module, named by all of them (``"model.norm+lm_head"``)."""
+    units: dict[int, tuple[list[str], FSDPModule]] = {}
+    for n, m in model.named_modules():
+        groups = _fsdp2.param_groups(m) if isinstance(m, FSDPModule) else []
+        if groups:
+            units.setdefault(id(groups[0]), ([], m))[0].append(n)
+    return [("+".join(names), m) for names, m in units.values()]
 
 
 def check_hpz(modules: list[tuple[str, FSDPModule]], ranks_per_node: int, world: int) -> None:
