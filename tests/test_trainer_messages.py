@@ -48,6 +48,9 @@ def test_install_line_wording():
     assert "on 2 ranks (2 nodes x 1 rank)" in ddp
     assert "(its weight scheme and 2-hop layout: FSDP2 only, not used under DDP)" in ddp
     assert "on 4 ranks (1 node x 4 ranks)" in summary(get_config("sdp4bit"), "fsdp2", 4, 4)
+    # dp 2 x tp 2: the DP groups' layout, named as such
+    assert "on the data-parallel groups of 2 of the 4 ranks (2 nodes x 1 rank)" in \
+        summary(get_config("sdp4bit"), "fsdp2", 4, 1, 2)
 
 
 def small_trainer(out, **kw):

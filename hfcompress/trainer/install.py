@@ -78,8 +78,11 @@ def install(model: Any, config: Request, ranks_per_node: int | None) -> Compress
     return apply(model, config, ranks_per_node)
 
 
-def summary(config: CompressionConfig, kind: str, world: int, ranks_per_node: int) -> str:
-    """The one line logged when the collectives are installed."""
+def summary(config: CompressionConfig, kind: str, world: int, ranks_per_node: int,
+            dp_size: int | None = None) -> str:
+    """The one line logged when the collectives are installed (``ranks_per_node``: of the
+    data-parallel group, of ``dp_size`` ranks when that is smaller than the world: TP / HSDP
+    beside it)."""
     c = config
     if kind == "ddp":
         what = f"all-reduce {describe(c.all_reduce or c.grad_inter)}"
@@ -92,9 +95,12 @@ def summary(config: CompressionConfig, kind: str, world: int, ranks_per_node: in
                  if c.two_hop else describe(c.grad_inter))
         what = f"weights {describe(c.weights)}, gradients {grads}" + (", hpZ" if c.hpz else "")
     loco = " with LoCo error feedback" if c.loco is not None else ""
-    nodes, per_node = world // ranks_per_node, ranks_per_node
+    dp = dp_size or world
+    nodes, per_node = dp // ranks_per_node, ranks_per_node
+    where = f"{world} ranks" if dp == world else \
+        f"the data-parallel groups of {dp} of the {world} ranks"
     return (f"hfcompress: {'DDP' if kind == 'ddp' else 'FSDP2'} comm_compressor {c.name!r} "
-            f"on {world} ranks ({nodes} node{'s' if nodes > 1 else ''} x {per_node} "
+            f"on {where} ({nodes} node{'s' if nodes > 1 else ''} x {per_node} "
             f"rank{'s' if per_node > 1 else ''}): {what}{loco}")
 
 
