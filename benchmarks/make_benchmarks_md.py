@@ -61,6 +61,13 @@ SECTIONS = [
      "On a lent GPU: `pytest -m cuda` (streams behind a spin, every Triton kernel against "
      "its CPU twin, a few training steps per preset) and `gpu_check.py` (kernel GB/s against "
      "the copy bandwidth, step and collective times per preset at world size 1)."),
+    ("plan_papers", "Planner vs the papers' clusters",
+     "python benchmarks/bench_plan_papers.py", "plan_papers/plan_papers{,_fits,_meta}.csv, "
+     "plan_papers.md", "under a minute",
+     "`hfcompress plan`'s cost model fed the published end-to-end speedups (ZeRO++ Tables 1 "
+     "and 4, LoCo Table 11, SDP4Bit Tables 2 and 4; transcribed with their lines in "
+     "`benchmarks/data/plan_papers/`): the effective inter-node bandwidth fitted "
+     "leave-one-out per cluster and layout, predicted vs measured speedup per row."),
     ("finetune", "Fine-tuning a pretrained LLaMA",
      "python benchmarks/bench_finetune.py   # --presets none,sdp4bit --steps 4: a shorter run",
      "finetune.{csv,md,png}, finetune_before.json", "about 30 min per preset on 2 busy cores",
@@ -126,6 +133,23 @@ def kernels_section(results: Path) -> str | None:
                      f"{num(r, 'dequantize_x_clone', '.2f')} | {num(r, 'rel_error', '.3g')} | "
                      f"{num(r, 'bits_per_value', '.3f')} | {note} |")
     return "\n".join(lines)
+
+
+def plan_papers_section(results: Path, title: str) -> str | None:
+    """``plan_papers/plan_papers.md`` (per row, then per cluster and layout) under its
+    metadata and the error range over the rows."""
+    folder = results / "plan_papers"
+    if not (folder / "plan_papers.md").exists():
+        return None
+    with open(folder / "plan_papers.csv", newline="") as f:
+        errors = [float(r["error"]) for r in csv.DictReader(f) if r.get("error")]
+    within = sum(abs(e) <= 0.25 for e in errors)
+    meta = read_meta(folder / "plan_papers_meta.csv")
+    return "\n".join([f"### {title}", "", "\n".join(f"- {k}: {v}" for k, v in meta.items()),
+                      "- machine: any (a pure model: the numbers do not depend on it)", "",
+                      f"**{within} of {len(errors)} rows within 25%** (leave-one-out error "
+                      f"{min(errors):+.0%} to {max(errors):+.0%}).", "",
+                      (folder / "plan_papers.md").read_text().rstrip()])
 
 
 def gpu_check_section(results: Path) -> str | None:
@@ -263,6 +287,8 @@ def build(results: Path, out: Path) -> str:
             body = kernels_section(results)
         elif key == "gpu_check":
             body = gpu_check_section(results)
+        elif key == "plan_papers":
+            body = plan_papers_section(results, title)
         else:
             frag = results / f"{key}.md"
             body = relink(frag.read_text().rstrip(), results, out) if frag.exists() else None

@@ -7,7 +7,7 @@ a fresh subprocess, offline, with this interpreter; only a free rendezvous port 
 parallel test runs do not collide. What the README promises next to a snippet is checked in
 its output (the Trainer's ``comm/*`` log keys, fewer bytes than the exact collectives).
 
-The checkpoint table's numbers are ``integrations.memory.estimate_state_bytes`` of the model
+docs/checkpoints.md's checkpoint table (quoted in the README) has numbers that are ``integrations.memory.estimate_state_bytes`` of the model
 size it names (that estimate matched the saved state to 0.1%: docs/checkpoints.md).
 """
 
@@ -24,6 +24,7 @@ from hfcompress.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+CHECKPOINTS = (ROOT / "docs" / "checkpoints.md").read_text()
 HEADER = re.compile(r"# (\w+\.py); run: (.+?)(?: \(.*\))?")
 COMM_KEYS = ("comm/inter_node_bytes", "comm/compression_ratio", "comm/time_s")
 
@@ -133,7 +134,7 @@ def test_compressor_snippet(tmp_path):
 
 
 def test_checkpoint_table_is_the_estimate():
-    """The README's per-rank state at P = 1B, bf16, 8 ranks per node (2 nodes), and 1 rank
+    """docs/checkpoints.md's per-rank state at P = 1B (the README quotes it), bf16, 8 ranks per node (2 nodes), and 1 rank
     per node; the LoRA adapter of Llama-3.2-1B's shapes (r=8 on q/v, fp32)."""
     import torch
 
@@ -143,7 +144,7 @@ def test_checkpoint_table_is_the_estimate():
         return sum(estimate_state_bytes(preset, [10**9 // world], world, per_node,
                                         torch.bfloat16).values())
 
-    table = README.split("| preset | state per rank and checkpoint |", 1)[1].split("\n\n")[0]
+    table = CHECKPOINTS.split("| preset | state per rank and checkpoint |", 1)[1].split("\n\n")[0]
     rows = {cells[1].strip(): cells[3].strip()
             for cells in (line.split("|") for line in table.splitlines()[2:])}
     assert total("sdp4bit", 16, 8) == total("qwd", 16, 8) == 250 * 10**6
