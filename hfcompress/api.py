@@ -10,7 +10,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
-from .auto.choose import choose_ddp, choose_fsdp
+from .auto.choose import choose_ddp, choose_fsdp, replica_config
 from .auto.controller import AutoController
 from .comm import Topology, WireMeter
 from .comm.topology import resolve_ranks_per_node
@@ -51,7 +51,9 @@ def apply(model: nn.Module, compressor: str | CompressionConfig | AutoSettings =
     - ``compressor``: a preset name (``hfcompress.config.list_presets()``), a
       ``CompressionConfig``, or ``"auto"`` / ``AutoSettings``: probe the links and this
       device, then choose each collective's scheme among the loss-keeping ones
-      (``hfcompress/auto``; FSDP2 and DDP; the choice is ``handle.auto``). Resolved once,
+      (``hfcompress/auto``; FSDP2, also over a sub-mesh: every DP group probed at once, one
+      plan for all; native HSDP: the replica all-reduce chosen too; and DDP; the choice is
+      ``handle.auto``). Resolved once,
       here (``config.resolve``); the engine paths get a fixed configuration and, for
       ``"auto"``, the controller that chose it.
     - ``ranks_per_node``: ranks per node (default ``LOCAL_WORLD_SIZE``, else one node); an
@@ -139,8 +141,11 @@ def _apply_hsdp(model: nn.Module, request: Request,
                 meter: WireMeter | None, layer_cls: tuple[type, ...] | None,
                 fsdp_kwargs: dict[str, Any]) -> Compression:
     if not isinstance(request, CompressionConfig):
-        raise ValueError("comm_compressor='auto' supports FSDP2 and DDP; for HSDP pick a "
-                         "preset (e.g. 'global_qsgd_exp' for the replica all-reduce)")
+        raise ValueError("comm_compressor='auto' does not shard through a ('replicate', "
+                         "'shard') mesh given to apply; shard natively instead: "
+                         "fully_shard(..., mesh=mesh) with that 2-D mesh on every layer and "
+                         "the root, then hfcompress.apply(model, 'auto') (it chooses the "
+                         "replica all-reduce too), or pick a preset (e.g. 'global_qsgd_exp')")
     config = request
     check_integration(config, fsdp=False)
     if mesh.mesh.numel() != dist.get_world_size():
@@ -199,11 +204,6 @@ def _apply_fsdp(model: nn.Module, request: Request | ValueError,
         raise ValueError("layer_cls and fully_shard keyword arguments need shard=True")
     # the data-parallel group: the world, or one dim of a larger mesh (FSDP2 x TP)
     group = mesh_group(fsdp_kwargs.get("mesh")) if shard else check_group(existing)
-    if dist.get_world_size(group) != world and isinstance(request, AutoSettings):
-        raise ValueError("comm_compressor='auto' is not supported yet for FSDP2 over a "
-                         "sub-mesh (FSDP2 x TP, HSDP: its probes of DP groups sharing a node's "
-                         "link and one choice for all groups are not checked yet); pick a "
-                         "preset (e.g. 'sdp4bit')")
     # every rank's group is laid out on the nodes (its x ranks per node, y nodes)
     topology = Topology(ranks_per_node, group_timeout(group), group=group)
     if shard:
@@ -226,9 +226,12 @@ def _apply_fsdp(model: nn.Module, request: Request | ValueError,
         fsdp = FSDPInstall(cfg, comms, topology)
         if replicas is None:
             return fsdp
-        return NativeHSDP(fsdp, AllReduceState(cfg, replicas, replica_topology, meter,
+        # auto: the plan's all_reduce option alone, as priced (a preset: its own scheme)
+        replica = replica_config(cfg) if isinstance(request, AutoSettings) else cfg
+        return NativeHSDP(fsdp, AllReduceState(replica, replicas, replica_topology, meter,
                                                tag="replica_all_reduce"))
 
     config, auto = _fixed(request, lambda compute_s=None: choose_fsdp(
-        model, modules, topology, request, compute_s=compute_s), build)
+        model, modules, topology, request, compute_s=compute_s, replicas=replica_topology),
+        build)
     return Compression("fsdp2", model, config, topology, meter, build(config), auto).install()

@@ -208,12 +208,6 @@ def refusals() -> dict:
         Topology(RANKS_PER_NODE, group=uneven if dist.get_rank() != 2 else None)
     except ValueError as err:
         out["uneven"] = str(err)
-    mesh = mesh_2d()
-    model = tp_model(mesh)
-    try:
-        hfcompress.apply(model, "auto", ranks_per_node=RANKS_PER_NODE)
-    except ValueError as err:
-        out["auto"] = str(err)
     hsdp = init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("replicate", "shard", "tp"))
     try:
         hfcompress.apply(tiny_llama(), "global_qsgd", ranks_per_node=RANKS_PER_NODE, shard=True,

@@ -2,11 +2,16 @@
 
 Every rank probes (``probe.py``: the links on the real groups, the codecs on this device,
 the compressed collectives as a whole at a capped size, whose time beyond the wire is the
-model's codec cost: ``cost_model.calibrate``);
-the measurements are agreed (the slowest rank's), rank 0 predicts each candidate's exposed
-communication time per step (``cost_model.py``) and picks, and the choice is broadcast, so
-every rank installs the same collectives. Pins (``AutoSettings.pins``, ``HFCOMPRESS_AUTO``)
-fix some collective kinds; the others are still chosen.
+model's codec cost: ``cost_model.calibrate``); over a sub-mesh (FSDP2 x TP, native HSDP)
+each rank probes its own data-parallel group, every group at once (world barriers: the k
+groups of a node share its link as in training). The measurements are agreed over the world
+(the slowest rank's), world rank 0 predicts each candidate's exposed communication time per
+step (``cost_model.py``) and picks, and its choice and table are broadcast over the world, so
+every rank of every DP group installs the same collectives (one config: checkpoints, the
+cross-rank settings check, the meter). Native HSDP prices its replica all-reduce too
+(``hsdp_cost``): the plan chooses its ``all_reduce`` option beside the shard group's
+collectives. Pins (``AutoSettings.pins``, ``HFCOMPRESS_AUTO``) fix some collective kinds;
+the others are still chosen.
 
 Rule: the cheapest predicted plan, except that a plan compressing more collective kinds must
 be predicted more than ``margin`` (default 5%) faster than one compressing fewer: when links
@@ -16,6 +21,7 @@ time (the model's error is of that order).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -27,12 +33,13 @@ import torch.distributed as dist
 from torch import nn
 
 from ..comm import Topology
-from ..config import AutoSettings
-from ..integrations.fsdp import fsdp_units
+from ..config import AutoSettings, CompressionConfig
+from ..integrations.fsdp import Unit, fsdp_units
 from .candidates import (DDP_KINDS, FSDP_KINDS, OPTIONS, PIN_ENV, Plan, candidates,
                          pins_from_env)
-from .cost_model import Layout, built, calibrate, ddp_cost, ddp_needs, fsdp_cost, fsdp_needs
-from .probe import CodecRate, agree, codec_rate, probe_collectives, probe_links
+from .cost_model import (Cost, Layout, built, calibrate, ddp_cost, ddp_needs, fsdp_cost,
+                         fsdp_needs)
+from .probe import CodecRate, Links, agree, codec_rate, probe_collectives, probe_links
 
 logger = logging.getLogger(__name__)
 CODEC_CAP = 1 << 22   # values timed per scheme at most (the rate per value is what counts)
@@ -90,6 +97,21 @@ def check_env_agrees() -> None:
                          f"same value on every rank (or unset it everywhere)")
 
 
+def check_same_layout(*topologies: Topology) -> None:
+    """Every DP group must have the same layout (x ranks per node, y nodes), as every
+    device mesh gives them: the groups probe the same primitives at once and run one plan.
+    ValueError on every rank otherwise, naming each rank's."""
+    mine = [(t.ranks_per_node, t.num_nodes) for t in topologies]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if any(v != every[0] for v in every):
+        each = ", ".join(f"rank {r}: {v}" for r, v in enumerate(every))
+        raise ValueError(f"hfcompress auto: the data-parallel groups have different node "
+                         f"layouts ((ranks per node, nodes): {each}); auto probes them at "
+                         f"once and runs one plan on all: build the mesh with "
+                         f"init_device_mesh (TP innermost), or pick a preset (e.g. 'sdp4bit')")
+
+
 def _settings(settings: AutoSettings, kinds: tuple[str, ...]) -> dict[str, str]:
     check_env_agrees()
     pins = dict(settings.pins)
@@ -119,7 +141,8 @@ def _pick(rows: list[dict[str, Any]], margin: float) -> str:
 
 def _decide(plans: list[Plan], cost_of, margin: float, overlap: float,
             compute_s: float | None) -> tuple[Plan, list[dict[str, Any]]]:
-    """Every plan's predicted row; rank 0's pick (:func:`_pick`), broadcast to all ranks."""
+    """Every plan's predicted row; world rank 0's pick (:func:`_pick`) and rows, broadcast
+    to every rank of the world (over a sub-mesh: to every DP group)."""
     rows = []
     for plan in plans:
         cost = cost_of(plan)
@@ -129,21 +152,24 @@ def _decide(plans: list[Plan], cost_of, margin: float, overlap: float,
                      "parts": {k: {"wire_s": v[0], "codec_s": v[1]}
                                for k, v in cost.parts.items()},
                      "step_s": None if compute_s is None else compute_s + exposed})
-    label = _pick(rows, margin) if dist.get_rank() == 0 else None
-    box = [label]
+    box = [(_pick(rows, margin), rows) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)          # every rank installs rank 0's choice
-    return next(p for p in plans if p.label == box[0]), rows
+    label, rows = box[0]
+    return next(p for p in plans if p.label == label), rows
 
 
 def choose_fsdp(model: nn.Module, modules: list[tuple[str, nn.Module]], topology: Topology,
                 settings: AutoSettings, exact_patterns=("norm", "bias"), min_numel: int = 0,
-                compute_s: float | None = None) -> Choice:
-    """Probe and choose the FSDP2 plan (weight all-gather, gradient hops) for ``model``."""
+                compute_s: float | None = None, replicas: Topology | None = None) -> Choice:
+    """Probe and choose the FSDP2 plan (weight all-gather, gradient hops) for ``model`` on
+    its DP group ``topology``; ``replicas`` (native HSDP: the replica group's topology):
+    its gradient all-reduce is chosen and priced too."""
     t0 = time.perf_counter()
     units, wdt, gdt, device = fsdp_units(model, modules, exact_patterns, min_numel)
     x, y, w = topology.ranks_per_node, topology.num_nodes, topology.world_size
     layout = Layout(w, x, wdt.itemsize, gdt.itemsize)
-    pins = _settings(settings, FSDP_KINDS)
+    check_same_layout(topology, *([replicas] if replicas else []))
+    pins = _settings(settings, FSDP_KINDS + (DDP_KINDS if replicas else ()))
     plans = candidates("fsdp2", x, y, pins)
     links = probe_links(topology, fsdp_needs(layout), device, settings.reps)
     s = max(u.numel for u in units)
@@ -158,15 +184,59 @@ def choose_fsdp(model: nn.Module, modules: list[tuple[str, nn.Module]], topology
              for p in plans if (p.grad_intra, p.grad_inter) != ("exact", "exact")}
     measured = calibrate(probe_collectives(topology, weights, grads, n, wdt, gdt, device,
                                            settings.reps), n, layout, links, codecs)
+
+    kind, facts, shape = "fsdp2", links.to_dict(), {}
+    if replicas is not None:
+        kind, replica = "hsdp", Layout(replicas.world_size, replicas.ranks_per_node,
+                                       wdt.itemsize, gdt.itemsize)
+        plans = [dataclasses.replace(p, all_reduce=a.all_reduce) for p in plans
+                 for a in candidates("hsdp", replica.ranks_per_node, replica.nodes, pins)]
+        rlinks = probe_links(replicas, ddp_needs(replica), device, settings.reps,
+                             links_file=False)
+        codecs.update(_codecs({p.all_reduce: ("all_reduce", s, gdt) for p in plans
+                               if p.all_reduce != "exact"}, replica.world, device,
+                              settings.reps))
+        facts.update({f"replica:{k}": v for k, v in rlinks.to_dict().items()})
+        shape = {"replicas": {**asdict(replica), "nodes": replica.nodes}}
+
+    def cost_of(plan: Plan) -> Cost:
+        if replicas is None:
+            return fsdp_cost(plan, units, layout, links, codecs, measured)
+        return hsdp_cost(plan, units, layout, links, replica, rlinks, codecs, measured)
+
     probe_s = time.perf_counter() - t0
-    plan, rows = _decide(plans, lambda p: fsdp_cost(p, units, layout, links, codecs, measured),
-                         settings.margin, settings.overlap, compute_s)
-    return Choice("fsdp2", plan, rows, links.to_dict(),
+    plan, rows = _decide(plans, cost_of, settings.margin, settings.overlap, compute_s)
+    return Choice(kind, plan, rows, facts,
                   {**_codec_dict(codecs), **{k: {"ns_per_value": 1e9 * v}
                                              for k, v in measured.items()}},
                   {**asdict(layout), "nodes": layout.nodes, "units": len(units),
-                   "values_per_rank": sum(u.numel + u.exact_numel for u in units)},
+                   "values_per_rank": sum(u.numel + u.exact_numel for u in units), **shape},
                   pins, probe_s, settings.overlap)
+
+
+def hsdp_cost(plan: Plan, units: list[Unit], layout: Layout, links: Links, replica: Layout,
+              rlinks: Links, codecs: dict[str, CodecRate], measured: dict[str, float]) -> Cost:
+    """Seconds per step of native HSDP under ``plan``: the shard group's FSDP2 collectives
+    (:func:`~.cost_model.fsdp_cost`) and, per unit, the replica all-reduce of its gradient
+    shard (FSDP2's all-reduce hook: one call per unit, its exact values exactly) on the
+    replica group's probed links (:func:`~.cost_model.ddp_cost`)."""
+    cost = fsdp_cost(plan, units, layout, links, codecs, measured)
+    for u in units:
+        for numel, p in ((u.numel, plan), (u.exact_numel, Plan())):
+            if numel:
+                part = ddp_cost(p, numel, replica, rlinks, codecs, bucket_bytes=4 * numel)
+                for name, (wire, codec) in part.parts.items():
+                    cost.add(name, wire, codec)
+    return cost
+
+
+def replica_config(config: CompressionConfig) -> CompressionConfig:
+    """What the replica all-reduce of native HSDP runs under an ``auto`` plan's ``config``:
+    its ``all_reduce`` option alone (``exact`` runs exactly, not the gradient scheme
+    ``grad_inter`` a preset's all-reduce falls back to: ``integrations.ddp.ddp_scheme``), as
+    :func:`hsdp_cost` priced it."""
+    return dataclasses.replace(config, weights=None, grad_intra=None, grad_inter=None,
+                               two_hop=False)
 
 
 def choose_ddp(model: nn.Module, topology: Topology, group_size: int,
@@ -202,4 +272,4 @@ def _codec_dict(codecs: dict[str, CodecRate]) -> dict[str, Any]:
                 "decompress_ns_per_value": 1e9 * r.decompress_s} for k, r in codecs.items()}
 
 
-__all__ = ["Choice", "choose_ddp", "choose_fsdp"]
+__all__ = ["Choice", "choose_ddp", "choose_fsdp", "replica_config"]

@@ -3,11 +3,13 @@ its switches at step boundaries and what it reports.
 
 ``Compression.step()`` calls :meth:`AutoController.on_step` after every optimizer step. With
 ``reprobe_every = N`` (FSDP2), every N steps it measures the step time since the last
-re-probe (one device sync per N steps, never inside a step), takes ``compute = step - the
-current plan's predicted exposed communication``, probes again and predicts every plan's
-step time; if another plan wins, the collectives are switched before the next forward. A
-switch starts fresh compressor state, as at start: qWD's first all-gather after it sends
-the weights exactly (SDP4Bit Alg. 4 line 2), so references are re-initialised exactly.
+re-probe (one device sync per N steps, never inside a step; the slowest rank's, agreed over
+the world), takes ``compute = step - the current plan's predicted exposed communication``,
+probes again and predicts every plan's step time (as at start: every rank of the world, over
+a sub-mesh every DP group at once, world rank 0's choice); if another plan wins, the
+collectives of every group are switched before the next forward. A switch starts fresh
+compressor state, as at start: qWD's first all-gather after it sends the weights exactly
+(SDP4Bit Alg. 4 line 2), so references are re-initialised exactly.
 
 On resume, :meth:`AutoController.restore` switches to the plan the checkpoint was saved
 under, so that its state loads, unless the pins given now (``HFCOMPRESS_AUTO``, changed
@@ -29,6 +31,7 @@ import torch.distributed as dist
 from ..config import AutoSettings, CompressionConfig
 from .candidates import PIN_ENV, Plan
 from .choose import Choice
+from .probe import agree
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +78,7 @@ class AutoController:
         if (self.steps - self._mark[0]) % self.every:
             return
         step_s = (self._now(handle) - self._mark[1]) / (self.steps - self._mark[0])
+        step_s = agree([step_s], self._device)[0]    # the slowest rank's: the same everywhere
         old = self.choice
         exposed = (old.predicted() or {}).get("exposed_s", 0.0)
         compute = max(step_s - exposed, 0.0)

@@ -1,19 +1,22 @@
 """The start-up probe of ``comm_compressor="auto"``: what the links and this device cost.
 
 - :func:`probe_links`: each collective primitive the candidates use (all-gather,
-  reduce-scatter, all-to-all, all-reduce), on each process group it runs on (the world, the
-  intra-node and the inter-node groups of :class:`~hfcompress.comm.Topology`), timed on the
-  real groups at 4 KiB, 1 MiB and 4 MiB with every rank taking part at once (so the ranks of
-  a node share its link as in training), and fitted as ``latency + bytes / bandwidth``
-  (latency: the 4 KiB time; bandwidth: the slope between 1 and 4 MiB);
+  reduce-scatter, all-to-all, all-reduce), on each process group it runs on (this rank's
+  data-parallel group ``world``, its intra-node and inter-node groups, of
+  :class:`~hfcompress.comm.Topology`), timed on the real groups at 4 KiB, 1 MiB and 4 MiB
+  with every rank of the *world* starting each run together (a world barrier first: the k
+  DP groups of a node beside TP time at once, so they share its link as in training), and
+  fitted as ``latency + bytes / bandwidth`` (latency: the 4 KiB time; bandwidth: the slope
+  between 1 and 4 MiB);
 - :func:`codec_rate`: this device's compress / decompress time per value of each scheme,
   on the sizes the collectives will hand it (so compiled kernels are reused afterwards);
 - :func:`probe_collectives`: each compressed collective as training runs it (qWD all-gather,
   2-hop reduce-scatter) on the real groups, whose time beyond the predicted wire time is the
   cost model's codec cost (kernels, reference updates, copies, per-call overhead).
 
-Every rank measures; :func:`agree` takes the slowest rank's numbers, so every rank holds the
-same facts. Host syncs are fine here: the probe runs before training and at re-probes only.
+Every rank measures; :func:`agree` takes the slowest rank's numbers over the world (every
+DP group's), so every rank holds the same facts and one plan serves every group. Host syncs
+are fine here: the probe runs before training and at re-probes only.
 With ``HFCOMPRESS_LINKS_FILE`` set to the JSON of ``hfcompress probe`` (``links_file.py``:
 measured once, at the model's message sizes) measured on this layout, :func:`probe_links`
 takes its fits from the file and probes only what the file lacks.
@@ -152,14 +155,18 @@ def time_sizes(needed: list[tuple[str, dist.ProcessGroup, tuple[int, ...]]],
 
 
 def probe_links(topology: Topology, needed: list[tuple[str, str]], device: torch.device,
-                reps: int = 3) -> Links:
-    """Fit every ``(primitive, group)`` in ``needed`` on the real groups (see module doc);
-    the fits a links file (``HFCOMPRESS_LINKS_FILE``, ``links_file.py``) holds for this
-    layout are taken from it instead."""
-    links = Links({k: Fit(*v) for k, v in known_fits(topology).items()})
+                reps: int = 3, links_file: bool = True) -> Links:
+    """Fit every ``(primitive, group)`` in ``needed`` on the real groups of this rank's DP
+    group, all DP groups at once (see module doc); the fits a links file
+    (``HFCOMPRESS_LINKS_FILE``, ``links_file.py``) holds for this layout are taken from it
+    instead (world rank 0's reading, so every rank times the same primitives;
+    ``links_file=False``: probe them all, for groups a links file does not describe)."""
+    known: list = [known_fits(topology) if links_file else {}]
+    dist.broadcast_object_list(known, src=0)
+    links = Links({k: Fit(*v) for k, v in known[0].items()})
     todo = [(p, g) for p, g in needed if f"{p}@{g}" not in links.fits]
     groups = groups_of(topology)
-    raw = time_sizes([(p, groups[g], SIZES) for p, g in todo], device, reps, topology.group)
+    raw = time_sizes([(p, groups[g], SIZES) for p, g in todo], device, reps, dist.group.WORLD)
     for i, (prim, gname) in enumerate(todo):
         links.fits[f"{prim}@{gname}"] = Fit.from_points(*zip(SIZES, raw[3 * i:3 * i + 3]))
     return links
@@ -194,8 +201,8 @@ def codec_rate(compressor: Compressor, numel: int, dtype: torch.dtype, device: t
 
 def agree(values: list[float], device: torch.device,
           group: dist.ProcessGroup | None = None) -> list[float]:
-    """Every rank gets the largest value of each position over the ranks (the slowest rank
-    bounds a synchronous step)."""
+    """Every rank gets the largest value of each position over the ranks of ``group``
+    (default: the world; the slowest rank bounds a synchronous step)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.tolist()
@@ -210,11 +217,11 @@ def probe_collectives(topology: Topology, weights: dict[str, Compressor],
     compressor; its first, exact call untimed, then steady calls on changed weights) and the
     2-hop reduce-scatter (``grads``: ``"<intra>+<inter>"`` -> the hops' compressors).
     Besides the wire this holds what the kernels alone miss: reference updates, copies,
-    packing, per-call overhead. Agreed over the ranks; keys ``weights:<option>`` and
-    ``grads:<intra>+<inter>``."""
+    packing, per-call overhead. Every DP group at once (world barriers), agreed over the
+    world; keys ``weights:<option>`` and ``grads:<intra>+<inter>``."""
     from ..comm import QuantizedAllGather, TwoHopReduceScatter
 
-    world, w = topology.group, topology.world_size
+    world, w = dist.group.WORLD, topology.world_size
     gen = torch.Generator(device="cpu").manual_seed(0)
     keys, times = [], []
     for option, compressor in weights.items():
