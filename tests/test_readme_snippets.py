@@ -134,8 +134,9 @@ def test_compressor_snippet(tmp_path):
 
 
 def test_checkpoint_table_is_the_estimate():
-    """docs/checkpoints.md's per-rank state at P = 1B (the README quotes it), bf16, 8 ranks per node (2 nodes), and 1 rank
-    per node; the LoRA adapter of Llama-3.2-1B's shapes (r=8 on q/v, fp32)."""
+    """docs/checkpoints.md's per-rank state (the README quotes it) at P = 1B, bf16, 8 ranks
+    per node (2 nodes), and 1 rank per node; the LoRA adapter of Llama-3.2-1B's shapes (r=8 on
+    q/v, fp32)."""
     import torch
 
     from hfcompress.integrations.memory import estimate_state_bytes

@@ -437,16 +437,23 @@ def check_group(modules: list[tuple[str, FSDPModule]]) -> dist.ProcessGroup:
     data-parallel dim of a larger mesh (FSDP2 x TP: ``fully_shard(..., mesh=mesh["dp"])``,
     TP inside a node; only the data-parallel collectives are compressed). Native HSDP (a 2-D
     FSDP mesh) shards over its shard dim: see :func:`replicate_group`."""
+    return _one_group(modules, _fsdp2.shard_group, "shards",
+                      "every FSDP module of a model sharded over one data-parallel group")
+
+
+def _one_group(modules: list[tuple[str, FSDPModule]], group_of, verb: str,
+               need: str) -> dist.ProcessGroup:
+    """The process group ``group_of`` gives for the param group of every module: one, or a
+    ValueError naming the first module that differs and what hfcompress ``need`` s."""
     group, ranks = None, None
     for name, m in modules:
-        g = _fsdp2.shard_group(_fsdp2.param_groups(m)[0])
+        g = group_of(_fsdp2.param_groups(m)[0])
         r = dist.get_process_group_ranks(g)
         if ranks is None:
             group, ranks = g, r
         elif r != ranks:
-            raise ValueError(f"FSDP module {name!r} shards over ranks {r}, but "
-                             f"{modules[0][0]!r} over {ranks}; hfcompress needs every FSDP "
-                             f"module of a model sharded over one data-parallel group")
+            raise ValueError(f"FSDP module {name!r} {verb} over ranks {r}, but "
+                             f"{modules[0][0]!r} over {ranks}; hfcompress needs {need}")
     return group
 
 
@@ -458,25 +465,17 @@ def replicate_group(modules: list[tuple[str, FSDPModule]]) -> dist.ProcessGroup 
     if not any(hsdp.values()):
         return None
     if not all(hsdp.values()):
-        raise ValueError(f"FSDP modules {sorted(n for n, h in hsdp.items() if h)} are sharded "
-                         f"over a 2-D mesh (native HSDP), {sorted(n for n, h in hsdp.items() if not h)} "
-                         f"over a 1-D one; hfcompress needs one data-parallel layout per model")
-    group, ranks = None, None
+        two_d = sorted(n for n, h in hsdp.items() if h)
+        one_d = sorted(n for n, h in hsdp.items() if not h)
+        raise ValueError(f"FSDP modules {two_d} are sharded over a 2-D mesh (native HSDP), "
+                         f"{one_d} over a 1-D one; hfcompress needs one data-parallel layout "
+                         f"per model")
     for name, m in modules:
-        pg = _fsdp2.param_groups(m)[0]
-        g = _fsdp2.replicate_group(pg)
-        r = dist.get_process_group_ranks(g)
-        if ranks is None:
-            group, ranks = g, r
-        elif r != ranks:
-            raise ValueError(f"FSDP module {name!r} replicates over ranks {r}, but "
-                             f"{modules[0][0]!r} over {ranks}; hfcompress needs one HSDP mesh "
-                             f"per model")
-        if _fsdp2.gradient_divide_factor(pg) is not None:
+        if _fsdp2.gradient_divide_factor(_fsdp2.param_groups(m)[0]) is not None:
             raise ValueError(f"FSDP module {name!r} (native HSDP) has a gradient divide factor "
                              f"(set_gradient_divide_factor); hfcompress averages over the "
                              f"replicas itself and supports FSDP2's default mean only: unset it")
-    return group
+    return _one_group(modules, _fsdp2.replicate_group, "replicates", "one HSDP mesh per model")
 
 
 def mesh_group(mesh: Any) -> dist.ProcessGroup:

@@ -289,9 +289,9 @@ def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
     problem = "\n".join(problems)
     if on_mismatch == "error":
         raise ValueError(f"hfcompress: {problem}\nResume with the same comm_compressor, "
-                         f"ranks_per_node, integration (FSDP2 / DDP), world size and mesh shape "
-                         f"from an intact checkpoint, or set comm_state_mismatch='reset' to start the "
-                         f"compressor state fresh")
+                         f"ranks_per_node, integration (FSDP2 / DDP), world size and mesh "
+                         f"shape from an intact checkpoint, or set comm_state_mismatch='reset' "
+                         f"to start the compressor state fresh")
     warnings.warn(f"hfcompress: {problem}\ncomm_state_mismatch='reset': starting the "
                   f"compressor state fresh on every rank (LoCo errors zero, qWD references "
                   f"re-initialised from the loaded weights, new RNG streams)", UserWarning,
