@@ -11,14 +11,15 @@ One spawned job (``tp_workers.worker``) runs every check.
   (x = 1, y = 2), per collective, and ``test_traffic``'s cases on that topology too;
 - ``handle.node_traffic()`` sums them per node (both DP groups share a node's link) and per
   DP group: the declarations of the node's / group's ranks, for the last step and the run;
+- ``sdp4bit``'s compressor state of each (DP, TP) coordinate, restored with the model and
+  optimizer shards, repeats the next steps bit for bit;
 - the DP group's topology builds no subgroup of one rank (x = 1: no intra-node groups; one
   node: no inter-node groups);
 - refused clearly, naming the way out: HSDP through ``apply``'s ('replicate', 'shard') mesh
   over a sub-mesh (native HSDP instead), a DP group with more ranks on one node than another,
   and different models per rank (pipeline stages); ``auto`` over a sub-mesh works
-  (``tests/test_auto_submesh.py``). Native HSDP
-  (``fully_shard`` over ``mesh["dp_replicate", "dp_shard"]``, also beside TP) is compressed:
-  ``tests/test_trainer_tp.py``.
+  (``tests/test_auto_submesh.py``). Native HSDP (``fully_shard`` over
+  ``mesh["dp_replicate", "dp_shard"]``, also beside TP) is compressed: ``tests/test_trainer_tp.py``.
 """
 
 import pytest
@@ -147,6 +148,15 @@ def test_collectives_declare_what_they_send_on_the_dp_group(runs):
             assert mean == declared, (label, declared, recorded)
         else:
             assert all(x == declared for x in recorded), (label, declared, recorded)
+
+
+def test_compressor_state_of_each_coordinate_resumes_bit_identically(runs):
+    """sdp4bit on dp 2 x tp 2: each rank's compressor state (its (DP, TP) coordinate's qWD
+    references), restored with the model and optimizer shards, repeats the next steps' losses
+    bit for bit, and they differ from step to step (the run moves)."""
+    for r in runs:
+        first, again = r["resume"]["first"], r["resume"]["again"]
+        assert first == again and first[0] != first[1], (first, again)
 
 
 def test_refusals_name_the_way_out(runs):

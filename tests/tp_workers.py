@@ -10,6 +10,7 @@ a DP group draw their own batches; the TP ranks of one DP rank share it.
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 
@@ -140,6 +141,41 @@ def train(preset, steps: int, shard: bool = False) -> dict:
     return out
 
 
+def resume(preset: str = "sdp4bit", k: int = 2, r: int = 2) -> dict:
+    """dp x tp: train k steps, keep this rank's model / optimizer / compressor state (the
+    shards of its (DP, TP) coordinate: qWD references of its DP group), train r steps;
+    restore all three and train the same r steps again."""
+    mesh = mesh_2d()
+    model = tp_model(mesh)
+    h = hfcompress.apply(model, preset, ranks_per_node=RANKS_PER_NODE)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+
+    def run(first: int, count: int) -> list[float]:
+        losses = []
+        for step in range(first, first + count):
+            ids = batch(step, dp_rank(mesh))
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            h.step()
+            losses.append(global_mean(loss.detach()))
+        return losses
+
+    run(0, k)
+    params = [p.detach().to_local().clone() for p in model.parameters()]
+    opt_state, comp_state = copy.deepcopy(opt.state_dict()), copy.deepcopy(h.state_dict())
+    first = run(k, r)
+    with torch.no_grad():
+        for p, saved in zip(model.parameters(), params):
+            p.to_local().copy_(saved)
+    opt.load_state_dict(opt_state)
+    h.load_state_dict(comp_state)
+    again = run(k, r)
+    h.remove()
+    return {"first": first, "again": again}
+
+
 def declared_step(model, h) -> dict[str, tuple[float, float]]:
     """(intra, inter) bytes per rank of one steady training step, per collective tag, from the
     collectives' ``traffic`` declarations on the handle's topology (its x and y)."""
@@ -253,6 +289,7 @@ def worker(rank: int, world: int, steps: int) -> dict:
     setup()
     out = {"train": {p: train(p, steps) for p in (None, "none", "sdp4bit")}}
     out["train"]["zeropp"] = train("zeropp", steps, shard=True)   # hpZ: x = 1, no secondary
+    out["resume"] = resume()
     out["traffic"], out["subgroups"] = traffic_cases()
     out["ddp"] = ddp_subgroup()
     # last: after new_group([0, 1, 3]) (the uneven layout), a later use_local_synchronization

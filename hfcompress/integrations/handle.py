@@ -137,6 +137,13 @@ class Compression:
             self.auto.on_step(self)
         return counts
 
+    @property
+    def dp_size(self) -> int:
+        """Ranks the data-parallel dims span: the topology's group (FSDP2's shard group, the
+        DDP group), times the replicas under native HSDP; smaller than the world beside TP."""
+        replica = getattr(self.installed_parts, "replica", None)   # hsdp.NativeHSDP's
+        return self.topology.world_size * (1 if replica is None else replica.size)
+
     def node_traffic(self) -> dict:
         """The meter's bytes (last step, run total) summed per node (what the data-parallel
         groups of a node send together over its link) and per DP group, over the world: a

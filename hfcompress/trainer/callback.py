@@ -86,7 +86,7 @@ class CommCallback(TrainerCallback):
                                               per_node, mesh=device_mesh(t))
             if is_rank0():     # "auto": the chosen config (its table was logged by apply)
                 logger.warning(summary(st.handle.config, st.handle.kind, world, per_node,
-                                       st.handle.topology.world_size))
+                                       st.handle.dp_size))
         self._bind_loco_optimizer()
         checkpoint.step_finished(st.handle)
         run = None
