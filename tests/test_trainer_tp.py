@@ -23,9 +23,11 @@ import torch
 from dist_utils import run_distributed
 from hfcompress.trainer import checkpoint
 from test_fsdp_training import LOSS_BOUND
-from trainer_tp_workers import SAVE_AT, STEPS, worker
+from trainer_tp_workers import SAVE_AT, STEPS, meshes, worker
 
 MESHES = {"hsdp": {"dp_replicate": 2, "dp_shard": 2}, "tp": {"dp_shard": 2, "tp": 2}}
+TRAINED = [pytest.param(m, marks=() if m in meshes() else pytest.mark.skip(
+    reason="this transformers cannot load a TP x FSDP2 model (5.24 can)")) for m in MESHES]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ def runs(tmp_path_factory):
     return run_distributed(worker, 4, str(tmp_path_factory.mktemp("trainer_tp")), timeout=400)
 
 
-@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("mesh", TRAINED)
 def test_none_is_bit_identical_to_the_plain_trainer(runs, mesh):
     for r in runs:
         base, none = r[mesh][None], r[mesh]["none"]
@@ -42,7 +44,7 @@ def test_none_is_bit_identical_to_the_plain_trainer(runs, mesh):
             assert torch.equal(none["params"][n], p), (mesh, n)
 
 
-@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("mesh", TRAINED)
 def test_sdp4bit_keeps_the_loss(runs, mesh):
     for r in runs:
         base, loss = r[mesh][None]["losses"], r[mesh]["sdp4bit"]["losses"]
@@ -57,10 +59,11 @@ def test_data_parallel_groups(runs):
     for rank, r in enumerate(runs):
         assert r["hsdp"]["sdp4bit"]["topology"] == (2, 1, [rank // 2 * 2, rank // 2 * 2 + 1])
         assert "native HSDP: replica all-reduce over 2" in r["hsdp"]["sdp4bit"]["describe"]
-        assert r["tp"]["sdp4bit"]["topology"] == (1, 2, [rank % 2, rank % 2 + 2])
+        if "tp" in r:
+            assert r["tp"]["sdp4bit"]["topology"] == (1, 2, [rank % 2, rank % 2 + 2])
 
 
-@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("mesh", TRAINED)
 @pytest.mark.parametrize("preset", ["none", "sdp4bit"])
 def test_meter_equals_declared_traffic(runs, mesh, preset):
     """Every rank's intra- and inter-node bytes per collective and step equal the
@@ -88,7 +91,7 @@ def test_one_unit_per_fully_shard_call(runs):
     call: one param group, one unit (its collectives installed and declared once). Native
     HSDP's replica all-reduce is FSDP2's own again on every unit after ``remove()``."""
     for r in runs:
-        for mesh in MESHES:
+        for mesh in r:
             assert r[mesh]["sdp4bit"]["units"] == ["model.embed_tokens", "model.layers.0",
                                                    "model.layers.1", "model.norm+lm_head"]
         assert r["hsdp"]["sdp4bit"]["hsdp_after_remove"] == [True] * 4
@@ -99,7 +102,7 @@ GROUPS = {"hsdp": {(0, 1): [0, 1], (2, 3): [2, 3]},    # shard groups: a node ea
           "tp": {(0, 2): [0, 2], (1, 3): [1, 3]}}      # DP groups: across the nodes
 
 
-@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("mesh", TRAINED)
 @pytest.mark.parametrize("preset", ["none", "sdp4bit"])
 def test_node_traffic_is_the_declarations_of_the_nodes_ranks(runs, mesh, preset):
     """``handle.node_traffic()`` (the same report on every rank): per node and per

@@ -30,6 +30,15 @@ RANKS_PER_NODE = 2
 STEPS, SAVE_AT = 4, 2
 
 
+def meshes() -> tuple[str, ...]:
+    """The meshes this transformers can train: loading a TP x FSDP2 model
+    (``DistributedConfig(tp_size=2, fsdp_size=2)``) works on 5.24; 5.17's (the GPU image's)
+    fails inside transformers (an IndexError in ``DtensorShardOperation``)."""
+    import transformers
+    from packaging.version import Version
+    return ("hsdp", "tp") if Version(transformers.__version__) >= Version("5.24") else ("hsdp",)
+
+
 def model_for(mesh: str, folder: str):
     if mesh == "hsdp":
         return tiny_llama()
@@ -43,10 +52,11 @@ def model_for(mesh: str, folder: str):
 def train(out: str, mesh: str, preset, folder: str, resume: str | None = None, **kw):
     import hfcompress
     from accelerate import ParallelismConfig
-    extra = {}
     if mesh == "hsdp":
         extra = dict(fsdp=True, fsdp_config={"version": 2},
                      parallelism_config=ParallelismConfig(dp_replicate_size=2, dp_shard_size=2))
+    else:   # the model's own mesh, given: transformers < 5.24's Trainer passes its TP size only
+        extra = dict(parallelism_config=ParallelismConfig(tp_size=2, dp_shard_size=2))
     os.environ.pop("ACCELERATE_USE_FSDP", None)
     args = hfcompress.TrainingArguments(**{
         "output_dir": out, "max_steps": STEPS, "per_device_train_batch_size": 4,
@@ -136,4 +146,4 @@ def worker(rank: int, world: int, tmp: str) -> dict:
     if rank == 0:
         tiny_llama().save_pretrained(folder)
     dist.barrier()
-    return {mesh: run(tmp, mesh, folder) for mesh in ("hsdp", "tp")}
+    return {mesh: run(tmp, mesh, folder) for mesh in meshes()}
