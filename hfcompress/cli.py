@@ -108,8 +108,8 @@ def _frozen_bits(name: str, bits: dict) -> float:
 #: kept", at both learning rates): not ``zeropp`` (int4 gradients, +3.6% at lr 3e-3,
 #: auto/candidates.py), ``qw`` (4-bit weights, +1.7%) nor the DDP presets (another engine)
 LOSS_KEEPING = ("none", "qwd", "tlq_hs", "sdp4bit", "loco")
-PLAN_DESCRIPTION = """What each preset saves on a cluster you describe (issue 31's cost
-model, hfcompress/cost): the inter-node bytes per node per step of each collective by the
+PLAN_DESCRIPTION = """What each preset saves on a cluster you describe (the cost model of
+hfcompress.cost): the inter-node bytes per node per step of each collective by the
 algorithm the backend runs (ring / direct all-to-all / 2-hop), communication, exposed
 communication (FSDP2 prefetch hides the weight all-gathers behind compute; megatron exposes
 everything) and codec seconds, step seconds and speedup over none, compressor state per GPU,

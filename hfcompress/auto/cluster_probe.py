@@ -1,4 +1,4 @@
-"""``hfcompress probe`` (issue 31): measure the links of a job's real data-parallel groups at
+"""``hfcompress probe``: measure the links of a job's real data-parallel groups at
 its model's message sizes, and this device's codec rates, once, into the links file
 (``links_file.py``) that ``hfcompress plan --links`` and ``auto`` reuse.
 

@@ -1,4 +1,4 @@
-"""The links file of ``hfcompress probe`` (issue 31): the effective bandwidths of a job's real
+"""The links file of ``hfcompress probe``: the effective bandwidths of a job's real
 data-parallel groups at its model's message sizes and this device's codec rates, measured
 once (``cluster_probe.py``), read by ``hfcompress plan --links FILE`` (as
 :class:`~hfcompress.cost.links.ClusterLinks` and codec rates) and by ``auto``

@@ -1,4 +1,4 @@
-"""Cost model of a training step's communication at cluster scale (issue 31): bytes per
+"""Cost model of a training step's communication at cluster scale: bytes per
 node link by the algorithm the backend runs, time on the links, codec, compute and overlap.
 Pure arithmetic (no processes): ``auto`` prices its candidates with the same collectives
 (``collectives.py``), the planner (``hfcompress plan``) prices presets on any layout."""
