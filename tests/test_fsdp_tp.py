@@ -13,6 +13,8 @@ One spawned job (``tp_workers.worker``) runs every check.
   DP group: the declarations of the node's / group's ranks, for the last step and the run;
 - ``sdp4bit``'s compressor state of each (DP, TP) coordinate, restored with the model and
   optimizer shards, repeats the next steps bit for bit;
+- native HSDP beside TP ((dp_replicate 2, dp_shard 1, tp 2): replicas across the nodes):
+  ``none`` bit-identical, ``sdp4bit`` compresses the replica all-reduce within the loss bound;
 - the DP group's topology builds no subgroup of one rank (x = 1: no intra-node groups; one
   node: no inter-node groups);
 - refused clearly, naming the way out: HSDP through ``apply``'s ('replicate', 'shard') mesh
@@ -157,6 +159,20 @@ def test_compressor_state_of_each_coordinate_resumes_bit_identically(runs):
     for r in runs:
         first, again = r["resume"]["first"], r["resume"]["again"]
         assert first == again and first[0] != first[1], (first, again)
+
+
+def test_native_hsdp_beside_tp(runs):
+    """HSDP x TP (replicas across the nodes, TP inside): ``none`` bit-identical to plain
+    native HSDP x TP, ``sdp4bit`` compresses the replica all-reduce (the only inter-node
+    traffic here) and keeps the loss within the FSDP bound."""
+    for r in runs:
+        base, none, sdp = (r["hsdp_tp"][p] for p in (None, "none", "sdp4bit"))
+        assert none["loss"] == base["loss"]
+        assert all(torch.equal(none["params"][n], p) for n, p in base["params"].items())
+        assert "native HSDP: replica all-reduce over 2" in sdp["describe"]
+        assert none["inter_bytes"] == none["uncompressed_inter_bytes"] > 0
+        assert sdp["inter_bytes"] * 4 < sdp["uncompressed_inter_bytes"], sdp
+        assert max(abs(a - b) for a, b in zip(sdp["loss"], base["loss"])) <= LOSS_BOUND["sdp4bit"]
 
 
 def test_refusals_name_the_way_out(runs):

@@ -141,6 +141,41 @@ def train(preset, steps: int, shard: bool = False) -> dict:
     return out
 
 
+def hsdp_tp(preset, steps: int = 3) -> dict:
+    """Native HSDP beside TP: a (dp_replicate 2, dp_shard 1, tp 2) mesh (TP inside a node, the
+    replicas across the nodes: 4 ranks allow no shard dim larger than 1), every layer and the
+    root ``fully_shard``-ed over ``mesh["dp_replicate", "dp_shard"]`` (``preset=None``: no
+    hfcompress): the losses, the final shards and what was installed."""
+    mesh = init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    model = tiny_llama()
+    for layer in model.model.layers:
+        parallelize_module(layer, mesh["tp"], PLAN)
+    dp = mesh["dp_replicate", "dp_shard"]
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=dp, mp_policy=MP)
+    fully_shard(model, mesh=dp, mp_policy=MP)
+    h = None if preset is None else hfcompress.apply(model, preset, ranks_per_node=RANKS_PER_NODE)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses = []
+    for step in range(steps):
+        ids = batch(step, mesh["dp_replicate"].get_local_rank())
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if h is not None:
+            h.step()
+        losses.append(global_mean(loss.detach()))
+    out = {"loss": losses,
+           "params": {n: p.detach().to_local().clone() for n, p in model.named_parameters()}}
+    if h is not None:
+        out["describe"] = h.installed_parts.describe()
+        out["inter_bytes"] = h.meter.summary()["total"]["inter_bytes"]
+        out["uncompressed_inter_bytes"] = h.meter.summary()["total"]["uncompressed_inter_bytes"]
+        h.remove()
+    return out
+
+
 def resume(preset: str = "sdp4bit", k: int = 2, r: int = 2) -> dict:
     """dp x tp: train k steps, keep this rank's model / optimizer / compressor state (the
     shards of its (DP, TP) coordinate: qWD references of its DP group), train r steps;
@@ -290,6 +325,7 @@ def worker(rank: int, world: int, steps: int) -> dict:
     out = {"train": {p: train(p, steps) for p in (None, "none", "sdp4bit")}}
     out["train"]["zeropp"] = train("zeropp", steps, shard=True)   # hpZ: x = 1, no secondary
     out["resume"] = resume()
+    out["hsdp_tp"] = {p: hsdp_tp(p) for p in (None, "none", "sdp4bit")}
     out["traffic"], out["subgroups"] = traffic_cases()
     out["ddp"] = ddp_subgroup()
     # last: after new_group([0, 1, 3]) (the uneven layout), a later use_local_synchronization
