@@ -117,9 +117,10 @@ def test_sft_lora_snippet(tmp_path):
 
 
 def test_apply_snippet(tmp_path):
-    """Each rank prints its bytes to the other node, well under the exact collectives'."""
+    """Each rank prints its bytes to the other node, well under the exact collectives' (the
+    two ranks' lines may interleave on one line: not anchored)."""
     out = run_snippet("loop.py", tmp_path)
-    sent = re.findall(r"^sent ([\d,]+) bytes to the other node, not ([\d,]+)$", out, re.M)
+    sent = re.findall(r"sent ([\d,]*\d) bytes to the other node, not ([\d,]*\d)", out)
     assert len(sent) == 2, out[-3000:]
     for got, exact in sent:
         assert 0 < int(got.replace(",", "")) < int(exact.replace(",", "")) / 3, sent
