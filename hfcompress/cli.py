@@ -121,8 +121,8 @@ SHAPE_FLAGS = ("hidden", "layers", "ffn", "vocab", "heads", "kv_heads", "experts
                "experts_per_token", "tied_embeddings")
 
 
-def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    m = p.add_argument_group("model: --model, or its sizes (LLaMA-style decoder)")
+def _add_model_arguments(m) -> None:
+    """``--model`` or the sizes of :data:`SHAPE_FLAGS` (``plan``, ``probe``: ``_plan_shape``)."""
     m.add_argument("--model", metavar="NAME_OR_PATH", help="an HF config.json, a folder with "
                    "one, or a hub id already in the local HF cache (never downloaded)")
     m.add_argument("--hidden", type=int, help="hidden size")
@@ -137,6 +137,11 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    "every expert computes)")
     m.add_argument("--tied-embeddings", action="store_true", default=None,
                    help="the LM head shares the embedding matrix")
+
+
+def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    _add_model_arguments(p.add_argument_group(
+        "model: --model, or its sizes (LLaMA-style decoder)"))
     r = p.add_argument_group("batch")
     r.add_argument("--seq-len", type=int, default=4096, help="tokens per sample (4096)")
     r.add_argument("--micro-batch", type=int, default=1, help="samples per DP rank per "
@@ -200,15 +205,8 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="FILE", help="where rank 0 writes the JSON")
-    m = p.add_argument_group("model whose message sizes to time (default: one unit of 1 Mi "
-                             "values per rank)")
-    m.add_argument("--model", metavar="NAME_OR_PATH", help="an HF config.json, a folder with "
-                   "one, or a hub id already in the local HF cache")
-    for flag in SHAPE_FLAGS:
-        if flag == "tied_embeddings":
-            m.add_argument("--tied-embeddings", action="store_true", default=None)
-        else:
-            m.add_argument(f"--{flag.replace('_', '-')}", type=int)
+    _add_model_arguments(p.add_argument_group(
+        "model whose message sizes to time (default: one unit of 1 Mi values per rank)"))
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size: the world splits "
                    "into tp data-parallel groups, TP innermost (1)")
     p.add_argument("--ranks-per-node", type=int, help="ranks per node (default: "
