@@ -46,8 +46,10 @@ def batch(step: int, rank: int, n: int = 8, length: int = 32) -> torch.Tensor:
     return (a + b * torch.arange(length)) % 256
 
 
-def train_step(model, step: int) -> torch.Tensor:
-    ids = batch(step, dist.get_rank())
+def train_step(model, step: int, rank: int | None = None) -> torch.Tensor:
+    """Forward and backward on the batch of ``step`` and data-parallel ``rank`` (default:
+    this rank of the world); the loss."""
+    ids = batch(step, dist.get_rank() if rank is None else rank)
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     return loss.detach()

@@ -93,18 +93,10 @@ class BarrierSpy:
 
 
 def _train(model, handle, rank_of_batch: int, steps: int) -> list[float]:
-    from fsdp_workers import LR, batch, global_mean
+    from fsdp_workers import LR
+    from tp_workers import train_steps
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
-    for step in range(steps):
-        ids = batch(step, rank_of_batch)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        handle.step()
-        losses.append(global_mean(loss.detach()))
-    return losses
+    return train_steps(model, opt, handle, rank_of_batch, 0, steps)
 
 
 def _result(handle, losses: list[float]) -> dict:

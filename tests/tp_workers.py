@@ -32,7 +32,7 @@ from hfcompress.comm.two_hop import TwoHopReduceScatter
 from hfcompress.compressors.registry import build_compressor
 from hfcompress.config import get_config
 from hfcompress.integrations import fsdp as fsdp_integration
-from fsdp_workers import LR, MP, batch, global_mean, setup, tiny_llama
+from fsdp_workers import LR, MP, global_mean, setup, tiny_llama, train_step
 
 RANKS_PER_NODE = 2
 PLAN = {"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
@@ -101,6 +101,21 @@ def dp_rank(mesh) -> int:
     return mesh["dp"].get_local_rank()
 
 
+def train_steps(model, opt, handle, dp_index: int, first: int, count: int) -> list[float]:
+    """Steps ``first`` .. ``first + count - 1`` on the batches of DP rank ``dp_index`` (the TP
+    ranks of one DP rank share them): optimizer step, ``handle.step()`` (None: no
+    hfcompress), the global mean loss of each."""
+    losses = []
+    for step in range(first, first + count):
+        loss = train_step(model, step, dp_index)
+        opt.step()
+        opt.zero_grad()
+        if handle is not None:
+            handle.step()
+        losses.append(global_mean(loss))
+    return losses
+
+
 def train(preset, steps: int, shard: bool = False) -> dict:
     """``steps`` steps of the TP x FSDP2 model (``preset=None``: no hfcompress; ``shard``:
     ``apply(..., shard=True, mesh=mesh["dp"])`` shards it, hpZ included)."""
@@ -114,17 +129,8 @@ def train(preset, steps: int, shard: bool = False) -> dict:
                                                          ranks_per_node=RANKS_PER_NODE)
     spy = GroupSpy()
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    out = {"loss": []}
     t0 = time.perf_counter()
-    for step in range(steps):
-        ids = batch(step, dp_rank(mesh))
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if h is not None:
-            h.step()
-        out["loss"].append(global_mean(loss.detach()))
+    out = {"loss": train_steps(model, opt, h, dp_rank(mesh), 0, steps)}
     spy.remove()
     out["seconds"] = time.perf_counter() - t0
     out["groups"] = sorted(spy.groups)
@@ -156,17 +162,7 @@ def hsdp_tp(preset, steps: int = 3) -> dict:
     fully_shard(model, mesh=dp, mp_policy=MP)
     h = None if preset is None else hfcompress.apply(model, preset, ranks_per_node=RANKS_PER_NODE)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
-    for step in range(steps):
-        ids = batch(step, mesh["dp_replicate"].get_local_rank())
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if h is not None:
-            h.step()
-        losses.append(global_mean(loss.detach()))
-    out = {"loss": losses,
+    out = {"loss": train_steps(model, opt, h, mesh["dp_replicate"].get_local_rank(), 0, steps),
            "params": {n: p.detach().to_local().clone() for n, p in model.named_parameters()}}
     if h is not None:
         out["describe"] = h.installed_parts.describe()
@@ -186,16 +182,7 @@ def resume(preset: str = "sdp4bit", k: int = 2, r: int = 2) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
 
     def run(first: int, count: int) -> list[float]:
-        losses = []
-        for step in range(first, first + count):
-            ids = batch(step, dp_rank(mesh))
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            h.step()
-            losses.append(global_mean(loss.detach()))
-        return losses
+        return train_steps(model, opt, h, dp_rank(mesh), first, count)
 
     run(0, k)
     params = [p.detach().to_local().clone() for p in model.parameters()]
