@@ -1,0 +1,229 @@
+"""What the hot kernels cost in instructions, read on a CPU: SASS per value for sm_90.
+
+    python benchmarks/kernel_isa.py --out DIR        # DIR/kernel_isa.csv (~1 min of CPU)
+
+Each row calls a kernel's public entry point (``hfcompress.kernels.triton_*``) on CPU
+tensors, in a clean subprocess without ``TRITON_INTERPRET``, with the tile sizes the
+presets launch on a GPU (``per_program`` answers as for a CUDA tensor). The launch is
+captured instead of run, and compiled for sm_90 with the specialization Triton's JIT gives
+those very arguments (16-byte pointer alignment, integers divisible by 16: the binary a GPU
+would run). ``cuobjdump -sass`` of the cubin gives the static instruction count of the
+kernel; every row's kernel is straight-line code per program (or its loops are reported in
+``loops``), so instructions per value = instructions / values per thread (a thread's share of
+the launch's values; per peer value for the dequantize-sums of 8 peers). NOPs and the
+trailing self-branch are not counted. Loads and stores are counted per value with their
+widths (``LDG.E.128`` moves 16 bytes); ``bar`` and ``shfl`` are the barriers and warp
+shuffles per thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FIELDS = ["name", "sass_per_value", "instructions", "values_per_thread", "loads_per_value",
+          "stores_per_value", "load_widths", "store_widths", "bar", "shfl", "loops",
+          "registers", "launches", "host_ops", "host_op_names", "kernel"]
+
+#: the rows: (name, inputs (evaluated before counting host ops), the call on those inputs
+#: ``a``, peers summed per output value). Inputs: ``x`` 2^20 float32 values, ``xb`` / ``rb``
+#: bfloat16 weights and references, ``keys`` a noise key pair, ``peers(bits)`` 8 peers'
+#: (packed, scale) rows.
+ROWS = [
+    ("quantize_int4_nearest", "x,", "GQ.quantize(*a, 4, 128)", 1),
+    ("quantize_int4_stochastic", "x, keys", "GQ.quantize(a[0], 4, 128, a[1])", 1),
+    ("quantize_int8_nearest", "x,", "GQ.quantize(*a, 8, 128)", 1),
+    ("quantize_int8_stochastic", "x, keys", "GQ.quantize(a[0], 8, 128, a[1])", 1),
+    ("quantize_int4_nearest_g2048", "x,", "GQ.quantize(*a, 4, 2048)", 1),
+    ("hadamard_int4_quantize", "x, keys", "H.quantize(a[0], 4, 128, 32, a[1])", 1),
+    ("qwd_difference_quantize", "xb, rb", "GQ.quantize_difference(*a, 4, 2048)", 1),
+    ("dequantize_sum_int4", "peers(4)", "GQ.dequantize_sum(*a, 4, 128)", 8),
+    ("dequantize_sum_int8", "peers(8)", "GQ.dequantize_sum(*a, 8, 128)", 8),
+    ("hadamard_dequantize_sum_int4", "peers(4)", "H.dequantize_sum(*a, 4, 128, 32)", 8),
+    # the preset's launch: int8 wire, one scale per tensor, 127 levels (one peer)
+    ("global_qsgd_quantize", "x, x.abs().amax().reshape(1), keys",
+     "GQS.linear_quantize(a[0], a[1], 127, a[2], torch.int8)", 1),
+]
+
+_SCRIPT = r"""
+import json, os, re, subprocess, sys, tempfile
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import JITFunction, create_function_from_signature
+import hfcompress.kernels as K
+from hfcompress.kernels import (triton_global_qsgd as GQS, triton_group_quant as GQ,
+                                triton_hadamard as H, triton_tiles as TT)
+from hfcompress.kernels.packing import packed_nbytes
+
+TARGET = GPUTarget("cuda", 90, 32)
+BACKEND = make_backend(TARGET)
+# the tile sizes of a CUDA launch: every module's per_program answers as for a GPU tensor
+import importlib, pkgutil
+for info in pkgutil.iter_modules(K.__path__):
+    mod = importlib.import_module(f"hfcompress.kernels.{info.name}")
+    if getattr(mod, "per_program", None) is TT.per_program:
+        mod.per_program = lambda t, interpreted, gpu: gpu
+TT.per_program = lambda t, interpreted, gpu: gpu
+
+LAUNCHES = []
+def capture(self, *args, grid, warmup, **kwargs):
+    LAUNCHES.append((self, args, dict(kwargs), grid))
+JITFunction.run = capture
+
+N = 1 << 20
+torch.manual_seed(0)
+x = torch.randn(N)
+xb, rb = torch.randn(N).bfloat16(), torch.randn(N).bfloat16()
+keys = torch.tensor([123, 456], dtype=torch.int64)
+
+def peers(bits, n=8):
+    packed = torch.randint(0, 255, (n, packed_nbytes(N, bits)), dtype=torch.uint8)
+    return packed, torch.rand(n, N // 128)
+
+def compile_launch(fn, args, kwargs):
+    binder = create_function_from_signature(fn.signature, fn.params, BACKEND)
+    bound, spec, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(BACKEND, kwargs, bound, spec, options)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET,
+                          options=options.__dict__), bound
+
+def cuobjdump(cubin, flag):
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin); f.flush()
+        tool = triton.knobs.nvidia.cuobjdump.path
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+def count(text, trips):
+    ins = []
+    for m in LINE.finditer(text):
+        ins.append((int(m.group(1), 16), m.group(2)))
+    ops = [(a, i.split()[0] if not i.startswith("@") else i.split()[1]) for a, i in ins]
+    body = [(a, o, i) for (a, o), (_, i) in zip(ops, ins) if o != "NOP"]
+    # the trailing `BRA self` after the last EXIT
+    while body and body[-1][1].startswith("BRA") and body[-1][2].endswith(hex(body[-1][0])):
+        body.pop()
+    # a backward branch closes a runtime loop: its body counts once per trip
+    weight = [1] * len(body)
+    loops = 0
+    for j, (a, o, i) in enumerate(body):
+        t = re.search(r"0x([0-9a-f]+)", i.split("BRA", 1)[1]) if o.startswith("BRA") else None
+        if t and int(t.group(1), 16) <= a:
+            loops += 1
+            for k, (b, _, _) in enumerate(body):
+                if int(t.group(1), 16) <= b <= a:
+                    weight[k] = trips
+    def mem(prefix):
+        widths = {}
+        for (_, o, _), n in zip(body, weight):
+            if o.startswith(prefix):
+                w = {"128": 16, "64": 8, "U8": 1, "S8": 1, "U16": 2, "S16": 2}
+                width = next((v for k, v in w.items() if f".{k}" in o), 4)
+                widths[width] = widths.get(width, 0) + n
+        return widths
+    return dict(instructions=sum(weight), loops=loops, loads=mem("LDG"), stores=mem("STG"),
+                bar=sum(o.startswith("BAR") for _, o, _ in body),
+                shfl=sum(o.startswith("SHFL") for _, o, _ in body))
+
+from torch.utils._python_dispatch import TorchDispatchMode
+#: aten ops that launch no kernel on a GPU (allocation, views, metadata)
+FREE = {"empty", "empty_strided", "view", "_unsafe_view", "reshape", "as_strided", "expand",
+        "slice", "select", "t", "transpose", "permute", "unsqueeze", "squeeze", "alias",
+        "detach", "lift_fresh", "_to_copy_noop", "split", "split_with_sizes", "unbind"}
+
+class AtenOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in FREE:
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+out = []
+for name, inputs, call, peers_per_value in json.loads(sys.argv[1]):
+    LAUNCHES.clear()
+    a = eval(inputs)
+    with AtenOps() as aten:
+        eval(call)
+    # the row's kernel: the launch that moves the most values (noise / scale launches first)
+    assert LAUNCHES, f"{name}: {expr} launched no Triton kernel"
+    fn, args, kwargs, grid = LAUNCHES[-1]
+    ck, bound = compile_launch(fn, args, kwargs)
+    # a runtime loop in a dequantize-sum runs once per peer after the first
+    c = count(cuobjdump(ck.asm["cubin"], "-sass"), max(1, peers_per_value - 1))
+    regs = int(re.search(r"REG:(\d+)", cuobjdump(ck.asm["cubin"], "-res-usage")).group(1))
+    programs = grid[0] if isinstance(grid, tuple) else grid
+    threads = programs * ck.metadata.num_warps * 32
+    vpt = N * peers_per_value / threads
+    out.append(dict(name=name, kernel=fn.fn.__name__, vpt=vpt,
+                    launches=len(LAUNCHES), aten=" ".join(aten.ops),
+                    registers=regs, **c))
+print("JSON" + json.dumps(out))
+"""
+
+
+def measure(rows=ROWS) -> list[dict]:
+    """One dict per row (``FIELDS``), compiled in a clean subprocess."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    with tempfile.TemporaryDirectory(prefix="triton-cache-") as cache:
+        env["TRITON_CACHE_DIR"] = cache
+        run = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(rows)], env=env,
+                             capture_output=True, text=True, timeout=900)
+    if run.returncode:
+        raise RuntimeError(f"kernel_isa compile failed:\n{run.stderr[-4000:]}")
+    raw = json.loads(run.stdout.split("JSON", 1)[1])
+    table = []
+    for r in raw:
+        vpt = r["vpt"]  # values per thread of the launch (all peers for a dequantize-sum)
+        per_value = lambda n: round(n / vpt, 2)  # noqa: E731
+        widths = lambda d: " ".join(f"{w}Bx{n}" for w, n in sorted(d.items()))  # noqa: E731
+        table.append(dict(
+            name=r["name"], kernel=r["kernel"], sass_per_value=per_value(r["instructions"]),
+            instructions=r["instructions"], values_per_thread=round(vpt, 2),
+            loads_per_value=per_value(sum(r["loads"].values())),
+            stores_per_value=per_value(sum(r["stores"].values())),
+            load_widths=widths(r["loads"]), store_widths=widths(r["stores"]),
+            bar=r["bar"], shfl=r["shfl"], loops=r["loops"], registers=r["registers"],
+            launches=r["launches"], host_ops=len(r["aten"].split()), host_op_names=r["aten"]))
+    return table
+
+
+def print_table(rows: list[dict]) -> None:
+    cols = ["name", "sass_per_value", "instructions", "values_per_thread", "loads_per_value",
+            "stores_per_value", "bar", "shfl", "loops", "registers", "launches", "host_ops",
+            "load_widths"]
+    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    print("  ".join(f"{c:<{width[c]}}" for c in cols))
+    for r in rows:
+        print("  ".join(f"{str(r[c]):<{width[c]}}" for c in cols))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="", help="write DIR/kernel_isa.csv")
+    args = ap.parse_args()
+    rows = measure()
+    print_table(rows)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        with open(Path(args.out) / "kernel_isa.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=FIELDS)
+            w.writeheader()
+            w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
