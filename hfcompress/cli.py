@@ -296,8 +296,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         report["links"]["source"] = f"measured by hfcompress probe ({args.links}) on " \
             f"{describe_layout(measured)}, {measured['device']}"
         report["links"]["measured_layout"] = measured["layout"]
-        report["links"]["codec_rates_source"] = f"measured by hfcompress probe on " \
-            f"{measured['device']}"
+        report["codec"]["source"] = f"measured by hfcompress probe on {measured['device']}"
     if fitted is not None:
         report["links"]["source"] = f"fitted to {len(runs)} runs of {args.calibrate}"
         report["fitted_inter_node_gbps"] = fitted

@@ -20,6 +20,7 @@ from hfcompress.comm.two_hop import TwoHopReduceScatter
 from hfcompress.config import CompressionConfig, get_config
 from hfcompress.cost import (ENGINES, ClusterLayout, ClusterLinks, compute_from_baseline,
                              price_step)
+from hfcompress.cost.codec_rates import GPU_RATES, PER_CALL_S, ROTATE, estimated
 from hfcompress.cost.collectives import Senders, unit_collectives
 from hfcompress.cost.step_model import _Pricer, engine_spec
 from hfcompress.integrations.fsdp import Unit
@@ -312,6 +313,30 @@ def test_codec_seconds_from_given_rates():
     assert math.isclose(cost.codec_s, ((S + w * S) + 2 * w * S + 2 * y * S) / 1e9)
     assert price("zeropp", layout(x, 1)).codec_s > 0     # the H200's measured defaults
 
+
+def test_each_compressed_call_costs_at_least_its_host_work():
+    """A unit too small for its kernels or its bytes to matter costs PER_CALL_S per compressed
+    collective, its wire time included (sdp4bit: the forward qWD gather and the 2-hop gradients; its backward gather sends the
+    weights unchanged since the forward, no codec), none nothing; a large unit costs its
+    kernels' time, above that floor."""
+    lay = layout(8, 1)
+    small = price("sdp4bit", lay, [Unit("layer", 1024)])
+    compressed = [c for c in small.collectives if c.codec_s > 0]
+    assert {c.name for c in compressed} == {"weights_fwd", "grads"}
+    assert all(math.isclose(c.codec_s + c.wire_s, PER_CALL_S) for c in compressed)
+    assert price("none", lay, [Unit("layer", 1024)]).codec_s == 0
+    assert price("sdp4bit", lay, [Unit("layer", 64 * S)]).codec_s > 2 * PER_CALL_S
+    assert 2e-4 < PER_CALL_S < 5e-3      # the H200 runs' median: ~0.84 ms
+
+
+def test_hadamard_gradients_decode_as_the_sum_then_the_inverse_rotation():
+    """The Hadamard schemes' decode-sum of 8 peers is the int sum plus one rotation pass over
+    its output (an 8th of the values summed), and every unmeasured rate says so."""
+    assert math.isclose(1 / GPU_RATES["hadamard4"][2],
+                        1 / GPU_RATES["int4"][2] + 1 / (8 * ROTATE))
+    cost = price("sdp4bit", layout(8, 1), [Unit("layer", 64 * S)])
+    assert set(cost.estimated_rates) == {"qwd", "hadamard8"}   # decode; the 8-bit hop
+    assert estimated("int4") is None and "int4" in estimated("qsgd4")
 
 def test_compute_from_baseline():
     """The baseline's compute = its measured step minus ``none``'s exposed communication:

@@ -23,6 +23,7 @@ from typing import Any
 from ..config import get_config
 from .cluster import ClusterLayout
 from .links import ClusterLinks
+from .codec_rates import PER_CALL_S
 from .model_shape import ModelShape
 from .step_model import StepCost, price_step
 
@@ -137,6 +138,11 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
         "train_state_bytes_per_gpu": train_state, "gpu_memory_gb": gpu_memory_gb,
         "presets": entries, "unavailable": unavailable,
         "recommendation": recommend(entries, loss_keeping),
+        "codec": {"source": "given (codec_rates)" if codec_rates else
+                  "an H200's Triton kernels, median of 3 runs (cost/codec_rates.py)",
+                  "per_call_s": PER_CALL_S,
+                  "estimated": {k: v for c in costs.values()
+                                for k, v in c.estimated_rates.items()}},
     }
     if gpu_memory_gb is not None and not entries["none"]["fits_gpu_memory"]:
         report["memory_warning"] = (
@@ -210,6 +216,11 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"the WireMeter counts direct sends: none's "
                      f"{_gb(base['meter_bytes_per_node'])} GB per node is {ratio:.3g}x the "
                      f"{_gb(base['link_bytes_per_node'])} GB its ring collectives put on the link")
+    codec = report["codec"]
+    lines += ["", f"codec rates: {codec['source']}; each compressed call costs at least "
+                  f"{codec['per_call_s'] * 1e3:.2g} ms (host work and launches)"]
+    lines += [f"  estimated, not measured: {key}: {why}"
+              for key, why in codec["estimated"].items()]
     rec = report["recommendation"]
     lines += ["", f"recommendation: {rec['preset']}: {rec['why']}"]
     if "fitted_inter_node_gbps" in report:

@@ -54,7 +54,7 @@ from ..config import CompressionConfig, get_config
 from ..integrations.fsdp import Unit
 from ..integrations.memory import estimate_state_bytes, total
 from .cluster import ClusterLayout
-from .codec_rates import default_rates, rate_key
+from .codec_rates import PER_CALL_S, default_rates, estimated, rate_key
 from .collectives import (ROLES, Collective, Senders, Work, ddp_collectives,
                           unit_collectives)
 from .link_bytes import phase_bytes
@@ -130,6 +130,8 @@ class StepCost:
     step_s: float             # compute_s + exposed_s + codec_s
     full_overlap_s: float     # the limit: max(compute_s, wire_s) + codec_s
     state_bytes_per_gpu: int  # compressor state (qWD references, LoCo errors, ...)
+    #: rate key -> how its default rates were estimated (keys no GPU run measured)
+    estimated_rates: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 class _Pricer:
@@ -142,6 +144,7 @@ class _Pricer:
         loco = config.loco_hops(self.x) if config.loco is not None else ()
         given = codec_rates or {}
         self.rates = {}     # role -> (compress, weight decode, gradient decode-sum) values/s
+        self.estimated: dict[str, str] = {}
         for role in ROLES:
             scheme = getattr(config, role)
             if scheme is None:
@@ -150,8 +153,12 @@ class _Pricer:
             rate = given.get(key, given.get(scheme.name))
             if isinstance(rate, tuple):     # measured (compress, decompress): hfcompress probe
                 self.rates[role] = (rate[0], rate[1], rate[1])
+            elif rate:
+                self.rates[role] = (rate, rate, rate)
             else:
-                self.rates[role] = (rate, rate, rate) if rate else default_rates(key)
+                self.rates[role] = default_rates(key)
+                if (note := estimated(key)) is not None:
+                    self.estimated[key] = note
 
     def phase(self, p: Phase) -> tuple[float, float, float, float, str]:
         """(link bytes of the node, meter bytes of the node, intra bytes per GPU, seconds,
@@ -181,7 +188,11 @@ class _Pricer:
             out["hop1" if c.two_hop and p.group == "intra" else "hop2"] += c.calls * seconds
             if algorithm not in out["algorithms"]:
                 out["algorithms"].append(algorithm)
-        out["codec"] = sum(self.codec(w) for w in c.codec)
+        # a compressed call lasts at least its host work (codec_rates.PER_CALL_S), which
+        # runs while the device codes and sends: it shows only beyond codec + wire
+        codec = sum(self.codec(w) for w in c.codec)
+        floor = c.calls * PER_CALL_S - out["hop1"] - out["hop2"] if c.codec else 0.0
+        out["codec"] = max(codec, floor)
         out["algorithm"] = "2-hop" if c.two_hop else "+".join(out["algorithms"])
         return out
 
@@ -263,11 +274,12 @@ def price_step(config: CompressionConfig | str, units: list[Unit], layout: Clust
                                   times * r["meter"], times * r["intra"], times * wire,
                                   times * r["codec"],
                                   spec.hides_gathers and r["part"] == "weights"))
-    return _step(config, out, compute_s, units, layout, weight_bytes)
+    return _step(config, out, compute_s, units, layout, weight_bytes, pricer.estimated)
 
 
 def _step(config: CompressionConfig, colls: list[CollectiveCost], compute_s: float,
-          units: list[Unit], layout: ClusterLayout, weight_bytes: int) -> StepCost:
+          units: list[Unit], layout: ClusterLayout, weight_bytes: int,
+          estimated_rates: dict[str, str]) -> StepCost:
     wire = sum(c.wire_s for c in colls)
     hidden = sum(c.wire_s for c in colls if c.overlappable)
     exposed = max(0.0, hidden - compute_s) + wire - hidden
@@ -276,7 +288,8 @@ def _step(config: CompressionConfig, colls: list[CollectiveCost], compute_s: flo
     state = total(estimate_state_bytes(config, [u.numel for u in units], layout.dp,
                                        layout.dp_per_node, dtype))
     return StepCost(config.name, colls, compute_s, wire, exposed, codec,
-                    compute_s + exposed + codec, max(compute_s, wire) + codec, state)
+                    compute_s + exposed + codec, max(compute_s, wire) + codec, state,
+                    estimated_rates)
 
 
 def compute_from_baseline(step_s: float, units: list[Unit], layout: ClusterLayout,
