@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-FIELDS = ["part", "name", "status", "value", "unit", "reference", "detail"]
+FIELDS = ["part", "name", "status", "value", "unit", "reference", "detail", "moved"]
 
 
 @dataclass
@@ -58,12 +59,13 @@ class Check:
     unit: str = ""
     reference: float | str = ""
     detail: str = ""
+    moved: float | str = ""    # kernels: GB/s by the bytes every pass really moves
 
     def row(self) -> dict:
         fmt = (lambda v: f"{v:.4g}" if isinstance(v, float) else v)
         return {"part": self.part, "name": self.name, "status": "pass" if self.ok else "FAIL",
                 "value": fmt(self.value), "unit": self.unit, "reference": fmt(self.reference),
-                "detail": self.detail}
+                "detail": self.detail, "moved": fmt(self.moved)}
 
     def line(self) -> str:
         value = f" {self.row()['value']} {self.unit}" if self.value != "" else ""
@@ -82,17 +84,85 @@ def synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
+REPEATS = 5   # timed groups of calls; a row reports their median
+
+
 def seconds_per_call(fn: Callable[[], object], reps: int, device) -> float:
-    """Mean wall-clock seconds of ``fn()`` after two warm-up calls (compiles; qWD's first
-    all-gather is exact, its second compiles the difference kernels), device synced."""
+    """Wall-clock seconds per call of ``fn()`` after two warm-up calls (compiles; qWD's first
+    all-gather is exact, its second compiles the difference kernels): the median over
+    :data:`REPEATS` groups of ``reps`` calls, each group device-synced."""
     fn()
     fn()
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    synchronize(device)
-    return (time.perf_counter() - start) / reps
+    groups = []
+    for _ in range(REPEATS):
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        synchronize(device)
+        groups.append((time.perf_counter() - start) / reps)
+    return statistics.median(groups)
+
+
+#: aten ops that move no bytes (allocations, views, metadata)
+FREE_OPS = {"empty", "empty_strided", "empty_like", "view", "_unsafe_view", "reshape",
+            "as_strided", "expand", "slice", "select", "t", "transpose", "permute",
+            "unsqueeze", "squeeze", "alias", "detach", "lift_fresh", "split", "unbind",
+            "split_with_sizes", "view_as_real", "is_nonzero"}
+
+
+def moved_bytes(fn: Callable[[], object]) -> tuple[int, int]:
+    """(bytes, passes) of one call of ``fn`` as the device runs it: every Triton launch moves
+    at most its tensor arguments' bytes and every other aten op its inputs' and outputs'
+    (an upper bound, the honest side of a bandwidth figure). On CPU the twins run eager
+    while counting (compiled graphs are opaque to the count)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    count = {"bytes": 0, "passes": 0}
+
+    def nbytes(values) -> int:
+        seen, total = set(), 0
+        for v in values:
+            if isinstance(v, torch.Tensor) and v.data_ptr() not in seen:
+                seen.add(v.data_ptr())
+                total += v.numel() * v.element_size()
+        return total
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ not in FREE_OPS:
+                flat = torch.utils._pytree.tree_leaves((args, kwargs, out))
+                count["bytes"] += nbytes(flat)
+                count["passes"] += 1
+            return out
+
+    launches = []
+    try:
+        from triton.runtime.jit import JITFunction
+        run = JITFunction.run
+
+        def counted(self, *args, **kwargs):
+            launches.append(nbytes(list(args) + list(kwargs.values())))
+            return run(self, *args, **kwargs)
+    except ImportError:
+        JITFunction = None
+    saved = os.environ.get("HFCOMPRESS_COMPILE")
+    os.environ["HFCOMPRESS_COMPILE"] = "0"
+    if JITFunction is not None:
+        JITFunction.run = counted
+    try:
+        with Count():
+            fn()
+    finally:
+        if JITFunction is not None:
+            JITFunction.run = run
+        if saved is None:
+            os.environ.pop("HFCOMPRESS_COMPILE")
+        else:
+            os.environ["HFCOMPRESS_COMPILE"] = saved
+    return count["bytes"] + sum(launches), count["passes"] + len(launches)
 
 
 # -- 1. kernels ------------------------------------------------------------------------------
@@ -132,9 +202,14 @@ def kernel_cases(n: int, device) -> list[tuple[str, Callable[[], tuple[Callable,
         impl = dispatch.pick(x, "auto", gq, "triton_group_quant")
         return lambda: impl.quantize_difference(x, ref, 4, 2048), 8 * n + n // 2 + 2 * n // 1024
 
-    def global_qsgd():
-        q = get_compressor("global_qsgd", num_peers=peers, seed=0)
-        return lambda: q.compress(x), 4 * n + q.wire_bits(n) // 8
+    q = get_compressor("global_qsgd", num_peers=peers, seed=0)
+
+    def global_qsgd(scale: bool):
+        """The local scale (one pass over x) and the quantize given the scale, apart."""
+        if scale:
+            return lambda: q.local_scale(x), 4 * n + 4
+        s = q.local_scale(x)
+        return lambda: q.compress(x, s), 4 * n + q.wire_bits(n) // 8
 
     cases = []
     for bits in (4, 8):
@@ -146,7 +221,8 @@ def kernel_cases(n: int, device) -> list[tuple[str, Callable[[], tuple[Callable,
     return cases + [("hadamard32_rotate", lambda: hadamard(True)),
                     ("hadamard32_int4_quantize", lambda: hadamard(False)),
                     ("qwd_int4_g2048_difference_quantize", qwd),
-                    ("global_qsgd_int8_quantize", global_qsgd)]
+                    ("global_qsgd_local_scale", lambda: global_qsgd(True)),
+                    ("global_qsgd_int8_quantize", lambda: global_qsgd(False))]
 
 
 def check_kernels(device, n: int, reps: int) -> list[Check]:
@@ -176,9 +252,14 @@ def check_kernels(device, n: int, reps: int) -> list[Check]:
             finite = all(torch.isfinite(t.float()).all() for t in tensors if t.is_floating_point())
             s = seconds_per_call(fn, reps, device)
             gbs = nbytes / s / 1e9
+            moved, passes = moved_bytes(fn)
             checks.append(Check("kernels", name, bool(finite), gbs, "GB/s", copy_gbs,
                                 f"{100 * gbs / copy_gbs:.0f}% of copy, {s * 1e3:.3f} ms, "
-                                f"{backend}" + ("" if finite else ", non-finite output")))
+                                f"{backend}; moved {moved / n:.3g} B/value in {passes} "
+                                f"pass(es) ({nbytes / n:.3g} counted): "
+                                f"{100 * moved / s / 1e9 / copy_gbs:.0f}% of copy"
+                                + ("" if finite else ", non-finite output"),
+                                moved=moved / s / 1e9))
         except Exception as err:  # noqa: BLE001 - reported as a failed check
             checks.append(failed("kernels", name, err))
     return checks
@@ -388,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     n = {"cuda": 1 << 26, "cpu": 1 << 22}[device.type] >> (6 if args.quick else 0)
-    reps = 1 if args.quick else {"cuda": 20, "cpu": 3}[device.type]
+    reps = 1 if args.quick else {"cuda": 10, "cpu": 3}[device.type]
     steps, warmup = (1, 1) if args.quick else (5, 2)
     info = run_info(f"python benchmarks/gpu_check.py {' '.join(argv or sys.argv[1:])}".strip(),
                     f"LLaMA {DIMS[device.type] or 'hfcompress.testing.TINY_LLAMA'}, "
