@@ -43,13 +43,30 @@ ROWS = [
     ("quantize_int8_stochastic", "x, keys", "GQ.quantize(a[0], 8, 128, a[1])", 1),
     ("quantize_int4_nearest_g2048", "x,", "GQ.quantize(*a, 4, 2048)", 1),
     ("hadamard_int4_quantize", "x, keys", "H.quantize(a[0], 4, 128, 32, a[1])", 1),
+    ("hadamard_rotate", "x,", "H.rotate(a[0], 32)", 1),
     ("qwd_difference_quantize", "xb, rb", "GQ.quantize_difference(*a, 4, 2048)", 1),
+    # qWD's update of w~ (bf16) from one int4 payload
+    ("qwd_dequantize_add", "(*peers(4, 1), rb)",
+     "GQ.dequantize_add(a[0][0], a[1][0], 4, 2048, a[2])", 1),
     ("dequantize_sum_int4", "peers(4)", "GQ.dequantize_sum(*a, 4, 128)", 8),
     ("dequantize_sum_int8", "peers(8)", "GQ.dequantize_sum(*a, 8, 128)", 8),
+    # the 2-hop: 8 peers' int8 sum requantized to int4 (stochastic, one key pair)
+    ("dequantize_sum_quantize_int8_int4", "peers(8)",
+     "GQ.dequantize_sum_quantize(*a, 8, 128, 4, 128, keys)", 8),
     ("hadamard_dequantize_sum_int4", "peers(4)", "H.dequantize_sum(*a, 4, 128, 32)", 8),
     # the preset's launch: int8 wire, one scale per tensor, 127 levels (one peer)
     ("global_qsgd_quantize", "x, x.abs().amax().reshape(1), keys",
      "GQS.linear_quantize(a[0], a[1], 127, a[2], torch.int8)", 1),
+    # its scale: max |x| of the tensor (before the MAX all-reduce)
+    ("global_qsgd_local_scale", "x,", "GQS.local_scale(*a)", 1),
+    # qsdp_learned: 5-bit weights quantized with the compressor's cached midpoints (QSDP 5.2),
+    # 4-bit gradients decoded (one peer), codes packed in the kernels
+    ("learned_levels_quantize_5bit", "x, torch.linspace(0, 1, 32), "
+     "K.learned_levels.midpoints(torch.linspace(0, 1, 32))",
+     "K.triton_learned_levels.quantize(a[0], a[1], 5, 1024, a[2])", 1),
+    ("learned_levels_dequantize_4bit", "torch.randint(0, 255, (N // 2,), dtype=torch.uint8), "
+     "torch.rand(N // 1024), torch.rand(N // 1024), torch.linspace(0, 1, 16)",
+     "K.triton_learned_levels.dequantize(*a, 4, 1024)", 1),
 ]
 
 _SCRIPT = r"""
@@ -214,7 +231,15 @@ def print_table(rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="", help="write DIR/kernel_isa.csv")
+    ap.add_argument("--steps", action="store_true",
+                    help="GPU operations and host time per FSDP unit and step of every FSDP2 "
+                         "preset instead (benchmarks/step_ops.py; DIR/step_ops.csv)")
     args = ap.parse_args()
+    if args.steps:
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        import step_ops
+        step_ops.main(["--out", args.out] if args.out else [])
+        return
     rows = measure()
     print_table(rows)
     if args.out:

@@ -188,13 +188,15 @@ block, groups = triton_tiles.tile_shape(1024)
 out = [ptx(Q._quantize_kernel, dict(x_ptr="*bf16", u_ptr="*i64", code_ptr="*u8",
            scale_ptr="*fp32", n_buckets="i32", bucket_size="i32", noise_row="i64"),
            dict(S=127, HASH=N.ROW_GROUPS, GROUPS=groups, BLOCK=block))]
-out.append(ptx(G._linear_quantize_kernel, dict(x_ptr="*fp16", inv_ptr="*fp32", noise_ptr="*i64",
-               noise_row="i32", out_ptr="*i8", n="i32", per="i32", levels="fp32"),
-               dict(HASH=N.ROW_KEYS, BLOCK=G.BLOCK)))
+out.append(ptx(G._linear_quantize_kernel, dict(x_ptr="*fp16", scale_ptr="*fp32",
+               noise_ptr="*i64", noise_row="i32", out_ptr="*i8", n="i32", per="i32",
+               levels="fp32"),
+               dict(HASH=N.ROW_KEYS, SCALES=2, EVEN=False, BLOCK=G.BLOCK)))
 for bits in (8, 4):
-    out.append(ptx(G._exp_quantize_kernel, dict(x_ptr="*bf16", inv_ptr="*fp32",
+    out.append(ptx(G._exp_quantize_kernel, dict(x_ptr="*bf16", scale_ptr="*fp32",
                    noise_ptr="*i64", noise_row="i64", out_ptr="*u8", nbytes="i64", per="i64", levels="i32",
-                   headroom="i32", sub_mult="fp32"), dict(HASH=True, BITS=bits, BLOCK=G.BLOCK)))
+                   headroom="i32", sub_mult="fp32"),
+                   dict(HASH=True, SCALES=2, BITS=bits, BLOCK=G.BLOCK)))
     out.append(ptx(G._exp_combine_kernel, dict(a_ptr="*u8", b_ptr="*u8", noise_ptr="*i64",
                    noise_row="i64", out_ptr="*u8", nbytes="i64"), dict(HASH=True, BITS=bits, BLOCK=G.BLOCK)))
 ptx_all = "".join(out)

@@ -3,7 +3,8 @@
 One clean subprocess (``gpu_compile.py``) compiles each kernel for sm_90 (no GPU needed) with
 the constants the compressors launch it with on a GPU (tile sizes, ``num_warps``), in each
 configuration that changes its code (bits 2/4/8, group sizes 128 and 2048, Hadamard blocks
-32 and 1, every noise mode, float32 and bfloat16 outputs), and reads ``ptxas -v`` of
+32 and 1, every noise mode, float32 and bfloat16 outputs) and the JIT's specialization of a
+launch on fresh tensors (pointers 16-byte aligned), and reads ``ptxas -v`` of
 Triton's own ptxas run (its flags): registers per thread and bytes of spill stores / loads.
 Each must stay <= 128 registers (two resident 256-thread blocks per SM) with no spill (no
 local-memory traffic). The kernels are split between two such subprocesses (every other
@@ -28,23 +29,29 @@ _SCRIPT = r"""
 import contextlib, io, re
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from hfcompress.kernels import (triton_global_qsgd as GQ, triton_group_quant as T,
-                                triton_hadamard as H, triton_learned_levels as L,
-                                triton_noise as N, triton_qsgd as Q, triton_random_shift as R,
-                                triton_tiles as TT)
+from triton.compiler import ASTSource, make_backend
+from hfcompress.kernels import (triton_dequantize_sum as D, triton_global_qsgd as GQ,
+                                triton_group_quant as T, triton_hadamard as H,
+                                triton_learned_levels as L, triton_noise as N, triton_qsgd as Q,
+                                triton_random_shift as R, triton_tiles as TT)
 
 triton.knobs.nvidia.dump_ptxas_log = True  # Triton's own ptxas run (its flags) prints -v
+TARGET = GPUTarget("cuda", 90, 32)
+BACKEND = make_backend(TARGET)
 ROWS = iter(range(1 << 20))
 
 def row(label, fn, sig, consts, num_warps):
     index = next(ROWS)
     if index % SHARDS != SHARD:
         return
+    # pointers 16-byte aligned, as the JIT specializes a launch on fresh allocations (the
+    # binary a GPU runs: its vector loads may need more registers than unaligned code)
+    aligned = {(fn.arg_names.index(k),): BACKEND.parse_attr("D")
+               for k, v in sig.items() if v.startswith("*")}
     src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
-                    constexprs=consts)
+                    constexprs=consts, attrs=aligned)
     with contextlib.redirect_stdout(io.StringIO()) as log:
-        triton.compile(src, target=GPUTarget("cuda", 90, 32),
+        triton.compile(src, target=TARGET,
                        options={"enable_fp_fusion": False, "num_warps": num_warps})
     log = log.getvalue()
     regs = [int(n) for n in re.findall(r"Used (\d+) registers", log)]
@@ -64,31 +71,41 @@ for h in (N.ONE_KEY, RK):
         dict(HASH=h, BLOCK=N.BLOCK), N.NUM_WARPS)
 
 # triton_group_quant: int stochastic at 128 (ulq, tlq, zeropp grads; one key pair, or row
-# keys of whole groups), nearest at 128 (loco) and 2048 (qw, qwd, zeropp weights); decode
-# (qwd's dequantize_add(_rows) are this decode and torch ops); the fused 2-hop requantize
+# keys of whole groups), nearest at 128 (loco) and 2048 (qw, qwd, zeropp weights); qwd's
+# fused difference (bf16 w and w~, ragged tail) and update (dequantize_add, bf16 or float32
+# w~); the fused 2-hop requantize
+quant = dict(ref_ptr=f32, noise_row=i32, scale_ptr=f32, n_groups=i32, numel=i32)
 for bits, gs, h in [(b, 128, h) for b in (2, 4, 8) for h in (0, 1, RG)] + [(4, 2048, 0),
                                                                              (8, 2048, 0)]:
+    k = T._tile_consts(bits, gs, T.GPU_BLOCK_ELEMS)
     row(f"group_quant._quantize_kernel bits={bits} gs={gs} HASH={h}", T._quantize_kernel,
-        dict(x_ptr=f32, noise_ptr=i64 if h else f32, noise_row=i32, packed_ptr=u8,
-             scale_ptr=f32, n_groups=i32),
-        dict(GS=gs, BITS=bits, STOCHASTIC=h != 0, HASH=h,
-             **T._tile_consts(bits, gs, T.GPU_BLOCK_ELEMS)), T.NUM_WARPS)
-for bits, gs, bf16 in [(b, g, o) for b in (4, 8) for g in (128, 2048) for o in (False, True)]:
-    cpu, bpu = T._UNIT[bits]
-    row(f"group_quant._dequantize_sum_kernel bits={bits} gs={gs} bf16={bf16}",
-        T._dequantize_sum_kernel,
-        dict(packed_ptr=u8, scale_ptr=f32, out_ptr="*i16" if bf16 else f32, numel="i64",
-             n_peers=i32, peer_bytes="i64", peer_groups=i32),
-        dict(GS=gs, BITS=bits, CPU=cpu, BPU=bpu, BLOCK=T.GPU_BLOCK_ELEMS, OUT_BF16=bf16),
+        dict(x_ptr=f32, noise_ptr=i64 if h else f32, packed_ptr="*i32", **quant),
+        dict(GS=gs, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=False, RAGGED=False, **k),
         T.NUM_WARPS)
+for bits, h in ((4, 0), (4, 1), (8, RG)):
+    k = T._tile_consts(bits, 2048, T.GPU_BLOCK_ELEMS, itemsize=2)
+    row(f"group_quant._quantize_kernel difference bits={bits} gs=2048 HASH={h}",
+        T._quantize_kernel, dict(x_ptr="*bf16", noise_ptr=i64 if h else f32,
+                                 packed_ptr="*i32", **{**quant, "ref_ptr": "*bf16"}),
+        dict(GS=2048, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=True, RAGGED=True, **k),
+        T.NUM_WARPS)
+for bits, gs, out in [(4, 2048, "*bf16"), (4, 128, "*bf16"), (8, 2048, "*bf16"),
+                      (4, 2048, f32)]:
+    k = T._tile_consts(bits, gs, T.GPU_BLOCK_ELEMS, itemsize=2 if out != f32 else 4)
+    row(f"group_quant._dequantize_add_kernel bits={bits} gs={gs} out={out}",
+        T._dequantize_add_kernel, dict(packed_ptr="*i32", scale_ptr=f32, ref_ptr=out,
+                                       out_ptr="*i16" if out != f32 else f32, numel=i32),
+        dict(GS=gs, BITS=bits, RAGGED=True, OUT_BF16=out != f32, **k), T.NUM_WARPS)
 for bits, h in ((8, 1), (8, RG), (4, RG)):
-    k = T._tile_consts(4, 128, T.GPU_BLOCK_ELEMS)
+    v = T.SUM_VALUES_PER_THREAD
+    k = T._tile_consts(4, 128, T.NUM_WARPS * 32 * v, per_thread=v)
     row(f"group_quant._dequantize_sum_quantize_kernel {bits}->4 HASH={h}",
         T._dequantize_sum_quantize_kernel,
-        dict(packed_ptr=u8, scale_ptr=f32, noise_ptr=i64, noise_row=i32, out_packed_ptr=u8,
-             out_scale_ptr=f32, n_groups=i32, n_peers=i32, peer_bytes="i64", peer_groups=i32),
-        dict(GS=128, BITS=bits, CPU=T._UNIT[bits][0], BPU=1, OGS=128, BLOCK_G=k["BLOCK_G"],
-             U_P2=k["U_P2"], OBITS=4, OCPU=k["CPU"], OBPU=k["BPU"], STOCHASTIC=True, HASH=h),
+        dict(packed_ptr=u8, scale_ptr=f32, noise_ptr=i64, noise_row=i32,
+             out_packed_ptr="*i32", out_scale_ptr=f32, n_groups=i32, n_peers=i32,
+             peer_bytes="i64", peer_groups=i32),
+        dict(GS=128, BITS=bits, CPU=T._UNIT[bits][0], BPU=1, OGS=128, OBITS=4,
+             OCPU=k.pop("CPU"), OBPU=k.pop("BPU"), STOCHASTIC=True, HASH=h, **k),
         T.NUM_WARPS)
 
 # triton_hadamard: tlq_hs / sdp4bit grads, group 128, n 32 (n 1: the 2-hop quantizes values
@@ -97,18 +114,28 @@ row("hadamard._rotate_kernel n=32", H._rotate_kernel, dict(x_ptr=f32, out_ptr=f3
     dict(ROWS=H.GPU_BLOCK_ELEMS // 32, N=32, LOG2N=5, SCALE=H.inv_sqrt(32)), H.NUM_WARPS)
 for bits, n, h in [(b, n, h) for b in (4, 8) for n in (32, 1) for h in (1, RG)] + [(2, 32, RG)]:
     row(f"hadamard._quantize_kernel bits={bits} n={n} HASH={h}", H._quantize_kernel,
-        dict(x_ptr=f32, noise_ptr=i64 if h else f32, noise_row=i32, packed_ptr=u8,
+        dict(x_ptr=f32, noise_ptr=i64 if h else f32, noise_row=i32, packed_ptr="*i32",
              scale_ptr=f32, n_groups=i32),
         dict(**H._consts(bits, 128, n, H.GPU_BLOCK_ELEMS), STOCHASTIC=h != 0, HASH=h),
-        H.NUM_WARPS)
-for bits, inv, bf16 in [(b, i, o) for b in (4, 8) for i in (True, False) for o in (False, True)]:
-    row(f"hadamard._dequantize_kernel bits={bits} inverse={inv} bf16={bf16}",
-        H._dequantize_kernel,
-        dict(packed_ptr=u8, scale_ptr=f32, out_ptr="*i16" if bf16 else f32, n_peers=i32,
-             n_groups=i32, peer_bytes=i32, BIG="fp32"),
-        dict(**H._consts(bits, 128, 32, H.GPU_BLOCK_ELEMS), INVERSE=inv, OUT_BF16=bf16,
-             CLIP=bf16),
-        H.NUM_WARPS)
+        H.QUANT_WARPS)
+
+# triton_dequantize_sum: the decode-sums of both (8 peers unrolled; 16 unrolled and the loop
+# past MAX_UNROLL; bytes where the payload is not 4-byte aligned, unrolled up to
+# MAX_UNROLL_BYTES, a loop beyond; 6 bits), group quant at 128 / 2048
+# (the Hadamard sum without the inverse), the inverse of n 32 fused, float32 and bfloat16
+dsum = [(b, g, 1, 8, o, True) for b in (4, 8) for g in (128, 2048) for o in (False, True)]
+dsum += [(b, 128, 32, 8, o, True) for b in (4, 8) for o in (False, True)]
+dsum += [(4, 128, 1, 16, False, True), (8, 128, 32, 16, True, True), (4, 128, 32, 0, True, True),
+         (8, 128, 32, 0, True, False), (8, 128, 1, 4, False, False), (6, 128, 1, 5, True, False)]
+for bits, gs, n, peers, bf16, words in dsum:
+    row(f"dequantize_sum._dequantize_sum_kernel bits={bits} gs={gs} n={n} peers={peers} "
+        f"bf16={bf16} words={words}", D._dequantize_sum_kernel,
+        dict(src_ptr="*i32" if words else u8, scale_ptr=f32, out_ptr="*u16" if bf16 else f32,
+             n_rows=i32, n_peers=i32, src_stride=i32, scale_stride=i32, BIG="fp32"),
+        dict(PEERS=peers, GS=gs, BITS=bits, **(k := D.row_layout(bits, gs, n)),
+             V=min(k["UPR"], 4) if words else 1, WORDS=words,
+             R=D.GPU_ROWS, N=n, LOG2N=n.bit_length() - 1, SCALE=H.inv_sqrt(n), INVERSE=n > 1,
+             CLIP=bf16 and n > 1, OUT_BF16=bf16), D.NUM_WARPS)
 
 # bucketed, buckets of 1024: qsdp (qsgd 8 bits, random shift 8 bits), qsdp_learned (5 / 4)
 block, groups = TT.tile_shape(1024, TT.GPU_TILE)
@@ -121,10 +148,12 @@ for h in (1, RG):
 row("random_shift._quantize_kernel bits=8", R._quantize_kernel,
     dict(x_ptr=f32, u_ptr=f32, code_ptr=u8, base_ptr=f32, step_ptr=f32, **bucket),
     dict(KMAX=255, **tile), TT.NUM_WARPS)
+block, groups = TT.tile_shape(1024, L.GPU_TILE)
+ll_tile = dict(GROUPS=groups, BLOCK=block)  # learned levels: 16 values per thread
 for bits in (5, 4):
     row(f"learned_levels._quantize_kernel bits={bits}", L._quantize_kernel,
-        dict(x_ptr=f32, mid_ptr=f32, code_ptr=u8, lo_ptr=f32, rng_ptr=f32, **bucket),
-        dict(BITS=bits, **tile), TT.NUM_WARPS)
+        dict(x_ptr=f32, mid_ptr=f32, code_ptr=u8, lo_ptr=f32, rng_ptr=f32, **bucket, numel=i32),
+        dict(BITS=bits, CPU=TT.unit_codes(bits), **ll_tile), TT.NUM_WARPS)
 peers = dict(**bucket, n_peers=i32, numel=i32)
 for bf16 in (False, True):
     out = "*u16" if bf16 else f32
@@ -134,33 +163,58 @@ for bf16 in (False, True):
     row(f"random_shift._dequantize_kernel bf16={bf16}", R._dequantize_kernel,
         dict(code_ptr=u8, base_ptr=f32, step_ptr=f32, out_ptr=out, **peers, BIG="fp32"),
         dict(OUT_BF16=bf16, **tile), TT.NUM_WARPS)
-    row(f"learned_levels._dequantize_kernel bf16={bf16}", L._dequantize_kernel,
-        dict(code_ptr=u8, lo_ptr=f32, rng_ptr=f32, lv_ptr=f32, out_ptr=out, **peers),
-        dict(LEVELS=32, OUT_BF16=bf16, **tile), TT.NUM_WARPS)
+    for bits in (5, 4):
+        row(f"learned_levels._dequantize_kernel bits={bits} bf16={bf16}", L._dequantize_kernel,
+            dict(code_ptr=u8, lo_ptr=f32, rng_ptr=f32, lv_ptr=f32, out_ptr=out, **peers,
+                 code_stride=i32, lo_stride=i32, rng_stride=i32, lv_stride=i32,
+                 out_stride=i32),
+            dict(BITS=bits, CPU=TT.unit_codes(bits), OUT_BF16=bf16, **ll_tile),
+            TT.NUM_WARPS)
 
 # triton_global_qsgd: global_qsgd (linear, int8 wire), global_qsgd_exp (8 bits; 4 packed),
-# one key pair or row keys (ROW_KEYS_WIDE: tensors past 2G values)
+# one key pair or row keys (ROW_KEYS_WIDE: tensors past 2G values); one scale, one per
+# program or one per value (SCALES 0 / 1 / 2; linear: the wide tile with one key pair and a
+# scale per program, else the small one); whole programs or a ragged tail (EVEN); the local
+# scale (whole blocks per program, or atomic_max of a long block's segments)
 blk = dict(BLOCK=GQ.GPU_BLOCK)
-for h in (1, RK, RW):
-    row(f"global_qsgd._linear_quantize_kernel HASH={h}", GQ._linear_quantize_kernel,
-        dict(x_ptr=f32, inv_ptr=f32, noise_ptr=i64, noise_row=i32, out_ptr="*i8", n=i32,
-             per=i32, levels="fp32"), dict(HASH=h, **blk), GQ.NUM_WARPS)
-for out in (f32, "*bf16"):
-    row(f"global_qsgd._linear_dequantize_kernel out={out}", GQ._linear_dequantize_kernel,
-        dict(codes_ptr="*i8", step_ptr=f32, out_ptr=out, n=i32, per=i32), blk, GQ.NUM_WARPS)
-for bits, h in [(b, h) for b in (8, 4) for h in (1, RK, RW)]:
-    row(f"global_qsgd._exp_quantize_kernel bits={bits} HASH={h}", GQ._exp_quantize_kernel,
-        dict(x_ptr=f32, inv_ptr=f32, noise_ptr=i64, noise_row=i32, out_ptr=u8, nbytes=i32,
+for h, sc, even in [(1, 0, True), (1, 0, False), (1, 1, False), (1, 2, False), (RK, 0, False),
+                    (RK, 2, False), (RW, 0, False), (RW, 2, False)]:
+    wide = h == 1 and sc < 2
+    row(f"global_qsgd._linear_quantize_kernel HASH={h} SCALES={sc} EVEN={even}",
+        GQ._linear_quantize_kernel,
+        dict(x_ptr=f32, scale_ptr=f32, noise_ptr=i64, noise_row=i32, out_ptr="*i8", n=i32,
+             per=i32, levels="fp32"),
+        dict(HASH=h, SCALES=sc, EVEN=even,
+             BLOCK=GQ.GPU_LINEAR_BLOCK if wide else GQ.GPU_LINEAR_SMALL), GQ.NUM_WARPS)
+for out, sc in [(o, s) for o in (f32, "*bf16") for s in (0, 2)]:
+    row(f"global_qsgd._linear_dequantize_kernel out={out} SCALES={sc}",
+        GQ._linear_dequantize_kernel,
+        dict(codes_ptr="*i8", scale_ptr=f32, out_ptr=out, n=i32, per=i32, levels="fp32"),
+        dict(SCALES=sc, BLOCK=GQ.GPU_LINEAR_BLOCK if sc < 2 else GQ.GPU_LINEAR_SMALL),
+        GQ.NUM_WARPS)
+for bits, h, sc in [(b, h, s) for b in (8, 4) for h in (1, RK, RW) for s in (0, 2)]:
+    row(f"global_qsgd._exp_quantize_kernel bits={bits} HASH={h} SCALES={sc}",
+        GQ._exp_quantize_kernel,
+        dict(x_ptr=f32, scale_ptr=f32, noise_ptr=i64, noise_row=i32, out_ptr=u8, nbytes=i32,
              per=i32, levels=i32, headroom=i32, sub_mult="fp32"),
-        dict(HASH=h, BITS=bits, **blk), GQ.NUM_WARPS)
+        dict(HASH=h, SCALES=sc, BITS=bits, **blk), GQ.NUM_WARPS)
+for bits, h in [(b, h) for b in (8, 4) for h in (1, RK, RW)]:
     row(f"global_qsgd._exp_combine_kernel bits={bits} HASH={h}", GQ._exp_combine_kernel,
         dict(a_ptr=u8, b_ptr=u8, noise_ptr=i64, noise_row=i32, out_ptr=u8, nbytes=i32),
         dict(HASH=h, BITS=bits, **blk), GQ.NUM_WARPS)
-for bits, out in [(b, o) for b in (8, 4) for o in (f32, "*bf16")]:
-    row(f"global_qsgd._exp_dequantize_kernel bits={bits} out={out}",
+for bits, out, sc in [(b, o, s) for b in (8, 4) for o in (f32, "*bf16") for s in (0, 2)]:
+    row(f"global_qsgd._exp_dequantize_kernel bits={bits} out={out} SCALES={sc}",
         GQ._exp_dequantize_kernel,
         dict(codes_ptr=u8, scale_ptr=f32, out_ptr=out, nbytes=i32, per=i32, headroom=i32),
-        dict(BITS=bits, **blk), GQ.NUM_WARPS)
+        dict(SCALES=sc, BITS=bits, **blk), GQ.NUM_WARPS)
+for x, w, ragged in [(f32, GQ.GPU_TILE, False), ("*bf16", GQ.GPU_TILE, False),
+                     (f32, 4096, False), (f32, 256, False), (f32, 32, False),
+                     (f32, 32, True)]:
+    row(f"global_qsgd._abs_max_kernel x={x} W={w} RAGGED={ragged}", GQ._abs_max_kernel,
+        dict(x_ptr=x, out_ptr="*i32", n=i32, segs=i32, blocks=i32, width=i32, per=i32,
+             n_segs=i32),
+        dict(RAGGED=ragged, ATOMIC=w == GQ.GPU_TILE, G=max(GQ.GPU_BLOCKS_TILE // w, 1), W=w),
+        GQ.NUM_WARPS)
 print(f"rows\t{next(ROWS)}")
 """
 

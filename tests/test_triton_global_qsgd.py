@@ -8,9 +8,13 @@ import torch
 
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from hfcompress.compressors import get_compressor  # noqa: E402
 from hfcompress.kernels import global_qsgd as twin  # noqa: E402
 from hfcompress.kernels import triton_global_qsgd as tri  # noqa: E402
+from hfcompress.kernels.triton_noise import noise_at  # noqa: E402
 
 pytestmark = [pytest.mark.triton,  # inf * 0 in numpy (the interpreter) warns
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
@@ -150,3 +154,91 @@ def test_compressor_backends_agree(name, kw):
                         c.reduce_packed(ps).payload["codes"], c.decompress(empty))
     for a, b in zip(out["torch"], out["triton"]):
         same_bits(a, b)
+
+
+# -- the local scale, the in-kernel inverse scale and the one-key noise (issue 35) ----------
+def test_local_scale_one_pass():
+    """max |x| per block (one pass, no |x| tensor) == the twin: one scale, blocks of 32 / 96
+    (the last short), blocks spanning programs (atomic_max of their segments), rows with
+    their own blocks (a short last block per row), Inf / NaN / -Inf blocks -> +Inf."""
+    g = torch.Generator().manual_seed(7)
+    for n in (1, 33, 5001, 2 * tri.TILE + 99):
+        x = torch.randn(n, generator=g) * torch.exp2(-torch.randint(0, 30, (n,), generator=g))
+        if n > 200:
+            x[[40, 100, n - 1]] = torch.tensor([INF, NAN, -INF])
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for bs in (None, 32, 96, 2 * tri.TILE):
+                same_bits(tri.local_scale(x.to(dtype), bs), twin.local_scale(x.to(dtype), bs))
+    x = torch.randn(3, 1000, generator=g)
+    x[1, 500] = NAN
+    for bs in (None, 32, 96, 512, 2048):
+        same_bits(tri.local_scale(x.reshape(-1), bs, 3), twin.local_scale(x.reshape(-1), bs, 3))
+    for bs in (None, 32):                                    # empty rows: zeros / no blocks
+        same_bits(tri.local_scale(torch.empty(0), bs, 2), twin.local_scale(torch.empty(0), bs, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_linear_keys_whole_and_ragged_programs(dtype):
+    """One key pair (the hash's per-program form) and row keys, whole programs (EVEN) and a
+    ragged tail, one scale and block scales (one per program: BLOCK; per value: 96)."""
+    keys = torch.tensor([0x9E3779B9, 0x7F4A7C15])
+    for n in (4 * tri.BLOCK, 4 * tri.BLOCK + 38):
+        x, _ = inputs(n, dtype, 8)
+        for bs in (None, 96, tri.BLOCK):
+            scale = torch.tensor([0.9]) if bs is None else block_scales(n, bs, 9)
+            for noise in (keys, torch.stack([keys, keys + 1])):
+                q = tri.linear_quantize(x, scale, 31, noise, torch.int8, bs)
+                same_bits(q, twin.linear_quantize(x, scale, 31, noise, torch.int8, bs))
+            for out in (torch.float32, torch.bfloat16):
+                same_bits(tri.linear_dequantize(q.long() * 3, scale, 31, out, bs),
+                          twin.linear_dequantize(q.long() * 3, scale, 31, out, bs))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_exp_scale_per_program(bits):
+    """Exponential codes with one block scale per program (block_size 2 * BLOCK values) and
+    one key pair; the in-kernel inverse (0 for the zero / Inf / NaN blocks)."""
+    n = 8 * tri.BLOCK + 2
+    x, _ = inputs(n, torch.bfloat16, 12)
+    scale = block_scales(n, 2 * tri.BLOCK, 13)
+    keys = torch.tensor([5, 6])
+    c = tri.exp_quantize(x, scale, 5, 2, bits, keys, 2 * tri.BLOCK)
+    same_bits(c, twin.exp_quantize(x, scale, 5, 2, bits, keys, 2 * tri.BLOCK))
+    same_bits(tri.exp_dequantize(c, scale, 2, bits, torch.float32, 2 * tri.BLOCK),
+              twin.exp_dequantize(c, scale, 2, bits, torch.float32, 2 * tri.BLOCK))
+
+
+@pytest.mark.parametrize("mode", [1, 2, 3])
+def test_scale_index_modes(mode):
+    """Every ``SCALES`` way of finding a value's scale gives ``scale[i // block_size]`` (mode 3,
+    the 64-bit division for blocks past 2**31 values, forced on a short tensor)."""
+    n, bs = 4 * tri.BLOCK + 5, 2 * tri.BLOCK if mode == 1 else 96
+    x, u = inputs(n, torch.float32, 10)
+    scale = block_scales(n, bs, 11)
+    q = torch.empty(n, dtype=torch.int8)
+    per = bs // tri.BLOCK if mode == 1 else bs
+    tri._linear_quantize_kernel[(triton.cdiv(n, tri.BLOCK),)](
+        x, scale, u, 1, q, n, per, 31.0, HASH=0, SCALES=mode, EVEN=False, BLOCK=tri.BLOCK)
+    same_bits(q, twin.linear_quantize(x, scale, 31, u, torch.int8, bs))
+    out = torch.empty(n)
+    tri._linear_dequantize_kernel[(triton.cdiv(n, tri.BLOCK),)](
+        q, scale, out, n, per, 31.0, SCALES=mode, BLOCK=tri.BLOCK)
+    same_bits(out, twin.linear_dequantize(q, scale, 31, torch.float32, bs))
+
+
+@triton.jit
+def _noise_pair(keys_ptr, out_ptr, program, BLOCK: tl.constexpr):
+    first = program.to(tl.int64) * BLOCK
+    lanes = tl.arange(0, BLOCK)
+    tl.store(out_ptr + lanes, tri._program_noise(keys_ptr, first, BLOCK))
+    i = first + lanes
+    tl.store(out_ptr + BLOCK + lanes, noise_at(keys_ptr, i, i >= 0, 1, 1))
+
+
+def test_program_noise_is_noise_at():
+    """The per-program hash == ``noise_at`` (one key pair), past 2**32 too (the high word)."""
+    keys = torch.tensor([0xDEADBEEF, 0x01234567])
+    for program in (0, 5, (1 << 22) - 1, (3 << 22) + 7):       # programs of 1024 values
+        out = torch.empty(2 * 1024)
+        _noise_pair[(1,)](keys, out, program, BLOCK=1024)
+        same_bits(out[:1024], out[1024:])

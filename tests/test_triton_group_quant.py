@@ -142,6 +142,65 @@ def test_difference_kernels_equal_twin(tt, dtype):
                                        for r in range(3)]))
 
 
+def test_quantize_tiny_group_equals_twin(tt):
+    """A group of subnormals and zeros: ``1 / absmax`` overflows to Inf, so its zeros round
+    NaN (0 * Inf) to level 0 and the rest clamp to +-qmax, as in the twin."""
+    x = torch.randn(128 * 4, generator=torch.Generator().manual_seed(3))
+    x[:128] = torch.tensor([0.0, -0.0, 1e-41, -3e-42] * 32)
+    for bits in (2, 4, 8):
+        for noise in (None, torch.rand(x.numel(), generator=torch.Generator().manual_seed(4))):
+            got, want = tt.quantize(x, bits, 128, noise), twin.quantize(x, bits, 128, noise)
+            assert torch.equal(got[0], want[0]) and same(got[1], want[1])
+
+
+@pytest.mark.parametrize("bits, gs", [(4, 2048), (8, 128), (2, 128), (6, 96)])
+def test_quantize_difference_equals_twin(tt, bits, gs):
+    """qWD's fused sender step: any float dtypes (x and ref may differ), ragged tails padded
+    with zeros in the kernel, non-finite groups, every noise mode."""
+    g = torch.Generator().manual_seed(bits)
+    pairs = ((torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16),
+             (torch.float16, torch.float32))
+    for i, (n, (xd, rd)) in enumerate((n, p) for n in (gs * 3 + 77, gs * 2, 5) for p in pairs):
+        padded = -(-n // gs) * gs
+        noise = (None, torch.rand(padded, generator=g), torch.tensor([7, 2**32 - 9]),
+                 torch.tensor([[1, 2], [3, 4]]))[i % 4]  # none, values, keys, row keys
+        x = make_input(max(n, 3 * gs + 6), gs, seed=n, dtype=xd)[:n]
+        ref = (x.float() + 0.1 * torch.randn(n, generator=g)).to(rd)
+        got = tt.quantize_difference(x, ref, bits, gs, noise)
+        want = twin.quantize_difference(x, ref, bits, gs, noise)
+        assert torch.equal(got[0], want[0]) and same(got[1], want[1]), (n, xd, rd, i)
+
+
+@pytest.mark.parametrize("bits, gs", [(4, 2048), (8, 128), (2, 128), (6, 96)])
+def test_dequantize_add_equals_twin(tt, bits, gs):
+    """qWD's fused update: ``ref`` bf16 / fp16 / fp32, a payload padded past ``ref``, a NaN
+    group, the payload read as words or (at an odd offset) as bytes; rows of whole groups
+    through the same kernel."""
+    g = torch.Generator().manual_seed(bits)
+    n = gs * 3 + 77
+    codes, scales = twin.quantize(make_input(gs * 4, gs, seed=bits), bits, gs)
+    odd = torch.cat([codes[:1], codes])[1:]
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        ref = (torch.randn(n, generator=g) * 4).to(dtype)
+        want = twin.dequantize_add(codes, scales, bits, gs, ref)
+        for packed in (codes, odd):
+            out = tt.dequantize_add(packed, scales, bits, gs, ref)
+            assert same(out, want) and out.dtype == dtype
+        rows = (torch.randn(4, gs, generator=g) * 4).to(dtype)
+        out = tt.dequantize_add_rows(codes, scales, bits, gs, rows)
+        assert same(out, twin.dequantize_add_rows(codes, scales, bits, gs, rows))
+        assert out.shape == rows.shape and out.dtype == dtype
+
+
+def test_dequantize_sum_quantize_one_peer(tt):
+    pk, sc = peers(128 * 40, 8, 128, 1, seed=5)
+    noise = torch.tensor([5, 6])
+    for out_bits in (2, 4):
+        a = tt.dequantize_sum_quantize(pk, sc, 8, 128, out_bits, 128, noise)
+        b = twin.dequantize_sum_quantize(pk, sc, 8, 128, out_bits, 128, noise)
+        assert torch.equal(a[0], b[0]) and same(a[1], b[1])
+
+
 def test_empty_inputs(tt):
     codes, scales = tt.quantize(torch.zeros(0), 4, 128)
     assert codes.numel() == 0 and scales.numel() == 0
@@ -173,23 +232,26 @@ def ptx(fn, sig, consts):
     k = triton.compile(src, target=GPUTarget("cuda", 80, 32), options={"enable_fp_fusion": False})
     return k.asm["ptx"]
 
-u8, f32 = "*u8", "*fp32"
-q = ptx(T._quantize_kernel, dict(x_ptr="*bf16", noise_ptr=f32, noise_row="i64", packed_ptr=u8,
-        scale_ptr=f32, n_groups="i32"), dict(GS=96, BITS=6, STOCHASTIC=True, HASH=0,
-                                             **T._tile_consts(6, 96)))
+u8, f32, i32 = "*u8", "*fp32", "i32"
+quant = dict(ref_ptr=f32, noise_row="i64", scale_ptr=f32, n_groups=i32, numel="i64")
+q = ptx(T._quantize_kernel, dict(x_ptr="*bf16", noise_ptr=f32, packed_ptr=u8, **quant),
+        dict(GS=96, BITS=6, STOCHASTIC=True, HASH=0, DIFF=False, RAGGED=False,
+             **T._tile_consts(6, 96, 1024, itemsize=2)))
 for hashed in (N.ONE_KEY, N.ROW_GROUPS):
-    q += ptx(T._quantize_kernel, dict(x_ptr="*fp16", noise_ptr="*i64", noise_row="i64",
-             packed_ptr=u8, scale_ptr=f32, n_groups="i32"),
-             dict(GS=128, BITS=4, STOCHASTIC=True, HASH=hashed, **T._tile_consts(4, 128)))
-d = ptx(T._dequantize_sum_kernel, dict(packed_ptr=u8, scale_ptr=f32, out_ptr="*i16", numel="i64",
-        n_peers="i32", peer_bytes="i64", peer_groups="i32"),
-        dict(GS=128, BITS=4, CPU=2, BPU=1, BLOCK=T.BLOCK_ELEMS, OUT_BF16=True))
+    q += ptx(T._quantize_kernel, dict(x_ptr="*fp16", noise_ptr="*i64", packed_ptr="*i32",
+                                      **quant),
+             dict(GS=128, BITS=4, STOCHASTIC=True, HASH=hashed, DIFF=True, RAGGED=True,
+                  **T._tile_consts(4, 128, 1024, itemsize=2)))
+k = T._tile_consts(2, 32, 1024, per_thread=T.SUM_VALUES_PER_THREAD)
 s = ptx(T._dequantize_sum_quantize_kernel, dict(packed_ptr=u8, scale_ptr=f32, noise_ptr="*i64",
-        noise_row="i64", out_packed_ptr=u8, out_scale_ptr=f32, n_groups="i32", n_peers="i32", peer_bytes="i32",
-        peer_groups="i32"), dict(GS=128, BITS=8, CPU=1, BPU=1, OGS=32, OBITS=2, STOCHASTIC=True,
-        HASH=True,
-        **{"O" + k if k in ("CPU", "BPU") else k: v for k, v in T._tile_consts(2, 32).items()}))
-print("div.rn.f32" in q, "div.full" in q + s, "fma.rn.f32" in q + d + s)
+        noise_row="i64", out_packed_ptr="*i32", out_scale_ptr=f32, n_groups=i32, n_peers=i32,
+        peer_bytes=i32, peer_groups=i32),
+        dict(GS=128, BITS=8, CPU=1, BPU=1, OGS=32, OBITS=2, STOCHASTIC=True, HASH=N.ONE_KEY,
+             OCPU=k.pop("CPU"), OBPU=k.pop("BPU"), **k))
+a = ptx(T._dequantize_add_kernel, dict(packed_ptr="*i32", scale_ptr=f32, ref_ptr="*bf16",
+        out_ptr="*i16", numel="i64"), dict(GS=128, BITS=4, OUT_BF16=True, RAGGED=True,
+                                           **T._tile_consts(4, 128, 1024, itemsize=2)))
+print("div.rn.f32" in q, "div.full" in q + s, "fma.rn.f32" in q + s + a)
 """
 
 

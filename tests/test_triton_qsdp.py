@@ -81,7 +81,8 @@ def test_random_shift_kernels_bit_exact(dtype, bucket, bits):
 
 
 @pytest.mark.parametrize("dtype,bucket,bits",
-                         CASES + [(torch.float32, 64, 5), (torch.float16, 64, 3)])
+                         CASES + [(torch.float32, 64, 5), (torch.float16, 64, 3),
+                                  (torch.bfloat16, 32, 7)])
 def test_learned_levels_kernels_bit_exact(dtype, bucket, bits):
     x = data(bucket, dtype)
     gen = torch.Generator().manual_seed(3)
@@ -104,6 +105,107 @@ def test_learned_levels_kernels_bit_exact(dtype, bucket, bits):
     lvs = torch.stack([levels, uniform])
     assert same(ll_twin.dequantize_sum(*parts, lvs, bits, bucket),
                 ll_tri.dequantize_sum(*parts, lvs, bits, bucket))
+
+
+def wire_of(peers, levels, pad: int) -> torch.Tensor:
+    """The peers' payloads (codes, lo, rng, levels) as the rows of one uint8 wire, each row
+    followed by ``pad`` bytes: its fields are strided columns."""
+    rows = [torch.cat([q[0], q[1].view(torch.uint8), q[2].view(torch.uint8),
+                       lv.view(torch.uint8), torch.zeros(pad, dtype=torch.uint8)])
+            for q, lv in zip(peers, levels)]
+    return torch.stack(rows)
+
+
+def wire_fields(wire: torch.Tensor, peers, levels) -> list[torch.Tensor]:
+    """(codes, lo, rng, levels) of every row of ``wire_of``, as views of its columns."""
+    sizes = [peers[0][0].numel(), 4 * peers[0][1].numel(), 4 * peers[0][2].numel(),
+             4 * levels[0].numel()]
+    fields, at = [], 0
+    for i, n in enumerate(sizes):
+        f = wire[:, at:at + n]
+        fields.append(f if i == 0 else f.view(torch.float32))
+        at += n
+    return fields
+
+
+@pytest.mark.parametrize("bits,bucket,rows,cut", [(5, 96, 1, 0), (5, 1024, 3, 700), (4, 64, 4, 9),
+                                                  (3, 32, 2, 31), (8, 32, 2, 0),
+                                                  (6, 64, 3, 5)])
+def test_learned_levels_rows_of_a_wire_bit_exact(bits, bucket, rows, cut):
+    """``dequantize_rows`` (each row its own codebook, the first numel values of a row into
+    the caller's output) and ``dequantize_sum`` on a wire's strided columns: the Triton
+    kernels read the packed codes and fields in place, same numbers as the twin."""
+    gen = torch.Generator().manual_seed(bits)
+    levels = [torch.rand(1 << bits, generator=gen).sort().values for _ in range(rows)]
+    peers = [ll_twin.quantize(data(bucket, torch.float32, seed=r), levels[r], bits, bucket)
+             for r in range(rows)]
+    wire = wire_of(peers, levels, 4 * (bits % 3))
+    fields = wire_fields(wire, peers, levels)
+    numel = peers[0][1].numel() * bucket - cut
+    for dtype in DTYPES:
+        want = torch.full((rows, numel), 7.0, dtype=dtype)
+        got = want.clone()
+        ll_twin.dequantize_rows(*fields, bits, bucket, want)
+        ll_tri.dequantize_rows(*fields, bits, bucket, got)
+        assert same(want, got)
+        for r in range(rows):  # row r is the dequantize of its payload
+            one = ll_twin.dequantize(*peers[r], levels[r], bits, bucket, dtype)[:numel]
+            assert same(got[r], one)
+    assert same(ll_twin.dequantize_sum(*fields, bits, bucket),
+                ll_tri.dequantize_sum(*fields, bits, bucket))
+
+
+def test_learned_levels_given_midpoints_same_codes():
+    x = data(64, torch.bfloat16)
+    lv = torch.rand(32, generator=torch.Generator().manual_seed(0)).sort().values
+    mids = ll_twin.midpoints(lv)
+    want = ll_twin.quantize(x, lv, 5, 64)
+    check_all(want, ll_twin.quantize(x, lv, 5, 64, mids))
+    check_all(want, ll_tri.quantize(x, lv, 5, 64, mids))
+
+
+@pytest.mark.parametrize("bits,bucket,numel", [(5, 64, 1), (5, 64, 130), (4, 96, 95), (3, 32, 33)])
+def test_learned_levels_quantize_pads_the_last_bucket_with_the_last_value(bits, bucket, numel):
+    x = data(bucket, torch.bfloat16)[-numel:]
+    lv = torch.rand(1 << bits, generator=torch.Generator().manual_seed(1)).sort().values
+    padded = torch.cat([x, x[-1:].expand(-numel % bucket)])
+    want = ll_twin.quantize(padded, lv, bits, bucket)
+    check_all(want, ll_twin.quantize(x, lv, bits, bucket))
+    check_all(want, ll_tri.quantize(x, lv, bits, bucket))
+
+
+def test_learned_packed_codes_misaligned_are_copied():
+    """A packed-codes tensor not 4-byte aligned is decoded from an aligned copy (the kernel
+    reads whole uint16 / uint32 pieces)."""
+    x = data(32, torch.float32)
+    lv = torch.linspace(0, 1, 16)
+    codes, lo, rng = ll_twin.quantize(x, lv, 4, 32)
+    shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), codes])[1:]
+    assert shifted.data_ptr() % 4
+    assert same(ll_tri.dequantize(shifted, lo, rng, lv, 4, 32),
+                ll_twin.dequantize(codes, lo, rng, lv, 4, 32))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_learned_decompress_slots_and_reduce_rows(backend, offset):
+    """The compressor's wire paths (one kernel over every row, fields read in place; a wire
+    not 4-byte aligned is copied) give what per-payload decompress / reduce give."""
+    c = get_compressor("learned", bits=5, bucket_size=64, fit_steps=0, backend=backend)
+    x = torch.randn(3, 200).to(torch.bfloat16)
+    packs = []
+    for r in range(3):  # a different codebook per row
+        c.update_levels(x[r].float() * (r + 1), lr=0.5)
+        packs.append(c.compress(x[r]))
+    flat = torch.stack([p.flat() for p in packs])
+    buf = torch.zeros(flat.numel() + offset, dtype=torch.uint8)
+    wire = buf[offset:].view(flat.shape)
+    wire.copy_(flat)
+    out = torch.empty(3, 200, dtype=torch.bfloat16)
+    c.decompress_slots(wire, 200, out)
+    for r in range(3):
+        assert same(out[r], c.decompress(packs[r]))
+    assert same(c.reduce_rows(wire, (200,), torch.bfloat16), c.reduce(packs))
 
 
 @pytest.mark.parametrize("name", ["qsgd", "random_shift", "learned"])

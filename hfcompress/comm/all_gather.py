@@ -1,7 +1,9 @@
 """Quantized all-gather (ZeRO++ qwZ; SDP4Bit qWD, Alg. 2; QSDP weights).
 
-``output`` is flat ``world * S`` values, rank-major; ``input`` holds this rank's S values
-(it may be a view of its slot in ``output``, as in FSDP2). Each rank compresses its input,
+``output`` is flat ``world * S`` values, rank-major (or, compressed, a ``[world, S]`` view
+whose rows may be strided: the compressed columns of FSDP2's buffer, decoded in place);
+``input`` holds this rank's S values (it may be a view of its slot in ``output``, as in
+FSDP2). Each rank compresses its input,
 the flat uint8 payloads are all-gathered, and every slot, this rank's included, is
 decompressed from the gathered bytes, so all ranks hold bit-identical outputs: one
 ``decompress_slots`` call over the ``[world, n]`` bytes (stateless schemes; a bucketed one
@@ -74,7 +76,7 @@ class QuantizedAllGather(StreamOwner):
         if s == 0:
             return finish(None, None, async_op, input.device)
         flat = input.reshape(-1)
-        out = output.view(-1)
+        out = output.view(world, s)    # may be row-strided (FSDP's compressed columns)
         if self.references is not None:
             return self.references(out, flat, group, unchanged, self.meter, self.tag, async_op)
         slots = self.streams["slots"]

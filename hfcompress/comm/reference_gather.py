@@ -149,7 +149,7 @@ class ShardedReferences:
             def rebuild_and_copy() -> None:
                 if rebuild is not None:
                     rebuild()
-                out.copy_(self.qwd.reference)
+                out.copy_(self.qwd.reference.view(out.shape))
             return finish(work, rebuild_and_copy, async_op, out.device)
         if rebuild is not None:   # step 3 gathers the rebuilt references: rebuild first
             rebuild()

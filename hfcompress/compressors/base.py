@@ -236,11 +236,16 @@ def check_group_size(scheme: str, group_size: Any, multiple: int, param: str = "
 
 
 def stack_payloads(packeds: Sequence[Packed]) -> torch.Tensor:
-    """The ``Packed.flat()`` buffers of several payloads as the rows of one uint8 tensor."""
-    bufs = [p.flat() for p in packeds]
-    if any(b.numel() != bufs[0].numel() for b in bufs):
-        raise RuntimeError(f"payload sizes differ between parts: {[b.numel() for b in bufs]}")
-    return torch.stack(bufs)
+    """The ``Packed.flat()`` buffers of several payloads as the rows of one uint8 tensor
+    (one ``cat`` of every payload's tensors)."""
+    sizes = [p.nbytes() for p in packeds]
+    if any(n != sizes[0] for n in sizes):
+        raise RuntimeError(f"payload sizes differ between parts: {sizes}")
+    parts = [t.contiguous().reshape(-1).view(torch.uint8)
+             for p in packeds for t in p.payload.values()]
+    if not parts:
+        return torch.empty(len(packeds), 0, dtype=torch.uint8)
+    return torch.cat(parts).view(len(packeds), -1)
 
 
 def pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:

@@ -113,28 +113,15 @@ class _GlobalScaled(Compressor):
 
     def local_scale(self, x: torch.Tensor) -> torch.Tensor:
         """This peer's ℓ∞ norm per block (the whole tensor: one element), float32, +Inf for
-        a block holding Inf or NaN."""
+        a block holding Inf or NaN (on a GPU one pass over ``x``)."""
         check_float_input(self.name, x)
-        n, k = x.numel(), self.num_scales(x.numel())
-        if n == 0:
-            return torch.zeros(k, dtype=torch.float32, device=x.device)
-        width = n if self.block_size is None else self.block_size
-        a = x.detach().reshape(-1).abs()
-        if k * width > n:
-            a = torch.nn.functional.pad(a, (0, k * width - n))
-        m = a.view(k, width).amax(1).float()
-        return torch.where(torch.isfinite(m), m, torch.full_like(m, float("inf")))
+        flat = x.reshape(-1)
+        return self._impl(flat).local_scale(flat, self.block_size)
 
     def local_scale_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """``local_scale`` of every row of 2-D ``rows``, concatenated (same numbers)."""
         check_float_input(self.name, rows)
-        if self.block_size is None or rows.shape[1] == 0:
-            return torch.cat([self.local_scale(r) for r in rows])
-        k = self.num_scales(rows.shape[1])
-        a = pad_rows(rows.detach().abs(), self.block_size).view(-1, self.block_size)
-        m = a.amax(1).float()
-        return torch.where(torch.isfinite(m), m, torch.full_like(m, float("inf"))) \
-            .view(rows.shape[0] * k)
+        return self._impl(rows).local_scale(rows.reshape(-1), self.block_size, rows.shape[0])
 
     def _scale(self, x: torch.Tensor, scale: Any) -> torch.Tensor:
         if scale is None:

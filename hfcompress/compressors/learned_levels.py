@@ -69,7 +69,8 @@ class LearnedLevels(BucketQuantizer):
         self.fit_steps, self.fit_after = fit_steps, fit_after
         self.lr, self.batch_size = lr, batch_size
         self.levels = uniform_levels(bits)  # the state (CPU); see levels_on
-        self._on_device: dict[torch.device, tuple[torch.Tensor, int, torch.Tensor]] = {}
+        self._on_device: dict[torch.device, tuple[torch.Tensor, int, torch.Tensor,
+                                              torch.Tensor]] = {}
         self.fitted = False
         self.calls = 0
 
@@ -79,12 +80,18 @@ class LearnedLevels(BucketQuantizer):
 
     def levels_on(self, device: torch.device) -> torch.Tensor:
         """``self.levels`` on ``device``, copied once per change of the levels (a new tensor
-        or an in-place edit), so a steady-state compress makes no host-to-device copy."""
+        or an in-place edit), so a steady-state compress makes no host-to-device copy. The
+        copy is never edited in place: payloads carry it as their codebook."""
+        return self._codebook(device)[0]
+
+    def _codebook(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(levels, their midpoints) on ``device``, made once per change of the levels."""
         lv = self.levels
         cached = self._on_device.get(device)
         if cached is None or cached[0] is not lv or cached[1] != lv._version:
-            cached = self._on_device[device] = (lv, lv._version, lv.to(device))
-        return cached[2]
+            on = lv.to(device, copy=True)
+            cached = self._on_device[device] = (lv, lv._version, on, _twin.midpoints(on))
+        return cached[2], cached[3]
 
     # -- learning (Alg. 2) ------------------------------------------------------------------
     def _normalized(self, x: torch.Tensor) -> torch.Tensor:
@@ -140,10 +147,31 @@ class LearnedLevels(BucketQuantizer):
         if not self.fitted and self.fit_steps and self.calls >= self.fit_after:
             self.fit(x)
         self.calls += 1
-        flat = pad_edge(x.detach(), self.bucket_size)
-        levels = self.levels_on(flat.device)
-        codes, lo, rng = self._impl(flat).quantize(flat, levels, self.bits, self.bucket_size)
-        return self._packed(x, (codes, lo, rng, levels.clone()))
+        flat = x.detach().reshape(-1)  # the kernel pads the last bucket with the last value
+        levels, mids = self._codebook(flat.device)
+        codes, lo, rng = self._impl(flat).quantize(flat, levels, self.bits, self.bucket_size,
+                                                   mids)
+        return self._packed(x, (codes, lo, rng, levels))
+
+    def payload_rows(self, wire: torch.Tensor, numel: int) -> list[torch.Tensor]:
+        """The fields as views of the wire's columns (no copy; the kernels take strided rows)
+        where every field starts 4-byte aligned, else copied (``Compressor.payload_rows``)."""
+        spec = self.payload_spec(numel)
+        if wire.storage_offset() % 4 or (wire.shape[0] > 1 and wire.stride(0) % 4) \
+                or wire.stride(-1) != 1:
+            return super().payload_rows(wire, numel)
+        fields, offset = [], 0
+        for dt, n in spec.values():
+            fields.append(wire[:, offset:offset + dt.itemsize * n].view(dt))
+            offset += dt.itemsize * n
+        return fields
+
+    def decompress_slots(self, wire: torch.Tensor, numel: int, out: torch.Tensor) -> None:
+        """Every row (its own codebook) decoded into ``out`` by one ``dequantize_rows``."""
+        if out.stride(-1) != 1:
+            return super().decompress_slots(wire, numel, out)
+        fields = self.payload_rows(wire, numel)
+        self._impl(fields[0]).dequantize_rows(*fields, self.bits, self.bucket_size, out)
 
     def state_dict(self) -> dict[str, Any]:
         return {"levels": self.levels.clone(), "fitted": self.fitted, "calls": self.calls,

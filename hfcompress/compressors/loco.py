@@ -96,6 +96,11 @@ class LoCo(Compressor):
     def reduce(self, packeds: Sequence[Packed]) -> torch.Tensor:
         return self.inner.reduce(packeds)
 
+    def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
+                    dtype: torch.dtype) -> torch.Tensor:
+        """The inner's: the receiver sums the rows' fields in place (no state)."""
+        return self.inner.reduce_rows(wire, shape, dtype)
+
     # -- error feedback -------------------------------------------------------------------
     def compress(self, x: torch.Tensor) -> Packed:
         check_float_input(self.name, x)
@@ -108,7 +113,8 @@ class LoCo(Compressor):
         packed = self.inner.compress(h.view(x.shape))
         d = self.inner.decompress(Packed(packed.payload, x.shape, torch.float32, packed.meta))
         e_avg = (1.0 - self.beta) * e + self.beta * (h - d.reshape(-1))
-        self._store(torch.where(torch.isfinite(e_avg), e_avg, torch.zeros_like(e_avg)))
+        # a zero error where e_avg is not finite (one kernel: finite values as they are)
+        self._store(e_avg.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0))
         return Packed(packed.payload, x.shape, x.dtype, packed.meta)
 
     def step(self) -> None:

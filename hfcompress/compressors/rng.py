@@ -7,7 +7,9 @@ the ``n``-th output of a splitmix64 stream seeded from ``seed``, so the state is
 the same call's keys only: the quantize kernels take them in place of the noise and the
 Triton ones hash each value's index themselves (no noise tensor in memory), same numbers;
 ``next_keys(device, rows)`` draws the keys of ``rows`` successive calls at once, as row keys
-(``kernels/noise.py``), so one kernel over ``rows`` rows rounds each row as its own call would. ``generator(device)``
+(``kernels/noise.py``), so one kernel over ``rows`` rows rounds each row as its own call would.
+The keys are views of a per-device table of the next ``KEY_BLOCK`` calls' keys, refilled by one
+host-to-device copy when used up: no copy per call. ``generator(device)``
 is a ``torch.Generator`` per device, seeded from a mix of ``seed`` (not the stream of
 ``torch.manual_seed(seed)``), for learned levels' sample batches (its numbers differ
 between a CPU and a CUDA generator; every rounding noise and random shift is the hash). Both
@@ -25,6 +27,8 @@ from ..kernels import noise as noise_twin
 
 GOLDEN = 0x9E3779B97F4A7C15
 M64 = (1 << 64) - 1
+#: calls whose keys one refill of a device's key table brings (4 KiB of int64 pairs)
+KEY_BLOCK = 256
 
 
 class SeededRNG:
@@ -32,6 +36,8 @@ class SeededRNG:
         self.seed = int(seed)
         self.calls = 0  # uniform_like calls so far: the hash's key counter
         self._gens: dict[str, torch.Generator] = {}
+        # per device: the current key table (first call, keys) and the one it replaced
+        self._tables: dict[str, tuple[tuple[int, torch.Tensor], ...]] = {}
 
     def generator(self, device: torch.device | str) -> torch.Generator:
         key = str(torch.device(device))
@@ -44,16 +50,34 @@ class SeededRNG:
     def next_keys(self, device: torch.device | str, rows: int | None = None) -> torch.Tensor:
         """The int64 hash keys ``(k1, k2)`` of the next call, on ``device``: what a quantize
         kernel's ``noise`` argument takes to round with ``uniform_like``'s numbers. With
-        ``rows``: the ``(rows, 2)`` keys of the next ``rows`` calls (row keys, one per row)."""
+        ``rows``: the ``(rows, 2)`` keys of the next ``rows`` calls (row keys, one per row).
+        A view of the device's key table (:meth:`_table`): no copy per call."""
         n = 1 if rows is None else rows
-        pairs = [call_keys(self.seed, self.calls + r) for r in range(n)]
-        keys = torch.tensor(pairs[0] if rows is None else pairs, dtype=torch.int64)
+        first, table = self._table(device, n)
+        i = self.calls - first
         self.calls += n
-        if torch.device(device).type == "cpu":
-            return keys
-        # a pinned source copied non_blocking, so the host does not wait for the kernels
-        # already queued (a copy from pageable memory would)
-        return keys.pin_memory().to(device, non_blocking=True)
+        return table[i] if rows is None else table[i:i + n]
+
+    def _table(self, device: torch.device | str, n: int) -> tuple[int, torch.Tensor]:
+        """``(first, keys)``: the keys of calls ``first ..`` on ``device``, covering the next
+        ``n`` calls; refilled with the next ``max(n, KEY_BLOCK)`` calls' keys by one
+        host-to-device copy from pinned memory (non_blocking: the host does not wait for the
+        kernels already queued). The table it replaces stays referenced until the next
+        refill: kernels queued on another stream may still read it."""
+        dev = torch.device(device)
+        key = str(dev)
+        tables = self._tables.get(key)
+        if tables is not None:
+            first, table = tables[0]
+            if first <= self.calls and self.calls + n <= first + table.shape[0]:
+                return first, table
+        count = max(n, KEY_BLOCK)
+        keys = torch.tensor([call_keys(self.seed, self.calls + r) for r in range(count)],
+                            dtype=torch.int64)
+        if dev.type != "cpu":
+            keys = keys.pin_memory().to(dev, non_blocking=True)
+        self._tables[key] = ((self.calls, keys), *(tables[:1] if tables else ()))
+        return self.calls, keys
 
     def uniform_like(self, x: torch.Tensor, rows: int | None = None) -> torch.Tensor:
         """float32 U[0, 1) noise of x's shape on x's device (x is not read); fresh per call.
@@ -69,7 +93,7 @@ class SeededRNG:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.seed = int(state["seed"])
         self.calls = int(state.get("calls", 0))  # states saved before the counter: call 0
-        self._gens = {}
+        self._gens, self._tables = {}, {}
         for key, st in state["states"].items():
             self.generator(key).set_state(st)
 

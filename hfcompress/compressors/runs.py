@@ -1,5 +1,6 @@
 """Runs: ``(start, stop)`` ranges of a flat buffer's columns (or of a payload's bytes), in
-increasing order, adjacent ones merged; and taking them out of ``[k, S]`` rows and back."""
+increasing order, adjacent ones merged; and taking them out of ``[k, S]`` rows and back
+(or viewing them in place, when they are one run)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ def take(rows: torch.Tensor, runs: Runs) -> torch.Tensor:
     if len(runs) == 1:
         return rows[:, runs[0][0]:runs[0][1]]
     return torch.cat([rows[:, a:b] for a, b in runs], dim=1)
+
+
+def view(rows: torch.Tensor, runs: Runs) -> torch.Tensor | None:
+    """The columns ``runs`` of ``[k, S]`` rows as a writable view (one run or none), else
+    None (they are not one strided range)."""
+    return take(rows, runs) if len(runs) <= 1 else None
 
 
 def put(rows: torch.Tensor, runs: Runs, cols: torch.Tensor) -> None:

@@ -134,11 +134,12 @@ class WeightDifferenceQuantizer(Compressor):
         return out
 
     def decompress_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """Every row's payload at once -> the new flat w~ (``rows * numel`` values, updated
-        in place after the first call): ``wire`` is ``(rows, nbytes)`` uint8, row r the flat
-        payload of slot r. The exact first payloads become w~; later, one batched decode
-        (``GroupQuantizer`` inner: one dequantize over all rows) adds every row's difference,
-        bit-identical to ``decompress`` row by row."""
+        """Every row's payload at once -> the new flat w~ (``rows * numel`` values): ``wire``
+        is ``(rows, nbytes)`` uint8, row r the flat payload of slot r. The exact first
+        payloads become w~; later, one batched decode (``GroupQuantizer`` inner: one
+        dequantize-add over all rows, whose output becomes w~: no copy) adds every row's
+        difference, bit-identical to ``decompress`` row by row (another inner: w~ updated in
+        place, row by row)."""
         rows = wire.shape[0]
         if self.reference is None:
             self.reference = wire.contiguous().view(dtype).reshape(-1).clone()
@@ -156,8 +157,8 @@ class WeightDifferenceQuantizer(Compressor):
             codes = wire[:, :ncodes].reshape(-1)
             scales = wire[:, ncodes:].contiguous().view(torch.float32).reshape(-1)
             inner = self.inner
-            ref.copy_(inner._impl(codes).dequantize_add_rows(codes, scales, inner.bits,
-                                                             inner.group_size, ref))
+            self._replace(inner._impl(codes).dequantize_add_rows(codes, scales, inner.bits,
+                                                                 inner.group_size, ref))
             return self.reference
         for r in range(rows):  # another inner: its own decode per row
             packed = self.inner.unflatten(wire[r], (numel,), torch.float32)
@@ -187,6 +188,14 @@ class WeightDifferenceQuantizer(Compressor):
             raise ValueError(f"qwd: {rows} rows of {numel} values do not match the reference "
                              f"of {self.reference.numel()} values")
         return self.reference.view(rows, numel)
+
+    def _replace(self, new: torch.Tensor) -> None:
+        """w~ <- ``new``, a fresh tensor the decode made (no copy into the old w~). On CUDA the
+        old w~ is marked in use by the current stream, whose queued decode still reads it."""
+        old = self.reference
+        if old is not None and old.is_cuda:
+            old.record_stream(torch.cuda.current_stream(old.device))
+        self.reference = new.reshape(-1)
 
     def _store(self, out: torch.Tensor) -> None:
         if self.reference is None or self.reference.dtype != out.dtype \

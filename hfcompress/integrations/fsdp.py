@@ -36,6 +36,7 @@ from ..comm.frozen import FrozenParams
 from ..comm.futures import FutureWork, finish_all, inline, side_stream_call
 from ..compressors.base import FLOAT_DTYPES
 from ..compressors.registry import build_compressor
+from ..compressors.runs import put, view
 from ..config import CompressionConfig, upgrade_dict
 from . import _fsdp2
 from .consistency import differences
@@ -139,17 +140,22 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
                                    async_op=async_op)
         world = group.size()
         comp_in, exact_in = layout.split(input_tensor.reshape(1, -1))
-        comp_out = torch.empty(world * comp_in.numel(), dtype=input_tensor.dtype,
-                               device=input_tensor.device)
-        exact_out = torch.empty(world * exact_in.numel(), dtype=input_tensor.dtype,
+        rows = output_tensor.view(world, -1)
+        # the compressed columns decode straight into the output when they are one run (a
+        # row-strided view); the exact ones arrive contiguous from torch's all-gather
+        comp_view = view(rows, layout.compressed_runs)
+        comp_out = comp_view if comp_view is not None else torch.empty(
+            world, comp_in.numel(), dtype=input_tensor.dtype, device=input_tensor.device)
+        exact_out = torch.empty(world, exact_in.numel(), dtype=input_tensor.dtype,
                                 device=input_tensor.device)
         futures = [self.compressed(comp_out, comp_in.reshape(-1), group, unchanged=unchanged,
                                    async_op=async_op),
                    self.exact(exact_out, exact_in.reshape(-1), group, async_op=async_op)]
 
         def merge() -> None:
-            layout.merge(output_tensor.view(world, -1), comp_out.view(world, -1),
-                         exact_out.view(world, -1))
+            if comp_view is None:
+                put(rows, layout.compressed_runs, comp_out)
+            put(rows, layout.exact_runs, exact_out)
         return finish_all(futures, merge, async_op, input_tensor.device)
 
     def _compressible(self, input_tensor: torch.Tensor) -> bool:
@@ -211,13 +217,19 @@ class FSDPReduceScatter(_Alloc, _fsdp2.ReduceScatter):
                 return None
             world = group.size()
             comp_in, exact_in = layout.split(input_tensor.view(world, -1))
-            comp_out = torch.empty(comp_in.shape[1], dtype=output_tensor.dtype,
-                                   device=output_tensor.device)
-            exact_out = torch.empty(exact_in.shape[1], dtype=output_tensor.dtype,
-                                    device=output_tensor.device)
-            self.compressed(comp_out, comp_in.reshape(-1), op, group)
-            self.exact(exact_out, exact_in.reshape(-1), op, group)
-            layout.merge(output_tensor.view(1, -1), comp_out.view(1, -1), exact_out.view(1, -1))
+            # each column set reduced straight into the output where it is one run (a slice)
+            row = output_tensor.view(1, -1)
+            outs = []
+            for runs, cols in ((layout.compressed_runs, comp_in),
+                               (layout.exact_runs, exact_in)):
+                out = view(row, runs)
+                outs.append((runs, out, out if out is not None else torch.empty(
+                    1, cols.shape[1], dtype=output_tensor.dtype, device=output_tensor.device)))
+            self.compressed(outs[0][2].view(-1), comp_in, op, group)
+            self.exact(outs[1][2].view(-1), exact_in, op, group)
+            for runs, out, buf in outs:
+                if out is None:
+                    put(row, runs, buf)
         return None
 
     def _layout(self, numel: int) -> SlotLayout | None:

@@ -21,6 +21,9 @@ before ``e`` reaches 1. Code layout (``bits`` = 8 or 4): the sign bit (1 = negat
 top bit, ``e`` the low ``bits - 1`` bits; 4-bit codes go two per byte, the first in the low
 nibble. The quantizer writes zeros with sign bit 0 (Alg. 2 may leave either sign on a zero).
 
+The local scale (:func:`local_scale`, each peer's before the MAX all-reduce) is the largest
+``|x|`` per block, +Inf where the block holds an Inf or a NaN.
+
 Non-finite scale (any peer held Inf/NaN in that block): ``inv = 0`` so every code of the
 block is 0, and decoding multiplies by the scale, so every value of the block decodes to NaN
 or Inf (never finite garbage).
@@ -37,6 +40,19 @@ COMPILE_ON_CPU = ("linear_quantize", "linear_dequantize", "exp_quantize", "exp_d
                   "exp_combine")
 #: float32 holds every integer up to 2**24 exactly: the largest linear level count.
 MAX_LINEAR_LEVELS = 1 << 24
+
+
+def local_scale(x: torch.Tensor, block_size: int | None = None, rows: int = 1) -> torch.Tensor:
+    """float32 ``max |x|`` of each block of ``block_size`` consecutive values of each of
+    ``rows`` equal rows of ``x`` (the last block of a row may be short; ``None``: the whole
+    row), +Inf where a block holds Inf or NaN; ``rows * blocks`` values, row-major."""
+    width = x.numel() // rows if rows else 0
+    per = max(width, 1) if block_size is None else block_size
+    blocks = -(-width // per) if block_size is not None else 1
+    a = x.detach().reshape(rows, width).abs()
+    a = torch.nn.functional.pad(a, (0, blocks * per - width))
+    m = a.reshape(rows * blocks, per).amax(1).float()
+    return torch.where(torch.isfinite(m), m, torch.full_like(m, float("inf")))
 
 
 def scale_inverse(scale: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,8 @@ Wire: the codes packed densely (``packing.py`` for 2/4/6/8 bits; 3, 5 and 7 bits
 c0 | c1<<b | ... | c7<<7b) and two float32 per bucket, ``lo`` and ``rng = hi - lo`` (the codebook
 travels separately, see the compressor). A bucket holding Inf or NaN, or whose range overflows
 float32, gets lo and rng NaN and code 0 and decodes to NaN; a constant bucket has rng 0 and decodes
-exactly. Inputs are 1-D with ``numel % bucket_size == 0`` (the compressors pad); math is float32.
+exactly. Inputs are 1-D; ``quantize`` pads a partial last bucket with the last value (keeping its
+min-max range), the decoders take whole buckets; math is float32.
 """
 
 from __future__ import annotations
@@ -86,11 +87,16 @@ def normalize(x: torch.Tensor, bucket_size: int) -> tuple[torch.Tensor, torch.Te
     return v, lo, rng
 
 
-def quantize(x: torch.Tensor, levels: torch.Tensor, bits: int,
-             bucket_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """1-D x, sorted levels (2**bits,) -> (packed uint8 codes, float32 lo, float32 rng)."""
+def quantize(x: torch.Tensor, levels: torch.Tensor, bits: int, bucket_size: int,
+             mids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """1-D x, sorted levels (2**bits,) -> (packed uint8 codes, float32 lo, float32 rng);
+    a partial last bucket is padded with x's last value. ``mids``: ``midpoints(levels)`` if
+    the caller has them."""
+    pad = -x.numel() % bucket_size
+    if pad:
+        x = torch.cat([x, x[-1:].expand(pad)])
     v, lo, rng = normalize(x, bucket_size)
-    code = nearest(v, midpoints(levels).to(v.device), bits)
+    code = nearest(v, (midpoints(levels) if mids is None else mids).to(v.device), bits)
     code = torch.where(torch.isnan(rng)[:, None], torch.zeros_like(code), code)
     return pack_codes(code.to(torch.uint8).reshape(-1), bits), lo, rng
 
@@ -101,6 +107,18 @@ def dequantize(packed: torch.Tensor, lo: torch.Tensor, rng: torch.Tensor, levels
     code = unpack_codes(packed, bits).reshape(-1, bucket_size).long()
     y = lo[:, None] + levels.float()[code] * rng[:, None]
     return y.reshape(-1).to(dtype)
+
+
+def dequantize_rows(packed: torch.Tensor, lo: torch.Tensor, rng: torch.Tensor,
+                    levels: torch.Tensor, bits: int, bucket_size: int,
+                    out: torch.Tensor) -> None:
+    """Row r of packed (R, nbytes), lo and rng (R, buckets), levels (R, 2**bits) decoded into
+    ``out[r]`` (out (R, numel), its dtype; the first numel values of the row)."""
+    rows, nb = lo.shape
+    code = unpack_codes(packed.reshape(-1), bits).reshape(rows, -1).long()
+    level = torch.gather(levels.float(), 1, code).view(rows, nb, bucket_size)
+    y = lo[:, :, None] + level * rng[:, :, None]
+    out.copy_(y.reshape(rows, -1)[:, :out.shape[1]].to(out.dtype))
 
 
 def dequantize_sum(packed: torch.Tensor, lo: torch.Tensor, rng: torch.Tensor, levels: torch.Tensor,

@@ -5,14 +5,19 @@ Bit-exact by construction: IEEE division (``div_rn``) for ``absmax / qmax`` and
 ``1 / absmax``, ``floor(y + 0.5)`` / ``floor(y + noise)`` rounding (noise hashed in the
 kernel when given as keys, ``triton_noise.group_noise_at``), peers added in order 0..P-1,
 every launch compiled with ``enable_fp_fusion=False`` (no multiply-add contracted into an
-FMA). Non-finite groups are detected explicitly (``x != x``, ``|x| == inf``), never
-through ``tl.max``. bfloat16 output is rounded on the bits (round to nearest even, as torch),
-since the interpreter's float32 -> bfloat16 cast truncates.
+FMA). A group's absmax comes from NaN-propagating maxima and an int32 max of the float
+bits, never from ``tl.max`` of floats (which may drop a NaN): Inf or NaN there makes the group
+non-finite. bfloat16 output is rounded on the bits (round to nearest even, as torch), since
+the interpreter's float32 -> bfloat16 cast truncates.
 
-Quantizing programs own ``BLOCK_G`` whole groups as a ``(BLOCK_G, U_P2, CPU)`` tile: a
-group's ``group_size / CPU`` packing units (``U_P2`` the next power of two, extra units
-masked), each of ``CPU`` codes; a unit is the word ``c0 | c1 << bits | ...`` stored as
-``BPU`` little-endian bytes (``packing.py``). Dequantizing programs own ``BLOCK`` consecutive
+Quantizing programs own ``BLOCK_G`` whole groups (``_tile``): each thread holds consecutive
+values of one group, loaded in 16-byte vectors, so a group's absmax is reduced inside the
+thread and then across the few threads of one warp (two warps at group size 2048), and its
+division pair runs once per group and thread. The codes go out in packing units of ``CPU``
+codes, the word ``c0 | c1 << bits | ...``: one int32 store where a group is whole 32-bit
+words, else ``BPU`` little-endian bytes (``packing.py``). qWD (SDP4Bit 3.1, Alg. 2) fuses its
+float32 difference into the quantizing kernel and its update ``ref + decode`` into one
+kernel on the same tile. Dequantizing programs own ``BLOCK`` consecutive
 values and gather their bytes and scales, so any group size multiple of the unit works.
 """
 
@@ -23,15 +28,18 @@ import triton
 import triton.language as tl
 
 from . import group_quant as _twin
+from . import triton_dequantize_sum as _dsum
 from .packing import _UNIT, packed_nbytes
 from .triton_noise import group_noise_at, noise_operand
 from .triton_tiles import per_program
 
 #: values per program (a power of two; a quantizing tile holds whole groups): few large
-#: programs under TRITON_INTERPRET (its cost is per program); on a GPU ``GPU_BLOCK_ELEMS`` over
-#: ``NUM_WARPS`` warps, 8 values per thread (<= 128 registers and no spill on sm_90:
-#: tests/test_gpu_registers.py)
-BLOCK_ELEMS, GPU_BLOCK_ELEMS, NUM_WARPS = 4096, 2048, 8
+#: programs under TRITON_INTERPRET (its cost is per program); on a GPU ``NUM_WARPS`` warps,
+#: each thread ``VALUES_PER_THREAD`` consecutive values of one group (``GPU_BLOCK_ELEMS`` per
+#: program), ``SUM_VALUES_PER_THREAD`` in the 2-hop requantize, whose gathers from every peer
+#: take more registers (<= 128 registers and no spill on sm_90: tests/test_gpu_registers.py)
+BLOCK_ELEMS, NUM_WARPS, VALUES_PER_THREAD, SUM_VALUES_PER_THREAD = 4096, 8, 32, 8
+GPU_BLOCK_ELEMS = NUM_WARPS * 32 * VALUES_PER_THREAD
 
 
 @triton.jit
@@ -43,47 +51,110 @@ def _bf16_bits(x):
 
 
 @triton.jit
-def _tile(pid, n_groups, GS: tl.constexpr, BLOCK_G: tl.constexpr, U_P2: tl.constexpr,
-          CPU: tl.constexpr):
-    """Group ids (BLOCK_G,), value indices (BLOCK_G, U_P2, CPU), unit mask (BLOCK_G, U_P2)
-    and value mask of a quantizing tile."""
-    g = pid.to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
-    u = tl.arange(0, U_P2)
-    k = tl.arange(0, CPU)
-    umask = (g[:, None] < n_groups) & (u[None, :] < GS // CPU)
-    e = (g[:, None] * GS + u[None, :] * CPU)[:, :, None] + k[None, None, :]
-    mask = umask[:, :, None] & (k[None, None, :] < CPU)  # (always true: broadcasts to 3-D)
-    return g, u, e, umask, mask
+def _tile(pid, n_groups, GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr,
+          K: tl.constexpr, VEC: tl.constexpr):
+    """A quantizing tile of ``BLOCK_G`` whole groups, each split among ``L`` threads owning
+    ``K * VEC`` consecutive values (past ``GS`` masked). Loads see it as ``(K, BLOCK_G, L,
+    VEC)``: a 16-byte vector of ``VEC`` values per thread and load, ``K`` loads per thread
+    (:func:`_per_thread` turns it into ``(BLOCK_G, L, K * VEC)``). Returns the int64 flat
+    index of its first value, the int32 offsets from it and their mask in the load view."""
+    k = tl.arange(0, K)[:, None, None, None]
+    r = tl.arange(0, BLOCK_G)[None, :, None, None]
+    c = tl.arange(0, L)[None, None, :, None] * (K * VEC) + k * VEC \
+        + tl.arange(0, VEC)[None, None, None, :]
+    mask = pid * BLOCK_G + r < n_groups
+    if GS != L * K * VEC:
+        mask = mask & (c < GS)
+    return pid.to(tl.int64) * (BLOCK_G * GS), r * GS + c, mask
 
 
 @triton.jit
-def _quantize_tile(y, e, mask, g, u, umask, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups,
-                   GS: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
+def _per_thread(t):
+    """A ``(K, BLOCK_G, L, VEC)`` tile as ``(BLOCK_G, L, K * VEC)``, the values of a thread
+    in order (no data moves: each thread's registers renamed)."""
+    t = tl.permute(t, (1, 2, 0, 3))
+    return tl.reshape(t, (t.shape[0], t.shape[1], t.shape[2] * t.shape[3]))
+
+
+@triton.jit
+def _per_load(t, K: tl.constexpr, VEC: tl.constexpr):
+    """Inverse of :func:`_per_thread`: a ``(BLOCK_G, L, K * VEC)`` tile in the load view."""
+    return tl.permute(tl.reshape(t, (t.shape[0], t.shape[1], K, VEC)), (2, 0, 1, 3))
+
+
+@triton.jit
+def _absmax(y, LOG2V: tl.constexpr):
+    """Per group of a ``(BLOCK_G, L, V)`` tile: the max of ``|y|``, NaN where one is NaN,
+    else Inf where one is Inf (the twin's ``abs().amax()``). Inside a thread a tree of
+    NaN-propagating maxima; across threads the max of the float bits as int32 (``|y| >= 0``:
+    the same order, NaN above Inf), as ``tl.max`` of floats may drop a NaN."""
+    m = tl.abs(y)
+    for _ in tl.static_range(LOG2V):
+        a, b = tl.split(tl.reshape(m, (m.shape[0], m.shape[1], m.shape[2] // 2, 2)))
+        m = tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+    return tl.max(tl.max(m.to(tl.int32, bitcast=True), axis=2), axis=1).to(tl.float32,
+                                                                        bitcast=True)
+
+
+@triton.jit
+def _quantize_tile(y, pid, base, n_groups, noise_ptr, noise_row, packed_ptr, scale_ptr,
+                   GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr,
+                   LOG2V: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
                    BPU: tl.constexpr, STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
-    """Quantize a float32 tile (masked values 0) and store its scales and packed codes."""
+    """Quantize the float32 ``(BLOCK_G, L, V)`` tile ``y`` (:func:`_per_thread`, masked
+    values 0) and store its scales and packed codes: units of ``CPU`` codes, one int32 word
+    each where ``BPU == 4``, else ``BPU`` bytes. The absmax is reduced inside a warp where a
+    group fits in one, and the division pair is computed once per group and thread."""
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
-    nonfinite = (y != y) | (tl.abs(y) == float("inf"))
-    bad = tl.max(tl.max(nonfinite.to(tl.int32), axis=2), axis=1) > 0
-    absmax = tl.max(tl.max(tl.where(nonfinite, 0.0, tl.abs(y)), axis=2), axis=1)
-    ok = (~bad) & (absmax > 0)
-    scale = tl.where(bad, float("nan"),
-                     tl.math.div_rn(absmax, tl.full(absmax.shape, QMAX, tl.float32)))
+    V: tl.constexpr = 1 << LOG2V
+    U: tl.constexpr = V // CPU
+    absmax = _absmax(y, LOG2V)
+    finite = absmax < float("inf")
+    scale = tl.where(finite, tl.math.div_rn(absmax, tl.full(absmax.shape, QMAX, tl.float32)),
+                     float("nan"))
+    ok = finite & (absmax > 0)
     one = tl.full(absmax.shape, 1.0, tl.float32)
     inv = tl.where(ok, tl.math.div_rn(one, tl.where(ok, absmax, 1.0)) * QMAX, 0.0)
+    r = tl.arange(0, BLOCK_G)[:, None, None]
+    g = pid * BLOCK_G + r
+    gmask = g < n_groups
+    lane = tl.arange(0, L)[None, :, None]
     t = y * inv[:, None, None]
     if STOCHASTIC:
-        q = tl.floor(t + group_noise_at(noise_ptr, e, mask, g[:, None, None],
-                                        (g < n_groups)[:, None, None], GS, HASH, noise_row))
+        c = lane * V + tl.arange(0, V)[None, None, :]
+        vmask = gmask if GS == L * V else gmask & (c < GS)
+        q = tl.floor(t + group_noise_at(noise_ptr, base + (r * GS + c), vmask, g, gmask, GS,
+                                        HASH, noise_row))
     else:
         q = tl.floor(t + 0.5)
-    q = tl.where(q == q, tl.minimum(tl.maximum(q, -QMAX), QMAX), 0.0)
-    codes = q.to(tl.int32) + (QMAX + 1)
-    shift = BITS * tl.arange(0, CPU)
-    word = tl.sum(codes << shift[None, None, :], axis=2)  # disjoint bits: sum == or
-    tl.store(scale_ptr + g, scale, mask=g < n_groups)
-    base = (g[:, None] * (GS // CPU) + u[None, :]) * BPU
-    for m in tl.static_range(BPU):
-        tl.store(packed_ptr + base + m, ((word >> (8 * m)) & 0xFF).to(tl.uint8), mask=umask)
+    # NaN (a non-finite group, 0 * inf where 1 / absmax overflows, NaN noise): level 0
+    q = tl.where(q == q, tl.minimum(tl.maximum(q, -QMAX), QMAX), 0.0).to(tl.int32)
+    if CPU > 1:
+        shift = BITS * tl.arange(0, CPU)
+        q = tl.sum(tl.reshape(q, (BLOCK_G, L, U, CPU)) << shift, axis=3)
+    # the unit of codes q + QMAX + 1: sum_k (q_k + QMAX + 1) << (BITS k) (mod 2**32, int32)
+    LEVEL0: tl.constexpr = (QMAX + 1) * ((1 << (BITS * CPU)) - 1) // ((1 << BITS) - 1)
+    word = q + (LEVEL0 - ((LEVEL0 >> 31) << 32))
+    # stored by the group's first thread, from the layout it was computed in
+    tl.store(tl.broadcast_to(scale_ptr + tl.max_contiguous(g, [1, 1, 1]), (BLOCK_G, L, 1)),
+             tl.broadcast_to(scale[:, None, None], (BLOCK_G, L, 1)), mask=gmask & (lane == 0))
+    first = pid.to(tl.int64) * (BLOCK_G * (GS // CPU))
+    if BPU == 4:  # 16-byte stores of SV words, KS per thread (as the loads, see _tile)
+        KS: tl.constexpr = (U + 3) // 4
+        SV: tl.constexpr = U // KS
+        u = (tl.arange(0, L)[None, None, :, None] * U + tl.arange(0, KS)[:, None, None, None] * SV
+             + tl.arange(0, SV)[None, None, None, :])
+        r4 = tl.arange(0, BLOCK_G)[None, :, None, None]
+        tl.store(packed_ptr + first + (r4 * (GS // CPU) + u),
+                 tl.permute(tl.reshape(word, (BLOCK_G, L, KS, SV)), (2, 0, 1, 3)),
+                 mask=(pid * BLOCK_G + r4 < n_groups) & (u < GS // CPU))
+    else:
+        u = lane * U + tl.arange(0, U)[None, None, :]
+        unit = first + (r * (GS // CPU) + u)
+        umask = gmask & (u < GS // CPU)
+        for m in tl.static_range(BPU):
+            tl.store(packed_ptr + unit * BPU + m, ((word >> (8 * m)) & 0xFF).to(tl.uint8),
+                     mask=umask)
 
 
 @triton.jit
@@ -101,100 +172,152 @@ def _dequantize_at(packed_ptr, scale_ptr, e, mask, GS: tl.constexpr, BITS: tl.co
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups,
-                     GS: tl.constexpr, BLOCK_G: tl.constexpr, U_P2: tl.constexpr,
-                     BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
-                     STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
-    g, u, e, umask, mask = _tile(tl.program_id(0), n_groups, GS, BLOCK_G, U_P2, CPU)
-    y = tl.load(x_ptr + e, mask=mask, other=0.0).to(tl.float32)
-    _quantize_tile(y, e, mask, g, u, umask, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups,
-                   GS, BITS, CPU, BPU, STOCHASTIC, HASH)
+def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups,
+                     numel, GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr,
+                     LOG2V: tl.constexpr, VEC: tl.constexpr, BITS: tl.constexpr,
+                     CPU: tl.constexpr, BPU: tl.constexpr, STOCHASTIC: tl.constexpr,
+                     HASH: tl.constexpr, DIFF: tl.constexpr, RAGGED: tl.constexpr):
+    """Quantize ``x``, or with ``DIFF`` qWD's float32 ``x - ref`` (SDP4Bit 3.1); ``RAGGED``:
+    ``numel`` is not whole groups, the values past it are zeros."""
+    pid = tl.program_id(0)
+    base, off, mask = _tile(pid, n_groups, GS, BLOCK_G, L, (1 << LOG2V) // VEC, VEC)
+    if RAGGED:
+        mask = mask & (off < tl.minimum(numel - base, BLOCK_G * GS).to(tl.int32))
+    y = tl.load(x_ptr + base + off, mask=mask, other=0.0).to(tl.float32)
+    if DIFF:
+        y = y - tl.load(ref_ptr + base + off, mask=mask, other=0.0).to(tl.float32)
+    _quantize_tile(_per_thread(y), pid, base, n_groups, noise_ptr, noise_row, packed_ptr,
+                   scale_ptr, GS, BLOCK_G, L, LOG2V, BITS, CPU, BPU, STOCHASTIC, HASH)
 
 
 @triton.jit
-def _dequantize_sum_kernel(packed_ptr, scale_ptr, out_ptr, numel, n_peers, peer_bytes,
-                           peer_groups, GS: tl.constexpr, BITS: tl.constexpr,
-                           CPU: tl.constexpr, BPU: tl.constexpr, BLOCK: tl.constexpr,
-                           OUT_BF16: tl.constexpr):
-    """Sum over peers 0..n_peers-1 (one peer: plain dequantize). ``OUT_BF16``: ``out_ptr``
-    is an int16 view of a bfloat16 output."""
-    e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = e < numel
-    total = _dequantize_at(packed_ptr, scale_ptr, e, mask, GS, BITS, CPU, BPU)
-    for _ in range(1, n_peers):
-        packed_ptr += peer_bytes  # 64-bit pointer steps: no int32 offset overflow
-        scale_ptr += peer_groups
-        total = total + _dequantize_at(packed_ptr, scale_ptr, e, mask, GS, BITS, CPU, BPU)
-    if OUT_BF16:
-        tl.store(out_ptr + e, _bf16_bits(total), mask=mask)
+def _decode_tile(packed_ptr, scale_ptr, pid, n_groups, GS: tl.constexpr,
+                 BLOCK_G: tl.constexpr, L: tl.constexpr, V: tl.constexpr, BITS: tl.constexpr,
+                 CPU: tl.constexpr, BPU: tl.constexpr):
+    """float32 values of a ``(BLOCK_G, L, V)`` tile (:func:`_per_thread`) of one payload:
+    each thread reads its ``V / CPU`` units (int32 words where ``BPU == 4``) and its scale."""
+    QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
+    U: tl.constexpr = V // CPU
+    r = tl.arange(0, BLOCK_G)[:, None, None]
+    g = pid * BLOCK_G + r
+    gmask = g < n_groups
+    u = tl.arange(0, L)[None, :, None] * U + tl.arange(0, U)[None, None, :]
+    unit = pid.to(tl.int64) * (BLOCK_G * (GS // CPU)) + (r * (GS // CPU) + u)
+    umask = gmask & (u < GS // CPU)
+    if BPU == 4:
+        w = tl.load(packed_ptr + unit, mask=umask, other=0)
     else:
-        tl.store(out_ptr + e, total.to(out_ptr.dtype.element_ty), mask=mask)
+        w = tl.zeros((BLOCK_G, L, U), tl.int32)
+        for m in tl.static_range(BPU):
+            w = w | (tl.load(packed_ptr + unit * BPU + m, mask=umask, other=0).to(tl.int32)
+                     << (8 * m))
+    shift = BITS * tl.arange(0, CPU)
+    code = tl.reshape((w[:, :, :, None] >> shift) & ((1 << BITS) - 1), (BLOCK_G, L, V))
+    scale = tl.load(scale_ptr + g, mask=gmask, other=0.0)
+    return (code - (QMAX + 1)).to(tl.float32) * scale
+
+
+@triton.jit
+def _dequantize_add_kernel(packed_ptr, scale_ptr, ref_ptr, out_ptr, numel, GS: tl.constexpr,
+                           BLOCK_G: tl.constexpr, L: tl.constexpr, LOG2V: tl.constexpr,
+                           VEC: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
+                           BPU: tl.constexpr, RAGGED: tl.constexpr, OUT_BF16: tl.constexpr):
+    """qWD's update ``w~ + deq(C(w - w~))`` (SDP4Bit Alg. 2): ``ref`` plus the decoded
+    values in float32, rounded to ``ref``'s dtype (``OUT_BF16``: ``out_ptr`` is an int16
+    view of a bfloat16 output); the payload holds ``numel`` values and then padding."""
+    pid = tl.program_id(0)
+    K: tl.constexpr = (1 << LOG2V) // VEC
+    base, off, mask = _tile(pid, tl.cdiv(numel, GS), GS, BLOCK_G, L, K, VEC)
+    if RAGGED:
+        mask = mask & (off < tl.minimum(numel - base, BLOCK_G * GS).to(tl.int32))
+    y = _per_thread(tl.load(ref_ptr + base + off, mask=mask, other=0.0).to(tl.float32))
+    y = _per_load(y + _decode_tile(packed_ptr, scale_ptr, pid, tl.cdiv(numel, GS), GS, BLOCK_G,
+                                   L, 1 << LOG2V, BITS, CPU, BPU), K, VEC)
+    if OUT_BF16:
+        tl.store(out_ptr + base + off, _bf16_bits(y), mask=mask)
+    else:
+        tl.store(out_ptr + base + off, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _dequantize_sum_quantize_kernel(packed_ptr, scale_ptr, noise_ptr, noise_row,
-                                    out_packed_ptr,
-                                    out_scale_ptr, n_groups, n_peers, peer_bytes, peer_groups,
-                                    GS: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
-                                    BPU: tl.constexpr, OGS: tl.constexpr,
-                                    BLOCK_G: tl.constexpr, U_P2: tl.constexpr,
-                                    OBITS: tl.constexpr, OCPU: tl.constexpr,
-                                    OBPU: tl.constexpr, STOCHASTIC: tl.constexpr,
-                                    HASH: tl.constexpr):
+                                    out_packed_ptr, out_scale_ptr, n_groups, n_peers,
+                                    peer_bytes, peer_groups, GS: tl.constexpr,
+                                    BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
+                                    OGS: tl.constexpr, BLOCK_G: tl.constexpr,
+                                    L: tl.constexpr, LOG2V: tl.constexpr,
+                                    VEC: tl.constexpr, OBITS: tl.constexpr,
+                                    OCPU: tl.constexpr, OBPU: tl.constexpr,
+                                    STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
     """Tiles of ``BLOCK_G`` output groups: the peers' float32 sum, requantized in place."""
-    g, u, e, umask, mask = _tile(tl.program_id(0), n_groups, OGS, BLOCK_G, U_P2, OCPU)
+    pid = tl.program_id(0)
+    base, off, mask = _tile(pid, n_groups, OGS, BLOCK_G, L, (1 << LOG2V) // VEC, VEC)
+    e = base + off
     y = _dequantize_at(packed_ptr, scale_ptr, e, mask, GS, BITS, CPU, BPU)
     for _ in range(1, n_peers):
         packed_ptr += peer_bytes
         scale_ptr += peer_groups
         y = y + _dequantize_at(packed_ptr, scale_ptr, e, mask, GS, BITS, CPU, BPU)
-    _quantize_tile(y, e, mask, g, u, umask, noise_ptr, noise_row, out_packed_ptr, out_scale_ptr, n_groups,
-                   OGS, OBITS, OCPU, OBPU, STOCHASTIC, HASH)
+    _quantize_tile(_per_thread(y), pid, base, n_groups, noise_ptr, noise_row, out_packed_ptr,
+                   out_scale_ptr, OGS, BLOCK_G, L, LOG2V, OBITS, OCPU, OBPU, STOCHASTIC,
+                   HASH)
 
 
-def _tile_consts(bits: int, group_size: int, block: int = BLOCK_ELEMS) -> dict:
-    """A quantizing tile's constants: whole groups in about ``block`` values."""
-    cpu, bpu = _UNIT[bits]
-    u_p2 = triton.next_power_of_2(group_size // cpu)
-    return dict(BLOCK_G=max(1, block // (u_p2 * cpu)), U_P2=u_p2, CPU=cpu, BPU=bpu)
+def _tile_consts(bits: int, group_size: int, block: int = BLOCK_ELEMS, itemsize: int = 4,
+                 per_thread: int = VALUES_PER_THREAD) -> dict:
+    """A quantizing tile's constants (:func:`_tile`): whole groups in about ``block`` values,
+    ``per_thread`` per thread in 16-byte loads of ``itemsize`` values, packed in int32 words
+    (``BPU`` 4) where a group is whole words, else in ``packing.py``'s units."""
+    cpu, bpu = (32 // bits, 4) if (32 % bits == 0 and group_size * bits % 32 == 0) \
+        else _UNIT[bits]
+    gs_p2 = triton.next_power_of_2(group_size)
+    v = min(max(per_thread, cpu), gs_p2)  # whole units per thread
+    vec = min(16 // itemsize, v)
+    return dict(BLOCK_G=max(1, block // gs_p2), L=gs_p2 // v, LOG2V=v.bit_length() - 1,
+                VEC=vec, CPU=cpu, BPU=bpu)
 
 
-def _block(t: torch.Tensor) -> int:
-    return per_program(t, BLOCK_ELEMS, GPU_BLOCK_ELEMS)
+def _block(t: torch.Tensor, per_thread: int = VALUES_PER_THREAD) -> int:
+    return per_program(t, BLOCK_ELEMS, NUM_WARPS * 32 * per_thread)
+
+
+def _packed(numel: int, bits: int, bpu: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed output and the view a quantizing kernel writes (int32 words when
+    ``bpu == 4``)."""
+    packed = torch.empty(packed_nbytes(numel, bits), dtype=torch.uint8, device=device)
+    return packed, packed.view(torch.int32) if bpu == 4 else packed
+
+
+def _quantize(x: torch.Tensor, ref: torch.Tensor | None, bits: int, group_size: int,
+              noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize` of ``x`` (``ref`` None) or of ``x - ref`` zero-padded to whole groups."""
+    x = x.reshape(-1).contiguous()
+    numel = x.numel()
+    n_groups = (numel if ref is None else numel + group_size - 1) // group_size
+    k = _tile_consts(bits, group_size, _block(x), x.element_size())
+    packed, words = _packed(n_groups * group_size, bits, k["BPU"], x.device)
+    scale = torch.empty(n_groups, dtype=torch.float32, device=x.device)
+    if n_groups:
+        u, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
+        _quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
+            x, x if ref is None else ref.reshape(-1).contiguous(), u, row, words, scale,
+            n_groups, numel, GS=group_size, BITS=bits, STOCHASTIC=noise is not None,
+            HASH=hashed, DIFF=ref is not None, RAGGED=numel % group_size != 0, **k,
+            num_warps=NUM_WARPS, enable_fp_fusion=False)
+    return packed, scale
 
 
 def quantize(x: torch.Tensor, bits: int, group_size: int,
              noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """1-D x -> (packed uint8 codes, float32 scales of shape (numel // group_size,))."""
-    x = x.reshape(-1).contiguous()
-    n_groups = x.numel() // group_size
-    packed = torch.empty(packed_nbytes(x.numel(), bits), dtype=torch.uint8, device=x.device)
-    scale = torch.empty(n_groups, dtype=torch.float32, device=x.device)
-    if n_groups:
-        k = _tile_consts(bits, group_size, _block(x))
-        u, hashed, row = noise_operand(noise, x.numel(), x, group_size)
-        _quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
-            x, u, row, packed, scale, n_groups, GS=group_size, BITS=bits,
-            STOCHASTIC=noise is not None, HASH=hashed, **k, num_warps=NUM_WARPS,
-            enable_fp_fusion=False)
-    return packed, scale
+    return _quantize(x, None, bits, group_size, noise)
 
 
 def _dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
                     dtype: torch.dtype) -> torch.Tensor:
-    """``packed`` (P, nbytes), ``scale`` (P, groups) -> the sum over peers, as ``dtype``."""
-    packed, scale = packed.contiguous(), scale.contiguous()
-    n_peers, n_groups = scale.shape
-    out = torch.empty(n_groups * group_size, dtype=dtype, device=packed.device)
-    if out.numel() and n_peers:
-        cpu, bpu = _UNIT[bits]
-        bf16 = dtype == torch.bfloat16
-        block = _block(out)
-        _dequantize_sum_kernel[(triton.cdiv(out.numel(), block),)](
-            packed, scale, out.view(torch.int16) if bf16 else out, out.numel(), n_peers,
-            packed.shape[1], n_groups, GS=group_size, BITS=bits, CPU=cpu, BPU=bpu,
-            BLOCK=block, OUT_BF16=bf16, num_warps=NUM_WARPS, enable_fp_fusion=False)
-    return out
+    """``packed`` (P, nbytes), ``scale`` (P, groups) -> the sum over peers, as ``dtype``
+    (``triton_dequantize_sum``: both read in place through their row strides)."""
+    return _dsum.dequantize_sum(packed, scale, bits, group_size, dtype)
 
 
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
@@ -219,38 +342,56 @@ def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int
     n_peers, n_in_groups = scale.shape
     numel = n_in_groups * group_size
     n_groups = numel // out_group_size
-    out_packed = torch.empty(packed_nbytes(numel, out_bits), dtype=torch.uint8,
-                             device=packed.device)
+    k = _tile_consts(out_bits, out_group_size, _block(packed, SUM_VALUES_PER_THREAD),
+                     per_thread=SUM_VALUES_PER_THREAD)
+    out_packed, words = _packed(numel, out_bits, k["BPU"], packed.device)
     out_scale = torch.empty(n_groups, dtype=torch.float32, device=packed.device)
     if n_groups and n_peers:
         cpu, bpu = _UNIT[bits]
-        k = _tile_consts(out_bits, out_group_size, _block(packed))
         u, hashed, row = noise_operand(noise, numel, scale, out_group_size)
         _dequantize_sum_quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
-            packed, scale, u, row, out_packed,
-            out_scale, n_groups, n_peers, packed.shape[1], n_in_groups, GS=group_size,
-            BITS=bits, CPU=cpu, BPU=bpu, OGS=out_group_size, BLOCK_G=k["BLOCK_G"],
-            U_P2=k["U_P2"], OBITS=out_bits, OCPU=k["CPU"], OBPU=k["BPU"],
-            STOCHASTIC=noise is not None, HASH=hashed, num_warps=NUM_WARPS,
-            enable_fp_fusion=False)
+            packed, scale, u, row, words, out_scale, n_groups, n_peers, packed.shape[1],
+            n_in_groups, GS=group_size, BITS=bits, CPU=cpu, BPU=bpu, OGS=out_group_size,
+            BLOCK_G=k["BLOCK_G"], L=k["L"], LOG2V=k["LOG2V"], VEC=k["VEC"], OBITS=out_bits,
+            OCPU=k["CPU"], OBPU=k["BPU"], STOCHASTIC=noise is not None, HASH=hashed,
+            num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out_packed, out_scale
 
 
 def quantize_difference(x: torch.Tensor, ref: torch.Tensor, bits: int, group_size: int,
                         noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The twin's difference (torch ops), then :func:`quantize`."""
-    return quantize(_twin.difference(x, ref, group_size), bits, group_size, noise)
+    """qWD's sender step (SDP4Bit 3.1): :func:`quantize` of the float32 ``x - ref`` (any
+    float dtypes, same numel) zero-padded to whole groups, in one kernel."""
+    return _quantize(x, ref, bits, group_size, noise)
 
 
 def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
                    ref: torch.Tensor) -> torch.Tensor:
-    """:func:`dequantize`, then the twin's ``add_to`` (torch ops)."""
-    return _twin.add_to(ref, dequantize(packed, scale, bits, group_size))
+    """The twin's ``add_to(ref, dequantize(...))`` in one kernel: qWD's update (SDP4Bit
+    Alg. 2); the payload may be padded past ``ref.numel()``."""
+    flat = ref.reshape(-1).contiguous()
+    out = torch.empty(flat.shape, dtype=flat.dtype, device=flat.device)
+    numel = flat.numel()
+    if numel:
+        k = _tile_consts(bits, group_size, _block(flat), flat.element_size())
+        packed = packed.reshape(-1).contiguous()
+        if k["BPU"] == 4 and (packed.storage_offset() % 4 or packed.numel() % 4):
+            k["CPU"], k["BPU"] = _UNIT[bits]  # int32 words: 4-byte aligned, whole words
+        bf16 = ref.dtype == torch.bfloat16
+        _dequantize_add_kernel[(triton.cdiv(triton.cdiv(numel, group_size), k["BLOCK_G"]),)](
+            packed.view(torch.int32) if k["BPU"] == 4 else packed, scale.reshape(-1), flat,
+            out.view(torch.int16) if bf16 else out, numel, GS=group_size, BITS=bits,
+            RAGGED=numel % group_size != 0, OUT_BF16=bf16, **k, num_warps=NUM_WARPS,
+            enable_fp_fusion=False)
+    return out.view(ref.shape)
 
 
 def dequantize_add_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
                         ref: torch.Tensor) -> torch.Tensor:
-    """:func:`dequantize` of every row, then the twin's ``add_rows`` (torch ops)."""
+    """The twin's ``dequantize_add_rows``: rows of whole groups in one kernel
+    (:func:`dequantize_add`); padded rows decoded, then the twin's ``add_rows``."""
     rows, numel = ref.shape
+    if numel % group_size == 0:
+        return dequantize_add(packed, scale, bits, group_size, ref)
     y = dequantize(packed, scale, bits, group_size).view(rows, -1)[:, :numel]
     return _twin.add_rows(ref, y)

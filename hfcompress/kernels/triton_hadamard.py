@@ -5,12 +5,17 @@ one multiply by ``inv_sqrt(n)``), IEEE division (``div_rn``), ``floor(y + 0.5)``
 ``floor(y + noise)`` rounding (noise hashed in the kernel when given as keys,
 ``triton_noise.group_noise_at``), peers added in order 0..P-1, and every launch compiled with
 ``enable_fp_fusion=False`` so no multiply-add is contracted into an FMA. Non-finite groups are
-detected explicitly (``x != x``, ``|x| == inf``), not through ``tl.max``.
+found in the group max of ``|y|`` taken with a NaN-propagating maximum (``tl.max`` may drop
+NaN on a GPU).
 
-A program handles ``BLOCK_G`` whole groups as a ``(BLOCK_G, GS_P2)`` tile (``GS_P2`` the next
-power of two >= group_size, the extra columns masked); an ``n``-block never straddles the mask
-because ``n`` divides ``group_size``. Code packing follows ``packing.py``: a unit of ``CPU``
-codes is the little-endian word ``c0 | c1 << bits | ...`` stored as ``BPU`` bytes.
+A quantizing program handles ``BLOCK_G`` whole groups; a thread owns a run of ``RUN``
+consecutive values of one group (up to ``RUN_MAX``) in registers, the lanes and warps own the
+runs, so the butterfly of an ``n``-block inside a run is register arithmetic and a group's max
+a few warp shuffles. A group's runs are padded to a power of two (``RPG``, the extra runs
+masked); an ``n``-block never straddles the mask because ``n`` divides ``group_size``. Code
+packing follows ``packing.py``: a unit of ``CPU`` codes is the little-endian word
+``c0 | c1 << bits | ...`` stored as ``BPU`` bytes; where a run holds whole 32-bit words of
+``32 / bits`` codes (bits 2, 4, 8) those are stored as int32 words instead.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_dequantize_sum as _dsum
 from .hadamard import inv_sqrt
 from .packing import packed_nbytes
 from .triton_noise import group_noise_at, noise_operand
@@ -29,6 +35,11 @@ from .triton_tiles import per_program
 #: over ``NUM_WARPS`` warps, 8 values per thread (<= 128 registers and no spill on sm_90:
 #: tests/test_gpu_registers.py)
 BLOCK_ELEMS, GPU_BLOCK_ELEMS, NUM_WARPS = 4096, 2048, 8
+#: the quantize kernel: a thread's run of values is at most ``RUN_MAX`` (a 32-block), so a GPU
+#: tile of ``GPU_BLOCK_ELEMS`` values fills ``QUANT_WARPS`` warps (a run per thread or more);
+#: a tile of one larger group takes up to ``NUM_WARPS``
+RUN_MAX = 32
+QUANT_WARPS = GPU_BLOCK_ELEMS // (32 * RUN_MAX)
 #: codes per packing unit and bytes per unit, as in packing.py
 _UNIT = {8: (1, 1), 4: (2, 1), 2: (4, 1), 6: (4, 3)}
 
@@ -45,64 +56,28 @@ def _fwht(x, ROWS: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr, SCALE: tl
 
 
 @triton.jit
-def _rotate_tile(x, BLOCK_G: tl.constexpr, GS_P2: tl.constexpr, N: tl.constexpr,
-                 LOG2N: tl.constexpr, SCALE: tl.constexpr):
-    """Rotate every n-block of a (BLOCK_G, GS_P2) float32 tile."""
-    y = _fwht(tl.reshape(x, (BLOCK_G * GS_P2 // N, N)), BLOCK_G * GS_P2 // N, N, LOG2N, SCALE)
-    return tl.reshape(y, (BLOCK_G, GS_P2))
-
-
-@triton.jit
-def _tile(pid, n_groups, GS: tl.constexpr, BLOCK_G: tl.constexpr, GS_P2: tl.constexpr):
-    """Group indices (BLOCK_G,), column indices (GS_P2,) and the value mask of a tile."""
-    g = pid.to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
-    c = tl.arange(0, GS_P2)
-    mask = (g[:, None] < n_groups) & (c[None, :] < GS)
-    return g, c, mask
-
-
-@triton.jit
-def _load_codes(packed_ptr, g, c, mask, GS: tl.constexpr, BITS: tl.constexpr,
-                CPU: tl.constexpr, BPU: tl.constexpr):
-    """Unpacked codes of a tile as int32 (each code reads the bytes of its unit)."""
-    unit = g[:, None] * (GS // CPU) + c[None, :] // CPU
-    word = tl.zeros(mask.shape, tl.int32)
-    for m in tl.static_range(BPU):
-        byte = tl.load(packed_ptr + unit * BPU + m, mask=mask, other=0).to(tl.int32)
-        word = word | (byte << (8 * m))
-    return (word >> (BITS * (c[None, :] % CPU))) & ((1 << BITS) - 1)
-
-
-@triton.jit
-def _store_codes(packed_ptr, codes, g, BLOCK_G: tl.constexpr, GS: tl.constexpr,
-                 GS_P2: tl.constexpr, n_groups, BITS: tl.constexpr, CPU: tl.constexpr,
-                 BPU: tl.constexpr):
-    """Pack int32 codes of a (BLOCK_G, GS_P2) tile into units of CPU codes / BPU bytes."""
-    U: tl.constexpr = GS_P2 // CPU
-    if CPU == 1:
-        word = codes
-    elif CPU == 2:
-        c0, c1 = tl.split(tl.reshape(codes, (BLOCK_G, U, 2)))
-        word = c0 | (c1 << BITS)
+def _store_codes(packed_ptr, codes, g, b, gmask, BLOCK_G: tl.constexpr, RPG: tl.constexpr,
+                 GS: tl.constexpr, RUN: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
+                 BPU: tl.constexpr, WORDS: tl.constexpr):
+    """Pack the int32 codes of a (RUN // K, BLOCK_G, RPG, K) tile of runs: int32 words of
+    ``32 // BITS`` codes (``WORDS``), else units of CPU codes as BPU bytes. A thread stores
+    its run's units as vectors of up to 4, the vector axis last and the others outermost so
+    that they stay in the thread's registers."""
+    U: tl.constexpr = 32 // BITS if WORDS else CPU
+    V: tl.constexpr = 4 if RUN // U >= 4 else RUN // U
+    c = tl.reshape(tl.permute(codes, (1, 2, 0, 3)), (BLOCK_G, RPG, RUN // U, U))
+    word = tl.sum(c << (BITS * tl.arange(0, U))[None, None, None, :], axis=3)  # disjoint bits
+    word = tl.permute(tl.reshape(word, (BLOCK_G, RPG, RUN // U // V, V)), (2, 0, 1, 3))
+    unit = ((g[:, None] * (GS // U) + b[None, :] * (RUN // U))[None, :, :, None]
+            + (tl.arange(0, RUN // U // V) * V)[:, None, None, None]
+            + tl.arange(0, V)[None, None, None, :])
+    umask = (gmask[:, None] & (b < GS // RUN)[None, :])[None, :, :, None]
+    if WORDS:
+        tl.store(packed_ptr + unit, word, mask=umask)
     else:
-        even, odd = tl.split(tl.reshape(codes, (BLOCK_G, U, 2, 2)))
-        c0, c2 = tl.split(even)
-        c1, c3 = tl.split(odd)
-        word = c0 | (c1 << BITS) | (c2 << (2 * BITS)) | (c3 << (3 * BITS))
-    u = tl.arange(0, U)
-    umask = (g[:, None] < n_groups) & (u[None, :] < GS // CPU)
-    base = (g[:, None] * (GS // CPU) + u[None, :]) * BPU
-    for m in tl.static_range(BPU):
-        tl.store(packed_ptr + base + m, ((word >> (8 * m)) & 0xFF).to(tl.uint8), mask=umask)
-
-
-@triton.jit
-def _bf16_bits(x):
-    """float32 -> bfloat16 bits as int16, round to nearest even as torch does (NaN -> 0x7FC0).
-    Done on the bits because the interpreter's float32 -> bfloat16 cast truncates."""
-    b = x.to(tl.uint32, bitcast=True)
-    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-    return tl.where(x != x, 0x7FC0, r).to(tl.int16)
+        for m in tl.static_range(BPU):
+            tl.store(packed_ptr + unit * BPU + m, ((word >> (8 * m)) & 0xFF).to(tl.uint8),
+                     mask=umask)
 
 
 @triton.jit
@@ -116,74 +91,69 @@ def _rotate_kernel(x_ptr, out_ptr, n_rows, ROWS: tl.constexpr, N: tl.constexpr,
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups,
-                     GS: tl.constexpr, GS_P2: tl.constexpr, BLOCK_G: tl.constexpr,
-                     N: tl.constexpr, LOG2N: tl.constexpr, SCALE: tl.constexpr,
-                     BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
-                     STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
-    g, c, mask = _tile(tl.program_id(0), n_groups, GS, BLOCK_G, GS_P2)
-    offs = g[:, None] * GS + c[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    y = _rotate_tile(x, BLOCK_G, GS_P2, N, LOG2N, SCALE)
-    QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
-    bad = tl.sum(((y != y) | (tl.abs(y) == float("inf"))).to(tl.int32), axis=1) > 0
-    absmax = tl.max(tl.abs(y), axis=1)
-    ok = (~bad) & (absmax > 0)
-    # as group_quant.group_scales: absmax / qmax (IEEE division), (1 / absmax) * qmax
-    qmax = tl.full(absmax.shape, QMAX, tl.float32)
-    scale = tl.where(bad, float("nan"), tl.math.div_rn(absmax, qmax))
-    one = tl.full(absmax.shape, 1.0, tl.float32)
-    inv = tl.where(ok, tl.math.div_rn(one, tl.where(ok, absmax, 1.0)) * QMAX, 0.0)
-    t = y * inv[:, None]
-    if STOCHASTIC:
-        q = tl.floor(t + group_noise_at(noise_ptr, offs, mask, g[:, None], (g < n_groups)[:, None],
-                                        GS, HASH, noise_row))
-    else:
-        q = tl.floor(t + 0.5)
-    q = tl.minimum(tl.maximum(tl.where(q != q, 0.0, q), -QMAX), QMAX)
-    codes = q.to(tl.int32) + (QMAX + 1)
-    tl.store(scale_ptr + g, scale, mask=g < n_groups)
-    _store_codes(packed_ptr, codes, g, BLOCK_G, GS, GS_P2, n_groups, BITS, CPU, BPU)
+def _max_nan(a, b):
+    """max that returns NaN when either is NaN (tl.max may drop NaN on a GPU)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
-def _dequantize_kernel(packed_ptr, scale_ptr, out_ptr, n_peers, n_groups, peer_bytes,
-                       GS: tl.constexpr, GS_P2: tl.constexpr, BLOCK_G: tl.constexpr,
-                       N: tl.constexpr, LOG2N: tl.constexpr, SCALE: tl.constexpr,
-                       BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
-                       BIG, INVERSE: tl.constexpr, OUT_BF16: tl.constexpr,
-                       CLIP: tl.constexpr):
-    """Sum over peers 0..n_peers-1 (one peer: plain dequantize), then optional inverse.
-    ``OUT_BF16``: ``out_ptr`` is an int16 view of a bfloat16 output; ``CLIP``: values past
-    +-``BIG`` (a 16-bit output's largest) are clipped to it (NaN stays NaN)."""
-    g, c, mask = _tile(tl.program_id(0), n_groups, GS, BLOCK_G, GS_P2)
+def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups,
+                     GS: tl.constexpr, BLOCK_G: tl.constexpr, RUN: tl.constexpr,
+                     RPG: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
+                     LOG2N: tl.constexpr, SCALE: tl.constexpr, BITS: tl.constexpr,
+                     CPU: tl.constexpr, BPU: tl.constexpr, WORDS: tl.constexpr,
+                     STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
+    """Rotate and group-quantize ``BLOCK_G`` groups (SDP4Bit 3.3 TLq-HS) as a
+    (RUN // K, BLOCK_G, RPG, K) tile: value ``j * K + k`` of run ``b`` of group ``g`` at
+    ``[j, g, b, k]``. Its first axis outermost, Triton keeps a run in one thread's registers
+    (``K`` values per vector load), the lanes and warps over runs (see _consts)."""
+    J: tl.constexpr = RUN // K
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
+    g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
+    b = tl.arange(0, RPG)
     gmask = g < n_groups
-    q = (_load_codes(packed_ptr, g, c, mask, GS, BITS, CPU, BPU) - (QMAX + 1)).to(tl.float32)
-    total = q * tl.load(scale_ptr + g, mask=gmask, other=0.0)[:, None]
-    for _ in range(1, n_peers):
-        packed_ptr += peer_bytes
-        scale_ptr += n_groups
-        q = (_load_codes(packed_ptr, g, c, mask, GS, BITS, CPU, BPU) - (QMAX + 1)).to(tl.float32)
-        total = total + q * tl.load(scale_ptr + g, mask=gmask, other=0.0)[:, None]
-    if INVERSE:
-        total = _rotate_tile(total, BLOCK_G, GS_P2, N, LOG2N, SCALE)
-    if CLIP:
-        total = tl.where(total > BIG, BIG, tl.where(total < -BIG, -BIG, total))
-    offs = g[:, None] * GS + c[None, :]
-    if OUT_BF16:
-        tl.store(out_ptr + offs, _bf16_bits(total), mask=mask)
+    mask = (gmask[:, None] & (b < GS // RUN)[None, :])[None, :, :, None]
+    offs = ((g[:, None] * GS + b[None, :] * RUN)[None, :, :, None]
+            + (tl.arange(0, J) * K)[:, None, None, None] + tl.arange(0, K)[None, None, None, :])
+    y = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if N > 1:  # the butterfly on the n-blocks in memory order
+        y = tl.reshape(tl.permute(y, (1, 2, 0, 3)), (BLOCK_G * RPG * RUN // N, N))
+        y = _fwht(y, BLOCK_G * RPG * RUN // N, N, LOG2N, SCALE)
+        y = tl.permute(tl.reshape(y, (BLOCK_G, RPG, J, K)), (2, 0, 1, 3))
+    # the group max of |y| (register axes first), NaN if any is NaN: non-finite iff bad
+    absmax = tl.reduce(tl.reduce(tl.reduce(tl.abs(y), 0, _max_nan), 2, _max_nan), 1, _max_nan)
+    bad = (absmax != absmax) | (absmax == float("inf"))
+    ok = (~bad) & (absmax > 0)
+    # as group_quant.group_scales: absmax / qmax (IEEE division), (1 / absmax) * qmax
+    scale = tl.where(bad, float("nan"),
+                     tl.math.div_rn(absmax, tl.full(absmax.shape, QMAX, tl.float32)))
+    one = tl.full(absmax.shape, 1.0, tl.float32)
+    inv = tl.where(ok, tl.math.div_rn(one, tl.where(ok, absmax, 1.0)) * QMAX, 0.0)
+    t = y * inv[None, :, None, None]
+    if STOCHASTIC:
+        q = tl.floor(t + group_noise_at(noise_ptr, offs, mask, g[None, :, None, None],
+                                        gmask[None, :, None, None], GS, HASH, noise_row))
     else:
-        tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+        q = tl.floor(t + 0.5)
+    q = tl.where(q == q, tl.minimum(tl.maximum(q, -QMAX), QMAX), 0.0)
+    codes = q.to(tl.int32) + (QMAX + 1)
+    tl.store(scale_ptr + g, scale, mask=gmask)
+    _store_codes(packed_ptr, codes, g, b, gmask, BLOCK_G, RPG, GS, RUN, BITS, CPU, BPU, WORDS)
 
 
 def _consts(bits: int, group_size: int, hadamard_size: int, block: int = BLOCK_ELEMS) -> dict:
-    """A tile's constants: whole groups in about ``block`` values."""
-    gs_p2 = triton.next_power_of_2(group_size)
+    """A quantizing tile's constants: whole groups in about ``block`` values, as runs of
+    ``RUN`` values (the largest power of two <= RUN_MAX dividing the group size: a run
+    never straddles two groups) loaded as vectors of ``K``, ``RPG`` run slots per group.
+    On a GPU ``block // RUN`` runs >= the ``QUANT_WARPS * 32`` threads: one run or more per
+    thread. ``WORDS``: a run holds whole int32 words of codes (the kernel stores words)."""
+    run = min(RUN_MAX, group_size & -group_size)
+    rpg = triton.next_power_of_2(group_size // run)
     cpu, bpu = _UNIT[bits]
-    return dict(GS=group_size, GS_P2=gs_p2, BLOCK_G=max(1, block // gs_p2),
-                N=hadamard_size, LOG2N=hadamard_size.bit_length() - 1,
-                SCALE=inv_sqrt(hadamard_size), BITS=bits, CPU=cpu, BPU=bpu)
+    return dict(GS=group_size, BLOCK_G=max(1, block // (rpg * run)), RUN=run, RPG=rpg,
+                K=min(4, run), N=hadamard_size, LOG2N=hadamard_size.bit_length() - 1,
+                SCALE=inv_sqrt(hadamard_size), BITS=bits, CPU=cpu, BPU=bpu,
+                WORDS=32 % bits == 0 and run % (32 // bits) == 0)
 
 
 def _block(t: torch.Tensor) -> int:
@@ -213,26 +183,20 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
     if n_groups:
         k = _consts(bits, group_size, hadamard_size, _block(x))
         u, hashed, row = noise_operand(noise, x.numel(), x, group_size)
+        warps = min(NUM_WARPS, max(QUANT_WARPS, k["BLOCK_G"] * k["RPG"] // 32))
         _quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
-            x, u, row, packed, scale, n_groups, **k, STOCHASTIC=noise is not None, HASH=hashed,
-            num_warps=NUM_WARPS, enable_fp_fusion=False)
+            x, u, row, packed.view(torch.int32) if k["WORDS"] else packed, scale, n_groups,
+            **k, STOCHASTIC=noise is not None, HASH=hashed, num_warps=warps,
+            enable_fp_fusion=False)
     return packed, scale
 
 
 def _dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
                 hadamard_size: int, dtype: torch.dtype, inverse: bool) -> torch.Tensor:
-    packed, scale = packed.contiguous(), scale.contiguous()
-    n_peers, n_groups = scale.shape
-    out = torch.empty(n_groups * group_size, dtype=dtype, device=packed.device)
-    if n_groups and n_peers:
-        k = _consts(bits, group_size, hadamard_size, _block(packed))
-        bf16 = dtype == torch.bfloat16
-        _dequantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
-            packed, scale, out.view(torch.int16) if bf16 else out, n_peers, n_groups,
-            packed.shape[-1], **k, BIG=torch.finfo(dtype).max, INVERSE=inverse,
-            OUT_BF16=bf16, CLIP=dtype != torch.float32, num_warps=NUM_WARPS,
-            enable_fp_fusion=False)
-    return out
+    """``triton_dequantize_sum`` (both read in place through their row strides), 16-bit
+    outputs clipped to their range as the twin's ``finite_range``."""
+    return _dsum.dequantize_sum(packed, scale, bits, group_size, dtype, hadamard_size, inverse,
+                                clip=True)
 
 
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,

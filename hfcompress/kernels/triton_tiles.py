@@ -3,8 +3,11 @@
 
 Each program handles ``GROUPS`` buckets as a (GROUPS, BLOCK) tile, BLOCK the bucket size
 rounded up to a power of two (masked). Kernels read and write one uint8 code per value (the
-host packs and unpacks them) and launch with ``enable_fp_fusion=False``, so no multiply-add is
-contracted into an FMA the torch twins do not do. Imported only by Triton modules.
+host packs and unpacks them), or the codes densely packed (``store_packed`` /
+``load_packed``: the little-endian bit stream of ``packing.py`` and of odd bits in
+``learned_levels.py``, code i in bits [i * bits, (i + 1) * bits)), and launch with
+``enable_fp_fusion=False``, so no multiply-add is contracted into an FMA the torch twins do not
+do. Imported only by Triton modules.
 """
 
 from __future__ import annotations
@@ -106,6 +109,83 @@ def store_codes(code_ptr, offs, mask, code):
     tl.store(code_ptr + offs, code.to(tl.uint8), mask=mask)
 
 
+def unit_codes(bits: int) -> int:
+    """Codes per packing unit (whole bytes): 4 at even ``bits``, 8 at odd."""
+    return 8 if bits % 2 else 4
+
+
+@triton.jit
+def unit_tile(n_buckets, bucket_size, GROUPS: tl.constexpr, BLOCK: tl.constexpr,
+              CPU: tl.constexpr):
+    """The tile as (GROUPS, BLOCK / CPU, CPU): units of ``CPU`` codes, whole bytes when
+    packed (:func:`unit_codes`). -> bucket ids, their mask, the unit mask (GROUPS,
+    BLOCK / CPU), the value mask and the value offsets."""
+    rows = tl.program_id(0) * GROUPS + tl.arange(0, GROUPS)
+    u = tl.arange(0, BLOCK // CPU)
+    row_ok = rows < n_buckets
+    umask = row_ok[:, None] & (u < bucket_size // CPU)[None, :]
+    k = tl.arange(0, CPU)
+    offs = (rows.to(tl.int64)[:, None] * bucket_size + u[None, :] * CPU)[:, :, None] + k
+    return rows, row_ok, umask, umask[:, :, None] & (k < CPU), offs
+
+
+@triton.jit
+def _piece_ptr(code_ptr, UNIT_BYTES: tl.constexpr):
+    """``code_ptr`` as pieces of the widest power-of-two bytes (<= 4) dividing a unit."""
+    if UNIT_BYTES % 4 == 0:
+        return code_ptr.to(tl.pointer_type(tl.uint32))
+    elif UNIT_BYTES % 2 == 0:
+        return code_ptr.to(tl.pointer_type(tl.uint16))
+    else:
+        return code_ptr
+
+
+@triton.jit
+def _piece_at(rows, U: tl.constexpr, bucket_size, CPU: tl.constexpr, N: tl.constexpr):
+    """Index of each unit's first piece (GROUPS, U), ``N`` pieces per unit."""
+    return rows.to(tl.int64)[:, None] * (bucket_size // CPU * N) + tl.arange(0, U)[None, :] * N
+
+
+@triton.constexpr_function
+def _word_type(bits):
+    """The integer type of a unit of ``bits`` bits: int32 up to 32 bits, else int64."""
+    return tl.int32 if bits <= 32 else tl.int64
+
+
+@triton.jit
+def store_packed(code_ptr, code, rows, umask, bucket_size, BITS: tl.constexpr):
+    """Store codes (GROUPS, U, CPU) (each < 2**BITS) densely packed: a bucket's codes start
+    at byte ``bucket * bucket_size * BITS / 8``; each unit is one word ``c0 | c1 << BITS |
+    ...`` of ``BITS * CPU / 8`` bytes, stored as little-endian pieces (:func:`_piece_ptr`:
+    one uint16 per unit at 4 bits, five bytes at 5)."""
+    CPU: tl.constexpr = code.shape[2]
+    word = tl.sum(code.to(_word_type(BITS * CPU)) << (BITS * tl.arange(0, CPU)), axis=2)
+    ptr = _piece_ptr(code_ptr, BITS * CPU // 8)
+    W: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth
+    N: tl.constexpr = BITS * CPU // W
+    at = _piece_at(rows, code.shape[1], bucket_size, CPU, N)
+    for j in tl.static_range(N):
+        piece = word if N == 1 else (word >> (W * j)) & ((1 << W) - 1)
+        tl.store(ptr + at + j, piece.to(ptr.dtype.element_ty), mask=umask)
+
+
+@triton.jit
+def load_packed(code_ptr, rows, umask, bucket_size, BITS: tl.constexpr, U: tl.constexpr,
+                CPU: tl.constexpr):
+    """The codes (GROUPS, U, CPU) as int32 (0 where masked) from :func:`store_packed`'s
+    layout: each unit's pieces, then its codes."""
+    ptr = _piece_ptr(code_ptr, BITS * CPU // 8)
+    W: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth
+    N: tl.constexpr = BITS * CPU // W
+    at = _piece_at(rows, U, bucket_size, CPU, N)
+    word = tl.zeros(at.shape, _word_type(BITS * CPU))
+    for j in tl.static_range(N):
+        piece = tl.load(ptr + at + j, mask=umask, other=0).to(word.dtype, bitcast=W == 32)
+        word = word | (piece << (W * j))
+    code = word[:, :, None] >> (BITS * tl.arange(0, CPU))
+    return (code & ((1 << BITS) - 1)).to(tl.int32)
+
+
 @triton.jit
 def store_out(out_ptr, offs, y, mask, OUT_BF16: tl.constexpr):
     """Store float32 y in out's dtype; bf16 is rounded to nearest even by hand (bits into a
@@ -126,21 +206,23 @@ def _out_view(out: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_buckets(kernel, x: torch.Tensor, aux: torch.Tensor, n_params: int, bits: int,
-                     bucket_size: int, pack: Callable = pack_codes,
-                     **consts) -> tuple[torch.Tensor, ...]:
+                     bucket_size: int, pack: Callable | None = pack_codes,
+                     gpu_tile: int = GPU_TILE, **consts) -> tuple[torch.Tensor, ...]:
     """Run ``kernel(x, aux, codes, *params, n_buckets, bucket_size, **consts, GROUPS, BLOCK)``
-    on 1-D x: -> (packed uint8 codes, then ``n_params`` float32 tensors of one value per
-    bucket)."""
-    n = x.numel()
-    nb = n // bucket_size
-    codes = torch.empty(n, dtype=torch.uint8, device=x.device)
+    on 1-D x (a partial last bucket: the kernel pads it, as learned levels' do with x's last
+    value): -> (packed uint8 codes, then ``n_params`` float32 tensors of one value per
+    bucket). ``pack`` packs the kernel's one code per value; None: the kernel packs them
+    (:func:`store_packed`). ``gpu_tile``: values per program on a GPU."""
+    nb = -(-x.numel() // bucket_size)
+    n = nb * bucket_size
+    codes = torch.empty(n if pack else n // 8 * bits, dtype=torch.uint8, device=x.device)
     params = [torch.empty(nb, dtype=torch.float32, device=x.device) for _ in range(n_params)]
     if nb:
-        block, groups = tile_shape(bucket_size, per_program(x, TILE, GPU_TILE))
+        block, groups = tile_shape(bucket_size, per_program(x, TILE, gpu_tile))
         kernel[(triton.cdiv(nb, groups),)](
             x.contiguous(), aux.contiguous(), codes, *params, nb, bucket_size, **consts,
             GROUPS=groups, BLOCK=block, num_warps=NUM_WARPS, enable_fp_fusion=False)
-    return (pack(codes, bits), *params)
+    return (pack(codes, bits) if pack else codes, *params)
 
 
 def dequantize_peers(kernel, packed: torch.Tensor, operands: tuple[torch.Tensor, ...],
@@ -159,4 +241,36 @@ def dequantize_peers(kernel, packed: torch.Tensor, operands: tuple[torch.Tensor,
             codes, *(t.contiguous() for t in operands), _out_view(out), nb, bucket_size,
             n_peers, n, **consts, GROUPS=groups, BLOCK=block,
             OUT_BF16=dtype == torch.bfloat16, num_warps=NUM_WARPS, enable_fp_fusion=False)
+    return out
+
+
+def rows_last_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """2-D ``t`` whose rows may be strided (columns of a wire), its last dimension dense."""
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+def decode_rows(kernel, packed: torch.Tensor, operands: tuple[torch.Tensor, ...],
+                bucket_size: int, out: torch.Tensor, peers: bool, gpu_tile: int = GPU_TILE,
+                **consts) -> torch.Tensor:
+    """Run ``kernel(codes, *operands, out, n_buckets, bucket_size, n_peers, numel,
+    code_stride, *operand strides, out_stride, **consts, GROUPS, BLOCK, OUT_BF16)`` on 2-D
+    packed codes and operands (one row per peer, rows possibly strided: a wire's fields) into
+    2-D ``out`` (rows of ``numel <= n_buckets * bucket_size`` values): ``peers`` -> the sum
+    over the rows into out's one row, else row r decoded into ``out[r]``. Returns ``out``.
+    ``gpu_tile``: values per program on a GPU."""
+    packed = rows_last_contiguous(packed)
+    if packed.data_ptr() % 4 or (packed.shape[0] > 1 and packed.stride(0) % 4):
+        packed = packed.clone(memory_format=torch.contiguous_format)  # whole uint32 pieces
+    operands = tuple(rows_last_contiguous(t) for t in operands)
+    if out.stride(-1) != 1 and out.shape[-1] > 1:
+        raise ValueError("decode_rows: out's rows must be contiguous")
+    rows, nb = operands[0].shape
+    if nb and out.numel():
+        block, groups = tile_shape(bucket_size, per_program(packed, TILE, gpu_tile))
+        grid = (triton.cdiv(nb, groups), 1 if peers else rows)
+        kernel[grid](
+            packed, *operands, _out_view(out), nb, bucket_size, rows if peers else 1,
+            out.shape[-1], packed.stride(0), *(t.stride(0) for t in operands), out.stride(0),
+            **consts, GROUPS=groups, BLOCK=block, OUT_BF16=out.dtype == torch.bfloat16,
+            num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out

@@ -1,0 +1,274 @@
+"""GPU operations and host time per FSDP unit and step of every FSDP2 preset, read on a CPU.
+
+    python benchmarks/step_ops.py --out DIR          # DIR/step_ops.csv (~1 min of CPU)
+    python benchmarks/kernel_isa.py --steps --out DIR
+
+On the small LLaMA of ``gpu_check.py`` (its CUDA ``DIMS``, on CPU tensors) at world size 1
+(gloo, a ``file://`` store, one process, under ``compress_one_rank()``), each preset's
+collectives of a step run as ``gpu_check.fsdp_collectives`` calls them (every unit's
+all-gather ``async_op=True`` + ``wait()``, its gradient reduce-scatter, then
+``handle.step()``) on the code path a GPU takes: ``dispatch.use_triton`` answers as for a
+CUDA tensor, every module's ``per_program`` gives the GPU tile, futures run inline
+(``inline_on_cpu``, CUDA's control flow), and every Triton launch is stubbed
+(``JITFunction.run`` counts it and returns; a clean subprocess without ``TRITON_INTERPRET``).
+
+Counted per step after ``--warmup`` steps, divided by the number of FSDP units
+(``len(handle.comms)``): Triton launches; aten ops that launch a kernel on a GPU (a
+``TorchDispatchMode``; allocations, views, ``detach`` and metadata ops are free; ops that
+run inside ``torch.distributed`` (gloo's own copies) are not the step's); collectives (the
+``c10d`` ops); host-to-device copies (tensors built from host data, ``torch.tensor``: on a
+GPU a copy, pinned or not). The benchmark's own copy of each shard into its all-gather
+buffer (FSDP2's copy-in) is outside the count. ``host_ms``: the median wall time of a step
+with the launches stubbed and no dispatch mode (CPU tensors: the aten ops still compute on
+the CPU, so it is the Python cost plus small CPU kernels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+FIELDS = ["preset", "ops_per_unit", "triton", "aten", "collectives", "h2d", "host_ms",
+          "host_ratio_vs_none", "units", "triton_kernels", "aten_ops"]
+
+#: aten ops that launch no kernel on a GPU (allocation, views, metadata)
+FREE = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "view",
+        "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "expand", "expand_as",
+        "slice", "select", "t", "transpose", "permute", "unsqueeze", "squeeze", "alias",
+        "detach", "split", "split_with_sizes", "unbind", "narrow", "flatten", "unflatten",
+        "view_as", "chunk", "diagonal", "movedim", "set_", "resize_", "record_stream",
+        "is_same_size", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+        "_has_compatible_shallow_copy_type", "is_nonzero_noop"}
+#: aten ops that bring host data to the device (``torch.tensor(...)``)
+H2D = {"lift_fresh", "lift_fresh_copy"}
+
+
+def _child(presets: list[str], warmup: int, counted: int, repeats: int) -> list[dict]:
+    """Runs in the clean subprocess: one dict per preset."""
+    import collections
+    import contextlib
+    import importlib
+    import pkgutil
+    import statistics
+    import tempfile
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from triton.runtime.jit import JITFunction
+
+    sys.path.insert(0, str(HERE))
+    torch.set_num_threads(1)
+    import hfcompress
+    import hfcompress.kernels as K
+    from gpu_check import DIMS
+    from hfcompress.comm.futures import inline_on_cpu
+    from hfcompress.comm.one_rank import compress_one_rank
+    from hfcompress.kernels import dispatch
+    from hfcompress.kernels import triton_tiles as TT
+    from hfcompress.testing import tiny_llama
+
+    # the GPU's code path: Triton chosen, the GPU tile, every module's imported reference
+    use_triton = dispatch.use_triton
+
+    def as_on_cuda(t, backend="auto"):
+        use_triton(t, "torch" if backend == "torch" else "auto")    # validates backend
+        return backend != "torch" and dispatch.triton_available()
+
+    gpu_tile = lambda t, interpreted, gpu: gpu  # noqa: E731
+    mods = [importlib.import_module(f"hfcompress.kernels.{i.name}")
+            for i in pkgutil.iter_modules(K.__path__)]
+    for mod in [K, dispatch, *mods]:
+        if getattr(mod, "use_triton", None) is use_triton:
+            mod.use_triton = as_on_cuda
+        if getattr(mod, "per_program", None) is TT.per_program:
+            mod.per_program = gpu_tile
+    TT.per_program = gpu_tile
+
+    launches: collections.Counter = collections.Counter()
+
+    def stub(self, *args, grid, warmup, **kwargs):
+        launches[self.fn.__name__] += 1
+
+    JITFunction.run = stub
+    dist_dir = os.path.dirname(dist.__file__)
+
+    class Ops(TorchDispatchMode):
+        """aten / c10d ops of the step, those torch.distributed runs itself left out."""
+
+        def __init__(self):
+            super().__init__()
+            self.ops: collections.Counter = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            ns = func.namespace
+            f = sys._getframe(1)
+            inside_dist = False
+            while f is not None:
+                if f.f_code.co_filename.startswith(dist_dir):
+                    inside_dist = True
+                    break
+                f = f.f_back
+            if ns == "c10d":
+                self.ops[f"c10d.{name}"] += 1
+            elif not inside_dist and name not in FREE:
+                self.ops[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    def jobs_of(handle, model):
+        params = dict(model.named_parameters())
+        jobs = []
+        with torch.no_grad():
+            for comms in handle.comms.values():
+                shard = torch.cat([params[n].to_local().reshape(-1)
+                                   for n in comms.layouts.names])
+                grads = torch.randn(shard.numel())
+                jobs.append((comms, shard, torch.empty_like(shard), grads,
+                             torch.empty_like(grads)))
+        return jobs
+
+    def step(handle, jobs, mode=None):
+        with torch.no_grad():
+            for comms, shard, gathered, grads, reduced in jobs:
+                gathered.copy_(shard)       # FSDP2's copy-in: not counted
+                with mode if mode is not None else contextlib.nullcontext():
+                    comms.ag(output_tensor=gathered, input_tensor=gathered,
+                             group=dist.group.WORLD, async_op=True).wait()
+                    comms.rs(output_tensor=reduced, input_tensor=grads,
+                             group=dist.group.WORLD, op=dist.ReduceOp.SUM)
+        with mode if mode is not None else contextlib.nullcontext():
+            handle.step()
+
+    def counted_ops(preset):
+        """Per unit: the step's Triton launches and dispatched ops (``DIMS["cuda"]``)."""
+        handle, jobs = setup(preset, DIMS["cuda"])
+        launches.clear()
+        mode = Ops()
+        for _ in range(counted):
+            step(handle, jobs, mode)
+        handle.remove()
+        units = len(jobs)
+        per = lambda c: collections.Counter(  # noqa: E731
+            {k: v / counted / units for k, v in c.items()})
+        return units, per(launches), per(mode.ops)
+
+    def host_ms(presets):
+        """Per preset: the median CPU milliseconds of this thread in a step of the tiny model
+        (``DIMS["cpu"]``), the presets' steps interleaved (a load drift hits them alike)."""
+        runs = {p: setup(p, DIMS["cpu"]) for p in presets}
+        times = collections.defaultdict(list)
+        for _ in range(repeats):
+            for p, (handle, jobs) in runs.items():
+                t0 = time.thread_time()
+                step(handle, jobs)
+                times[p].append(time.thread_time() - t0)
+        for handle, _ in runs.values():
+            handle.remove()
+        return {p: statistics.median(t) * 1e3 for p, t in times.items()}
+
+    def setup(preset, dims):
+        model = tiny_llama(seed=0, **dims)
+        handle = hfcompress.apply(model, preset, shard=True)
+        jobs = jobs_of(handle, model)
+        for _ in range(warmup):
+            step(handle, jobs)
+        return handle, jobs
+
+    def names(c):
+        return " ".join(f"{k}:{round(v, 2):g}" for k, v in
+                        sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    out = []
+    with tempfile.TemporaryDirectory(prefix="step_ops_") as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0,
+                                world_size=1)
+        try:
+            with compress_one_rank(), inline_on_cpu():
+                ms = host_ms(presets)
+                for preset in presets:
+                    units, tri, ops = counted_ops(preset)
+                    coll = sum(n for k, n in ops.items() if k.startswith("c10d."))
+                    h2d = sum(n for k, n in ops.items() if k in H2D)
+                    out.append(dict(preset=preset, units=units, triton=sum(tri.values()),
+                                    aten=sum(ops.values()) - coll - h2d, collectives=coll,
+                                    h2d=h2d, host_ms=ms[preset],
+                                    triton_kernels=names(tri), aten_ops=names(ops)))
+                    print(f"step_ops: {preset} done", file=sys.stderr, flush=True)
+        finally:
+            dist.destroy_process_group()
+    return out
+
+
+def measure(presets: list[str] | None = None, warmup: int = 3, counted: int = 2,
+            repeats: int = 41) -> list[dict]:
+    """One dict per preset (``FIELDS``), measured in a clean subprocess."""
+    if presets is None:
+        sys.path.insert(0, str(HERE))
+        from _dist_common import FSDP_PRESETS
+        presets = list(FSDP_PRESETS)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env["HFCOMPRESS_COMPILE"] = "0"
+    args = json.dumps([presets, warmup, counted, repeats])
+    run = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", args],
+                         env=env, capture_output=True, text=True, timeout=1800)
+    if run.returncode:
+        raise RuntimeError(f"step_ops failed:\n{run.stderr[-4000:]}")
+    raw = json.loads(run.stdout.split("JSON", 1)[1])
+    none = next((r["host_ms"] for r in raw if r["preset"] == "none"), None)
+    for r in raw:
+        r["ops_per_unit"] = r["triton"] + r["aten"] + r["collectives"] + r["h2d"]
+        r["host_ratio_vs_none"] = r["host_ms"] / none if none else ""
+        for k in ("ops_per_unit", "triton", "aten", "collectives", "h2d", "host_ratio_vs_none"):
+            if r[k] != "":
+                r[k] = round(r[k], 2)
+        r["host_ms"] = round(r["host_ms"], 3)
+    return raw
+
+
+def print_table(rows: list[dict]) -> None:
+    cols = FIELDS[:-2]
+    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    print("  ".join(f"{c:<{width[c]}}" for c in cols))
+    for r in rows:
+        print("  ".join(f"{str(r[c]):<{width[c]}}" for c in cols))
+
+
+def write_csv(rows: list[dict], out: str | Path) -> Path:
+    path = Path(out) / "step_ops.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="", help="write DIR/step_ops.csv")
+    ap.add_argument("--presets", default="", help="comma-separated (default: every FSDP2 one)")
+    ap.add_argument("--child", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print("JSON" + json.dumps(_child(*json.loads(args.child))))
+        return
+    rows = measure(args.presets.split(",") if args.presets else None)
+    print_table(rows)
+    if args.out:
+        print(f"wrote {write_csv(rows, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()
+    os._exit(0)       # gloo threads can abort an ordinary interpreter exit (PLATFORM.md)

@@ -1,0 +1,200 @@
+"""Decode-and-sum of P peers' group-quantized payloads in one Triton kernel (ZeRO++ 3.2, SDP4Bit
+3.3), for ``triton_group_quant`` and ``triton_hadamard``: bit-exact with the torch twins
+``group_quant.decode_sum`` and ``hadamard.dequantize_sum`` / ``dequantize``.
+
+Bit-exact by construction: each code ``c`` becomes ``c - 2**(bits-1)`` exactly (the float
+``2**23 + c``, built on the bits, minus ``2**23 + 2**(bits-1)``), times its group's scale,
+peers added in order 0..P-1 from peer 0's product, the optional inverse rotation as the
+twin's butterfly (``hadamard.py``: add/sub stages ``h = 1, 2, .., n/2``, one multiply by
+``inv_sqrt(n)``), launches compiled with ``enable_fp_fusion=False`` (no FMA).
+
+A thread owns rows of ``ROWV`` consecutive values of one group (``UPR`` packing units of
+``UB`` bytes, ``UC`` codes each) and rotates a row's Hadamard blocks (up to ``ROW_MAX``) in
+its registers: one scale load per row and peer, the units read as int32 words (vectors of up
+to 4) where the payload is 4-byte aligned, else byte by byte; the peers unrolled (a
+compile-time count up to ``MAX_UNROLL``, a loop beyond). ``packed`` (P, nbytes) and ``scale``
+(P, groups) are read in place through their row strides: they may be column slices of one
+uint8 wire ``[P, row]`` (``scale`` viewed as float32, see :func:`dequantize_sum`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .hadamard import inv_sqrt
+from .packing import _UNIT
+from .triton_tiles import per_program
+
+#: values per program under TRITON_INTERPRET (few large programs: its cost is per program);
+#: on a GPU ``GPU_ROWS`` rows per program, one per thread of ``NUM_WARPS`` warps (<= 128
+#: registers and no spill on sm_90: tests/test_gpu_registers.py)
+BLOCK_ELEMS, NUM_WARPS = 4096, 8
+GPU_ROWS = 32 * NUM_WARPS
+#: peers summed in straight-line code (a compiled variant per count); more run in a loop, as
+#: do byte loads of more than ``MAX_UNROLL_BYTES`` per thread (a register each, all in flight)
+MAX_UNROLL, MAX_UNROLL_BYTES = 16, 32
+#: the largest Hadamard block rotated inside a thread's row; a row's bytes of one peer (if
+#: its values lie in one group): 8-byte loads
+ROW_MAX, ROW_BYTES = 32, 8
+
+
+@triton.jit
+def _bf16_bits(x):
+    """float32 -> bfloat16 bits, round to nearest even as torch (NaN -> 0x7FC0); on the bits
+    because the interpreter's float32 -> bfloat16 cast truncates."""
+    b = x.to(tl.uint32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    return tl.where(x != x, 0x7FC0, r)
+
+
+@triton.jit
+def _rotate(x, R: tl.constexpr, ROWV: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr,
+            SCALE: tl.constexpr):
+    """Normalized Walsh-Hadamard transform of every N-block of an (ROWV / 4, R, 4) tile."""
+    y = tl.reshape(tl.permute(x, (1, 0, 2)), (R * ROWV // N, N))
+    for s in tl.static_range(LOG2N):  # pairs (i, i + h), h = 1 << s
+        y = tl.permute(tl.reshape(y, (R * ROWV // N, N >> (s + 1), 2, 1 << s)), (0, 1, 3, 2))
+        a, b = tl.split(y)
+        y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (R * ROWV // N, N))
+    y = y * SCALE
+    return tl.permute(tl.reshape(y, (R, ROWV // 4, 4)), (1, 0, 2))
+
+
+@triton.jit
+def _peer(src_ptr, scale_ptr, r, rmask, GS: tl.constexpr, BITS: tl.constexpr,
+          ROWV: tl.constexpr, UPR: tl.constexpr, UB: tl.constexpr, UC: tl.constexpr,
+          V: tl.constexpr, WORDS: tl.constexpr):
+    """float32 values of one peer's rows ``r`` as an (ROWV / 4, R, 4) tile (row r's value
+    ``4 * h + j`` at ``[h, r, j]``; masked rows 0)."""
+    QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
+    # the row's units as (UPR / V, R, V): loads of V <= 4 consecutive words, 4V-byte aligned
+    u = (r[None, :, None] * UPR + V * tl.arange(0, UPR // V)[:, None, None]
+         + tl.arange(0, V)[None, None, :])
+    umask = rmask[None, :, None]
+    if WORDS:
+        w = tl.load(tl.multiple_of(src_ptr + u, [4, 4, 4 * V]), mask=umask, other=0)
+    else:
+        w = tl.zeros(u.shape, tl.int32)
+        for m in tl.static_range(UB):
+            w = w | (tl.load(src_ptr + u * UB + m, mask=umask, other=0).to(tl.int32) << (8 * m))
+    w = tl.reshape(tl.permute(w, (0, 2, 1)), (UPR, r.shape[0]))
+    # unit k's codes 4 * a + j at [k, a, r, j]
+    shift = BITS * (4 * tl.arange(0, UC // 4)[:, None] + tl.arange(0, 4)[None, :])
+    code = (w[:, None, :, None] >> shift[None, :, None, :]) & ((1 << BITS) - 1)
+    code = tl.reshape(code, (ROWV // 4, r.shape[0], 4))
+    # 2**23 + code exactly, on the bits; minus 2**23 + 2**(bits-1): code - 2**(bits-1), exact
+    q = (code | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + QMAX + 1)
+    s = tl.load(scale_ptr + r // (GS // ROWV), mask=rmask, other=0.0)
+    return q * s[None, :, None]
+
+
+@triton.jit
+def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_stride,
+                           scale_stride, BIG, PEERS: tl.constexpr, GS: tl.constexpr,
+                           BITS: tl.constexpr, ROWV: tl.constexpr, UPR: tl.constexpr,
+                           UB: tl.constexpr, UC: tl.constexpr, V: tl.constexpr,
+                           WORDS: tl.constexpr,
+                           R: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr,
+                           SCALE: tl.constexpr, INVERSE: tl.constexpr, CLIP: tl.constexpr,
+                           OUT_BF16: tl.constexpr):
+    """Sum over peers 0..n_peers-1 (``PEERS`` of them unrolled, 0: a runtime loop) of ``R``
+    rows, then the optional inverse rotation of its ``N``-blocks; ``CLIP``: values past
+    +-``BIG`` (a 16-bit output's largest) clipped to it (NaN stays NaN)."""
+    r = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
+    rmask = r < n_rows
+    total = _peer(src_ptr, scale_ptr, r, rmask, GS, BITS, ROWV, UPR, UB, UC, V, WORDS)
+    if PEERS > 0:
+        for _ in tl.static_range(1, PEERS):
+            src_ptr += src_stride  # 64-bit pointer steps: no int32 offset overflow
+            scale_ptr += scale_stride
+            total = total + _peer(src_ptr, scale_ptr, r, rmask, GS, BITS, ROWV, UPR, UB, UC,
+                                  V, WORDS)
+    else:
+        for _ in range(1, n_peers):
+            src_ptr += src_stride
+            scale_ptr += scale_stride
+            total = total + _peer(src_ptr, scale_ptr, r, rmask, GS, BITS, ROWV, UPR, UB, UC,
+                                  V, WORDS)
+    if INVERSE:
+        total = _rotate(total, R, ROWV, N, LOG2N, SCALE)
+    if CLIP:
+        total = tl.where(total > BIG, BIG, tl.where(total < -BIG, -BIG, total))
+    e = (r[None, :, None] * ROWV + 4 * tl.arange(0, ROWV // 4)[:, None, None]
+         + tl.arange(0, 4)[None, None, :])
+    ES: tl.constexpr = out_ptr.dtype.element_ty.primitive_bitwidth // 8
+    out = tl.multiple_of(out_ptr + e, [ES, ES, 4 * ES])  # a fresh output: aligned
+    if OUT_BF16:
+        total = _bf16_bits(total)
+    tl.store(out, total.to(out_ptr.dtype.element_ty), mask=rmask[None, :, None])
+
+
+def row_layout(bits: int, group_size: int, hadamard_size: int = 1) -> dict:
+    """A thread row's constants: ``ROWV`` values inside one group (whole Hadamard blocks up
+    to ``ROW_MAX``) in ``UPR`` units of ``UB`` bytes / ``UC`` codes: a 32-bit word of
+    ``32 / bits`` codes where one lies in a group, else 4 codes (``group_size`` a multiple
+    of 4)."""
+    if group_size % 4:
+        raise ValueError(f"group_size={group_size} is not a multiple of 4")
+    word = bits != 6 and group_size % (32 // bits) == 0
+    ub, uc = (4, 32 // bits) if word else (bits // 2, 4)
+    per_row = 1 << ((ROW_BYTES * 8 // bits).bit_length() - 1)  # a power of two
+    rowv = max(uc, per_row, hadamard_size if hadamard_size <= ROW_MAX else 1)
+    rowv = rowv if group_size % rowv == 0 else uc
+    return dict(ROWV=rowv, UPR=rowv // uc, UB=ub, UC=uc)
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as 2-D rows with unit column stride (a copy only where the columns are not)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _source(packed: torch.Tensor, upr: int) -> tuple[torch.Tensor, int]:
+    """What the kernel reads and the words per load ``V``: ``packed`` (P, nbytes) as int32
+    words (a view) where its start and row stride are multiples of 4 bytes, ``V`` the largest
+    power of two <= min(upr, 4) their alignment allows; else the bytes (``V`` 0)."""
+    if packed.storage_offset() % 4 or (packed.shape[0] > 1 and packed.stride(0) % 4):
+        return packed, 0
+    stride = packed.stride(0) if packed.shape[0] > 1 else packed.shape[1]
+    words = torch.as_strided(packed, packed.shape, (stride, 1)).view(torch.int32)
+    v = min(upr, 4)
+    while v > 1 and (words.data_ptr() % (4 * v) or words.stride(0) % v):
+        v //= 2
+    return words, v
+
+
+def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
+                   dtype: torch.dtype = torch.float32, hadamard_size: int = 1,
+                   inverse: bool = False, clip: bool = False) -> torch.Tensor:
+    """Sum over P peers, in order 0..P-1: ``packed`` uint8 (P, nbytes), ``scale`` float32
+    (P, groups) -> 1-D ``dtype`` (groups * group_size,); ``inverse``: then every
+    ``hadamard_size`` block rotated back (SDP4Bit 3.3); ``clip``: finite values of a 16-bit
+    ``dtype`` clipped to its largest.
+
+    Both are read in place through their row strides (columns of stride 1, else copied):
+    e.g. column slices of one uint8 wire ``[P, row]``, ``scale`` as the float32 view
+    ``wire.view(torch.float32)[:, off // 4:off // 4 + groups]``; that view needs ``off`` and
+    the wire's row stride multiples of 4 bytes, else the caller copies the slice. ``packed``
+    is read as int32 words where its start and row stride are multiples of 4 bytes."""
+    packed, scale = _strided(packed), _strided(scale)
+    n_peers, n_groups = scale.shape
+    numel = n_groups * group_size
+    out = torch.empty(numel, dtype=dtype, device=packed.device)
+    if not (numel and n_peers):
+        return out
+    k = row_layout(bits, group_size, hadamard_size if inverse else 1)
+    src, v = _source(packed, k["UPR"]) if k["UB"] == 4 else (packed, 0)
+    unroll = n_peers <= MAX_UNROLL and (v or n_peers * k["UPR"] * k["UB"] <= MAX_UNROLL_BYTES)
+    n_rows = numel // k["ROWV"]
+    rows = per_program(packed, BLOCK_ELEMS // k["ROWV"], GPU_ROWS)
+    rows = max(rows, hadamard_size // k["ROWV"])
+    bf16 = dtype == torch.bfloat16
+    _dequantize_sum_kernel[(triton.cdiv(n_rows, rows),)](
+        src, scale, out.view(torch.uint16) if bf16 else out, n_rows, n_peers, src.stride(0),
+        scale.stride(0), torch.finfo(dtype).max, PEERS=n_peers if unroll else 0,
+        GS=group_size, BITS=bits, **k, V=max(v, 1), WORDS=v > 0, R=rows, N=hadamard_size,
+        LOG2N=hadamard_size.bit_length() - 1, SCALE=inv_sqrt(hadamard_size), INVERSE=inverse,
+        CLIP=clip and dtype != torch.float32, OUT_BF16=bf16,
+        num_warps=NUM_WARPS, enable_fp_fusion=False)
+    return out

@@ -1,0 +1,56 @@
+"""The hot kernels' instruction budgets on sm_90 (``benchmarks/kernel_isa.py``): each captured
+from its public entry point at the GPU tile sizes, compiled with the JIT's specialization,
+counted in SASS per value (~20 s of CPU in a clean subprocess). The budgets are what HBM
+bandwidth allows on an H200 (~4 TB/s over 132 SMs: a kernel moving 4.5 B per value has room
+for ~30-40 instructions per value before it is instruction-bound)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+#: row -> most SASS instructions per value (per peer value for the dequantize-sums)
+BUDGET = {
+    "quantize_int4_nearest": 30, "quantize_int8_nearest": 30, "quantize_int4_nearest_g2048": 30,
+    "quantize_int4_stochastic": 40, "quantize_int8_stochastic": 40,
+    "hadamard_int4_quantize": 45, "qwd_difference_quantize": 35,
+    "dequantize_sum_int4": 10, "dequantize_sum_int8": 10, "hadamard_dequantize_sum_int4": 10,
+    "global_qsgd_quantize": 30,
+}
+#: rows that must run as one kernel with no tensor op of torch around it
+ONE_PASS = ("qwd_difference_quantize", "global_qsgd_quantize", "dequantize_sum_int4",
+            "dequantize_sum_int8")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    pytest.importorskip("triton.backends.nvidia")
+    import kernel_isa
+
+    return {r["name"]: r for r in kernel_isa.measure()}
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("name", sorted(BUDGET))
+def test_sass_per_value_within_budget(rows, name):
+    r = rows[name]
+    assert r["sass_per_value"] <= BUDGET[name], r
+    assert r["registers"] <= 128, r
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("name", ONE_PASS)
+def test_one_kernel_and_no_torch_pass(rows, name):
+    r = rows[name]
+    assert (r["launches"], r["host_ops"]) == (1, 0), r
+
+
+@pytest.mark.triton
+def test_dequantize_sums_have_no_runtime_peer_loop(rows):
+    """8 peers unrolled: every peer's loads in flight at once."""
+    assert all(rows[n]["loops"] == 0 for n in BUDGET if n.startswith(("dequantize_sum",
+                                                                      "hadamard_dequantize")))
