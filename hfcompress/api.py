@@ -23,7 +23,7 @@ from .integrations.fsdp import (FSDPInstall, ModuleComms, check_group, check_hpz
                                 mesh_group, replicate_group, shard_model)
 from .integrations.handle import Compression
 from .integrations.hsdp import NativeHSDP, fully_shard_hsdp, install_hsdp_hook, is_hsdp_mesh
-from .integrations.timeouts import group_timeout
+from .integrations.timeouts import mesh_groups, user_timeout
 
 
 Request = CompressionConfig | AutoSettings
@@ -68,6 +68,7 @@ def apply(model: nn.Module, compressor: str | CompressionConfig | AutoSettings =
     each optimizer step, ``.state_dict()`` / ``.load_state_dict()``, ``.memory_report()``,
     ``.remove()``.
     """
+    check_not_deepspeed(model)
     if not dist.is_initialized():
         raise RuntimeError("hfcompress.apply needs torch.distributed to be initialized "
                            "(torchrun / accelerate launch, or dist.init_process_group)")
@@ -87,6 +88,23 @@ def apply(model: nn.Module, compressor: str | CompressionConfig | AutoSettings =
         return _apply_hsdp(model, request, ranks_per_node, shard, mesh, meter, layer_cls,
                            fsdp_kwargs)
     return _apply_fsdp(model, request, ranks_per_node, shard, meter, layer_cls, fsdp_kwargs)
+
+
+#: what hfcompress says to a DeepSpeed user (``apply`` on an engine, the Trainer under DeepSpeed)
+DEEPSPEED_REFUSED = (
+    "hfcompress compresses FSDP2, DDP and HSDP communication; DeepSpeed runs its own "
+    "collectives, which hfcompress does not replace (DeepSpeed's own ZeRO++ quantizes them: "
+    "zero_quantized_weights / zero_quantized_gradients / zero_hpz_partition_size in its "
+    "config). Train with FSDP2 instead (Accelerate: fsdp_version: 2), or drop "
+    "comm_compressor. `hfcompress plan --engine zero3` still prices what compression would "
+    "save under ZeRO-3.")
+
+
+def check_not_deepspeed(model: Any) -> None:
+    """ValueError for a DeepSpeed engine (checked by class name: deepspeed need not be
+    installed)."""
+    if any(cls.__name__ == "DeepSpeedEngine" for cls in type(model).__mro__):
+        raise ValueError(f"hfcompress.apply got a DeepSpeed engine: {DEEPSPEED_REFUSED}")
 
 
 def check_integration(config: Request, fsdp: bool) -> None:
@@ -128,7 +146,8 @@ def _apply_ddp(model: DistributedDataParallel, request: Request,
                          "only; under DDP it chooses once: set reprobe_every=0")
     check_integration(request, fsdp=False)
     group = model.process_group
-    topology = Topology(ranks_per_node, group_timeout(group), group=group)
+    # the DDP group and the node groups built from it time out as the world does
+    topology = Topology(ranks_per_node, user_timeout(group), group=group)
     config, auto = _fixed(request, lambda compute_s=None: choose_ddp(
         model.module, topology, dist.get_world_size(group), request, compute_s))
     state = register_ddp_hook(model, config, topology=topology, meter=meter)
@@ -155,7 +174,8 @@ def _apply_hsdp(model: nn.Module, request: Request,
                          f"natively instead (native HSDP, also beside TP): fully_shard(..., "
                          f"mesh=mesh['dp_replicate', 'dp_shard']) on every layer and the root, "
                          f"then hfcompress.apply(model, preset)")
-    topology = Topology(ranks_per_node, group_timeout(dist.group.WORLD))
+    # the mesh's groups (created without a timeout) and the node groups: the world's
+    topology = Topology(ranks_per_node, user_timeout(dist.group.WORLD, *mesh_groups(mesh)))
     if shard:
         state = fully_shard_hsdp(model, mesh, config, layer_cls=layer_cls, topology=topology,
                                  meter=meter, **fsdp_kwargs)
@@ -203,9 +223,14 @@ def _apply_fsdp(model: nn.Module, request: Request | ValueError,
     if not shard and (fsdp_kwargs or layer_cls is not None):
         raise ValueError("layer_cls and fully_shard keyword arguments need shard=True")
     # the data-parallel group: the world, or one dim of a larger mesh (FSDP2 x TP)
-    group = mesh_group(fsdp_kwargs.get("mesh")) if shard else check_group(existing)
-    # every rank's group is laid out on the nodes (its x ranks per node, y nodes)
-    topology = Topology(ranks_per_node, group_timeout(group), group=group)
+    given_mesh = fsdp_kwargs.get("mesh")
+    group = mesh_group(given_mesh) if shard else check_group(existing)
+    # every rank's group is laid out on the nodes (its x ranks per node, y nodes); the groups
+    # given (a mesh's dims are created without a timeout) and the node groups built from
+    # them time out as the world does
+    timeout = user_timeout(group, *mesh_groups(given_mesh if isinstance(given_mesh, DeviceMesh)
+                                               else None))
+    topology = Topology(ranks_per_node, timeout, group=group)
     if shard:
         shard_model(model, topology.ranks_per_node, hpz, layer_cls, **fsdp_kwargs)
     modules = fsdp_modules(model)
@@ -218,7 +243,7 @@ def _apply_fsdp(model: nn.Module, request: Request | ValueError,
     meter = meter if meter is not None else WireMeter()
     replicas = replicate_group(modules)     # native HSDP: the replicas' group
     replica_topology = None if replicas is None else \
-        Topology(ranks_per_node, group_timeout(replicas), group=replicas)
+        Topology(ranks_per_node, user_timeout(replicas), group=replicas)
 
     def build(cfg: CompressionConfig) -> FSDPInstall | NativeHSDP:
         comms = {name: ModuleComms(name, m, model, cfg, topology, meter, i)

@@ -27,10 +27,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 LONGEST_FIRST = (
     "test_real_model.py", "test_fsdp_training.py", "test_transients.py",
     "test_trainer_dist.py", "test_fsdp_tp.py", "test_trainer_tp.py", "test_loco.py",
-    "test_faults_trainer.py",
+    "test_faults_trainer.py", "test_trainer_cluster.py", "test_example_resume.py",
     "test_eval_end_to_end.py", "test_group_quant.py",
     "test_compress_rows.py", "test_fsdp_hotpath.py", "test_examples.py", "test_lm_eval_cli.py",
     "test_ddp_hook.py", "test_ddp_async.py", "test_gpu_check.py", "test_gpu_registers.py",
+    "test_kernel_isa.py", "test_step_ops.py",
     "test_global_qsgd.py", "test_all_reduce.py", "test_eval_errors.py", "test_trl_peft.py",
     "test_qsdp.py", "test_stream_contract.py", "test_readme_snippets.py",
     "test_frozen_updates.py", "test_fsdp_memory.py",

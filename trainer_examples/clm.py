@@ -28,7 +28,7 @@ from hfcompress import Trainer, TrainingArguments
 from hfcompress.comm.topology import resolve_ranks_per_node
 from hfcompress.data import lm_datasets, text_datasets, train_tokenizer
 from hfcompress.models import ModelLoadError, check_model, load_causal_lm, load_tokenizer
-from hfcompress.trainer import warn_single_process
+from hfcompress.trainer import resume, warn_single_process
 from mesh_args import (FSDP2_FLAGS, MeshArguments, check_tp_heads, distributed_config,
                        parallelism_config, wants_fsdp2)
 from run_summary import LossClock, describe, describe_model, report, summarize
@@ -115,7 +115,8 @@ def default_output_dir(name: str, argv: list[str], world: int) -> str:
     ``-1proc`` for one process: e.g. ``runs/llama-sdp4bit`` (FSDP2), ``runs/llama-tlq_hs-ddp``,
     ``runs/llama-sdp4bit-hsdp2``, ``runs/llama-none``; ``plain`` when no
     ``--comm_compressor`` is given (the plain Trainer)."""
-    preset = flag_value(argv, "--comm_compressor") or "plain"
+    preset = flag_value(argv, "--comm_compressor") or \
+        os.environ.get("HFCOMPRESS_COMPRESSOR", "").strip() or "plain"
     mesh = "".join(f"-{short}{v}" for flag, short in (("--dp_replicate_size", "hsdp"),
                                                        ("--tp_size", "tp"))
                    if (v := flag_value(argv, flag)) not in (None, "1"))
@@ -352,7 +353,10 @@ def train(margs, dargs, targs, config_from_args: Callable) -> None:
     trainer = Trainer(model=model, args=targs, train_dataset=lm["train"],
                       eval_dataset=lm["validation"], processing_class=tokenizer,
                       data_collator=default_data_collator, callbacks=[clock])
-    trainer.train(resume_from_checkpoint=targs.resume_from_checkpoint)
+    # "True" / "latest": the newest checkpoint of output_dir (latest: none yet, step 0), as
+    # Hugging Face's example scripts resume; a folder: that one
+    trainer.train(resume_from_checkpoint=resume.command_line(targs.resume_from_checkpoint,
+                                                             targs.output_dir))
     world = targs.world_size
     ranks_per_node = resolve_ranks_per_node(world, targs.ranks_per_node) if world > 1 else 1
     summary = {**describe(trainer, described, world, ranks_per_node, clock.start_step),

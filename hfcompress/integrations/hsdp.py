@@ -35,6 +35,7 @@ from . import _fsdp2
 from .ddp import AllReduceState
 from .exact_params import GroupLayouts, Segment, SlotLayout
 from .fsdp import decoder_layers, fsdp_modules
+from .timeouts import comm_guard
 
 MESH_DIMS = ("replicate", "shard")
 
@@ -52,7 +53,8 @@ class ReplicaHook:
         them) the host does not block; on gloo it does."""
         n = reduce_output.numel()
         layout = self.layouts.for_numel(n) or SlotLayout([Segment(self.name, n, False)])
-        self.state.reduce(self.name, reduce_output.view(-1), layout)
+        with comm_guard("replica all-reduce", self.name, self.state.group):
+            self.state.reduce(self.name, reduce_output.view(-1), layout)
 
 
 class NativeHSDP:

@@ -2,20 +2,33 @@
 
 - :func:`group_timeout`: the timeout a process group was created with, for
   ``Topology(timeout=...)`` (``new_group`` without one would wait torch's default 30 minutes);
-  :func:`set_default_timeout` changes the default group's (both read or write private torch
-  state: this module is the one place that does).
+  :func:`set_default_timeout` changes the default group's, :func:`set_group_timeout` any
+  group's (these read or write private torch state: this module is the one place that does).
+- :func:`give_timeout`: the user's timeout (``--ddp_timeout``, or the world group's) on the
+  groups that still have torch's default: the device mesh's dims (``init_device_mesh`` /
+  Accelerate's ``ParallelismConfig`` create them without a timeout), FSDP2's shard and
+  replica groups, so that the node groups ``Topology`` builds from them inherit it.
+  :func:`process_groups`: every group of this process, for the Trainer's ``ddp_timeout``.
 - :func:`comm_guard`: turns a failed collective into a :class:`CommunicationError` naming
-  the collective, the FSDP module, the rank and the timeout.
+  the collective, the FSDP module, the rank, the group and its timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from datetime import timedelta
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_nccl_timeout, default_pg_timeout
+
+logger = logging.getLogger(__name__)
+
+#: what torch gives a group created without a timeout (gloo and the others; NCCL)
+TORCH_DEFAULT_TIMEOUTS = tuple(t for t in (default_pg_timeout, default_pg_nccl_timeout)
+                               if t is not None)
 
 
 class CommunicationError(RuntimeError):
@@ -39,6 +52,79 @@ def set_default_timeout(timeout: timedelta) -> None:
     dist.distributed_c10d._set_pg_timeout(timeout)
 
 
+def set_group_timeout(group: dist.ProcessGroup, timeout: timedelta) -> None:
+    """Give ``group`` (this rank is in it) ``timeout`` for its next collectives."""
+    dist.distributed_c10d._set_pg_timeout(timeout, group)
+
+
+def process_groups() -> list[dist.ProcessGroup]:
+    """Every process group this process belongs to (the world, the device mesh's dims and
+    flattened dims, the node groups, the user's own), in creation order."""
+    if not dist.is_initialized():
+        return []
+    return [g for g in dist.distributed_c10d._world.pg_map if g is not None
+            and not dist.distributed_c10d._rank_not_in_group(g)]
+
+
+def group_name(group: dist.ProcessGroup) -> str:
+    """``'mesh_dp_shard' (ranks [2, 3])``: the description torch keeps (``group_desc``: a
+    device mesh names its dims so) and the global ranks."""
+    desc = getattr(group, "group_desc", "") or ""
+    try:
+        ranks = dist.get_process_group_ranks(group)
+    except (RuntimeError, ValueError):
+        ranks = None
+    named = f"{desc!r} " if desc and desc != "undefined" else ""
+    return f"{named}(ranks {ranks})" if ranks is not None else named.strip() or "<group>"
+
+
+def mesh_groups(mesh: Any) -> list[dist.ProcessGroup]:
+    """The groups of ``mesh``'s dims and, for a sub-mesh (``mesh["dp"]`` of a ``(dp, tp)``
+    mesh), those of the mesh it was cut from (its TP dim too); [] for None."""
+    if mesh is None:
+        return []
+    groups = list(mesh.get_all_groups())
+    root = getattr(mesh, "_get_root_mesh", lambda: None)()     # torch's private accessor
+    if root is not None and root is not mesh:
+        groups += list(root.get_all_groups())
+    return groups
+
+
+def seconds(timeout: timedelta | None) -> str:
+    return f"{timeout.total_seconds():g} s" if timeout is not None else "unknown"
+
+
+def give_timeout(groups: Iterable[Any], timeout: timedelta | None) -> list[str]:
+    """``timeout`` on each of ``groups`` (process groups, None skipped, each once) whose
+    timeout is torch's default, created without one; a timeout set elsewhere is kept.
+    Returns the changed groups' names (:func:`group_name`)."""
+    if timeout is None or not dist.is_initialized():
+        return []
+    changed, seen = [], set()
+    for group in groups:
+        if group is None or id(group) in seen or dist.distributed_c10d._rank_not_in_group(group):
+            continue
+        seen.add(id(group))
+        have = group_timeout(group)
+        if have is None or have == timeout or have not in TORCH_DEFAULT_TIMEOUTS:
+            continue
+        set_group_timeout(group, timeout)
+        changed.append(group_name(group))
+    return changed
+
+
+def user_timeout(*groups: Any) -> timedelta | None:
+    """The timeout the user chose: the world group's (``init_process_group(timeout=...)``),
+    given to those of ``groups`` that kept torch's default (a device mesh's dims do); the
+    first group's own timeout when the world has torch's default too. ``apply`` builds the
+    node groups with it."""
+    world = group_timeout(dist.group.WORLD)
+    if world is not None and world not in TORCH_DEFAULT_TIMEOUTS:
+        give_timeout(groups, world)
+    first = next((g for g in groups if g is not None), dist.group.WORLD)
+    return group_timeout(first)
+
+
 @contextlib.contextmanager
 def comm_guard(collective: str, module: str, group: dist.ProcessGroup) -> Iterator[None]:
     """Re-raise a failure inside the block as :class:`CommunicationError` with context."""
@@ -55,10 +141,10 @@ def communication_error(collective: str, module: str, group: dist.ProcessGroup,
     """The :class:`CommunicationError` for ``err`` (itself if it already is one)."""
     if isinstance(err, CommunicationError):
         return err
-    timeout = group_timeout(group)
-    limit = f"{timeout.total_seconds():g} s" if timeout is not None else "unknown"
+    limit = seconds(group_timeout(group))
     return CommunicationError(
         f"hfcompress: the {collective} of FSDP module {module or '<root>'!r} failed on "
-        f"global rank {dist.get_rank()} (group of {group.size()} ranks, timeout {limit}). "
+        f"global rank {dist.get_rank()} (group {group_name(group)} of {group.size()} ranks, "
+        f"timeout {limit}). "
         f"A peer rank probably died or stopped calling the collective; the error from "
         f"the process group was: {type(err).__name__}: {err}")

@@ -76,6 +76,27 @@ def apply_ddp_timeout(args) -> bool:
     return True
 
 
+def give_ddp_timeout(args) -> list[str]:
+    """``args.ddp_timeout`` on every process group of this process that still has torch's
+    default timeout (``integrations.timeouts.give_timeout``): the device mesh's dims and
+    flattened dims (Accelerate's ``ParallelismConfig``, transformers' ``DistributedConfig``
+    create them without a timeout: 30 min under gloo, 10 under NCCL), the world where the
+    launch left it out, the node groups hfcompress builds. Any launch, GPU or CPU; a timeout
+    set elsewhere is kept. Local (no collective): call it once the groups exist (the
+    Trainer: after its Accelerator is built, and around installing the compression). Returns
+    the changed groups' names (logged on rank 0)."""
+    from ..integrations.timeouts import give_timeout, process_groups, seconds
+
+    if not dist.is_initialized():
+        return []
+    changed = give_timeout(process_groups(), args.ddp_timeout_delta)
+    if changed and is_rank0():
+        logger.info(f"hfcompress: ddp_timeout {seconds(args.ddp_timeout_delta)} given to "
+                    f"{len(changed)} process group(s) created with torch's default: "
+                    f"{', '.join(changed)}")
+    return changed
+
+
 def fsdp_version(args) -> int | None:
     """The FSDP version the user asked for (``args.fsdp`` / ``fsdp_config``, or an
     ``accelerate launch`` FSDP config), None if FSDP was not asked for."""

@@ -30,7 +30,7 @@ from ..config import AutoSettings, CompressionConfig, request_dict
 from ..integrations.handle import Compression
 from ..optim import LoCoOptimizer, loco_optimizer_class
 from . import checkpoint
-from .accelerate_cpu import is_rank0
+from .accelerate_cpu import give_ddp_timeout, is_rank0
 from .install import install, memory_line, summary, uses_loco
 from .metrics import CommStats
 
@@ -78,8 +78,12 @@ class CommCallback(TrainerCallback):
         model = t.model_wrapped
         if st.handle is None or st.model is not model:
             world = t.args.world_size
+            # the groups the model was sharded over (and so the node groups built from
+            # them) time out after ddp_timeout, as the world does
+            give_ddp_timeout(t.args)
             # the value as given: a split from LOCAL_WORLD_SIZE is not an explicit one
             st.handle, st.model = install(model, self.config, self.ranks_per_node), model
+            give_ddp_timeout(t.args)
             per_node = st.handle.topology.ranks_per_node
             st.stats = CommStats(st.handle.meter)
             st.settings = checkpoint.settings(request_dict(self.config), st.handle.kind, world,

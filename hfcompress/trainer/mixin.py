@@ -20,7 +20,10 @@ the prepared FSDP2 / DDP model at ``on_train_begin`` (``callback``), LoCo's opti
 log whose window had NaN / Inf losses (which HF's ``logging_nan_inf_filter`` hides from
 ``loss``), the compressor state in checkpoints (``_save_checkpoint``, restored by
 ``train(resume_from_checkpoint=...)``), ``ddp_timeout`` on a CPU launch's process group
-(``accelerate_cpu.apply_ddp_timeout``, for any ``TrainingArguments`` class).
+(``accelerate_cpu.apply_ddp_timeout``, for any ``TrainingArguments`` class) and on every group
+created with torch's default timeout: the device mesh's dims, the node groups
+(``accelerate_cpu.give_ddp_timeout``). ``HFCOMPRESS_COMPRESSOR`` in the environment is the
+preset when ``comm_compressor`` is given nowhere.
 
 Put the mixin first in the bases (``class X(CompressionMixin, SFTTrainer)``): its methods
 wrap the Trainer's.
@@ -44,6 +47,7 @@ from ..optim import LoCoOptimizer, loco_optimizer_class
 from . import accelerate_cpu, checkpoint
 from . import resume as resume_mod
 from .callback import CommCallback, unwrap_optimizer
+from ..api import DEEPSPEED_REFUSED
 from .install import check_integration, uses_hpz, uses_loco
 from .signatures import show_trainer_signatures
 
@@ -52,6 +56,30 @@ logger = logging.getLogger(__name__)
 #: the communication settings: constructor keyword arguments, else ``args`` fields
 SETTINGS = {"comm_compressor": None, "ranks_per_node": None, "comm_log_every": 1,
             "comm_state_mismatch": "error", "comm_auto_reprobe_steps": 0}
+
+#: the no-code switch: the preset when ``comm_compressor`` is given nowhere (set in the job's
+#: environment: the scheduler's script, ``export``, in front of ``accelerate launch``)
+COMPRESSOR_ENV = "HFCOMPRESS_COMPRESSOR"
+_logged_env = False
+
+
+def compressor_from_env() -> str | None:
+    """``HFCOMPRESS_COMPRESSOR``: a preset name or ``"auto"`` (None: unset or empty);
+    ValueError naming the valid presets for any other value. Logged once, on rank 0."""
+    global _logged_env
+    value = os.environ.get(COMPRESSOR_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        resolve(value)
+    except ValueError as err:       # the preset check's own words: its hint, the list
+        raise ValueError(f"{COMPRESSOR_ENV}={value!r} is not a preset: {err} ('auto' too; or "
+                         f"unset {COMPRESSOR_ENV})") from None
+    if not _logged_env and accelerate_cpu.is_rank0():
+        _logged_env = True
+        logger.warning(f"hfcompress: comm_compressor {value!r} from the environment "
+                       f"({COMPRESSOR_ENV}); an explicit comm_compressor wins over it")
+    return value
 
 
 def check_settings(comm_compressor: Any = None, ranks_per_node: Any = None,
@@ -98,6 +126,8 @@ class CompressionMixin:
                  "comm_log_every": comm_log_every, "comm_state_mismatch": comm_state_mismatch,
                  "comm_auto_reprobe_steps": comm_auto_reprobe_steps}
         s = {k: v if v is not None else getattr(args, k, SETTINGS[k]) for k, v in given.items()}
+        if s["comm_compressor"] is None:      # given nowhere: the environment's, if any
+            s["comm_compressor"] = compressor_from_env()
         check_settings(**s)
         compressor = s["comm_compressor"]
         # what was asked for, passed through to hfcompress.apply as is
@@ -121,11 +151,14 @@ class CompressionMixin:
             _check_launch(args, self.comm_config)
             accelerate_cpu.enable_fsdp_on_cpu(args, model)
         super().__init__(model, args, *rest, **kwargs)
+        # the mesh Accelerate just built (and one transformers built at load time): its
+        # groups get ddp_timeout, as the world has it
+        accelerate_cpu.give_ddp_timeout(self.args)
         if self.comm_config is None:
             return
         if self.is_deepspeed_enabled:
-            raise ValueError("hfcompress compresses FSDP2 and DDP communication; DeepSpeed is "
-                             "not supported (drop comm_compressor or DeepSpeed)")
+            raise ValueError(f"comm_compressor {self.comm_config.name!r} under DeepSpeed: "
+                             f"{DEEPSPEED_REFUSED}")
         check_integration(self.comm_config, self.is_fsdp_enabled
                           or accelerate_cpu.sharded_by_transformers(model))
         if uses_loco(self.comm_config):
@@ -185,7 +218,9 @@ class CompressionMixin:
     # -- training, logging, checkpoints ----------------------------------------------------
     def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any):
         """HF's ``train``; with compressor state to restore, ``True`` skips a half-written
-        newest checkpoint (``resume``). A re-run into checkpoints, and Ctrl-C, say one line."""
+        newest checkpoint (``resume``). A re-run into checkpoints, and Ctrl-C, say one line.
+        (A command line's ``"True"`` / ``"latest"``: ``resume.command_line``, as the examples
+        do; here a str is a folder, as in HF's ``train``.)"""
         if resume_from_checkpoint is None or resume_from_checkpoint is False:
             notice = resume_mod.rerun_notice(self.args.output_dir)
             if notice is not None and self.is_world_process_zero():
@@ -225,21 +260,32 @@ class CompressionMixin:
         super().log(logs, *args, **kwargs)
 
     def _with_nonfinite(self, logs: dict[str, float]) -> dict[str, float]:
-        """``nonfinite_losses``: this rank's training losses since the last log that were NaN
-        or Inf, when there were any. HF's ``logging_nan_inf_filter`` (on by default) leaves
-        them out of ``loss``, which then reads finite: the mean of the window's finite
-        losses, 0.0 once every step is non-finite (a diverged run)."""
-        n = int(self._nonfinite_losses.item())   # HF's loss .item() synced already
-        self._nonfinite_losses = None
+        """``nonfinite_losses``: the training losses since the last log that were NaN or Inf,
+        summed over the ranks (a NaN on rank 1 alone is counted; HF logs the mean of the
+        ranks' filtered losses; under TP the ranks of a TP group share a loss, which counts
+        once per rank), when there were any. Counted on the device per step
+        (``training_step``), reduced here, at the logging step, where HF's loss gather
+        synchronizes anyway: every rank logs at the same steps. HF's
+        ``logging_nan_inf_filter`` (on by default) leaves them out of ``loss``, which then
+        reads finite: the mean of the window's finite losses, 0.0 once every step is
+        non-finite (a diverged run)."""
+        count, self._nonfinite_losses = self._nonfinite_losses, None
+        dist = torch.distributed
+        ranks = dist.get_world_size() if dist.is_initialized() else 1
+        if ranks > 1:
+            count = count.detach().to(torch.int64).clone()
+            dist.all_reduce(count)
+        n = int(count.item())
         if n == 0:
             return logs
         if not self._warned_nonfinite and self.is_world_process_zero():
             self._warned_nonfinite = True
             hidden = (" the logged 'loss' leaves them out (logging_nan_inf_filter) and reads "
                       "0.0 once every step is;" if self.args.logging_nan_inf_filter else "")
+            over = f" (summed over the {ranks} ranks)" if ranks > 1 else ""
             logger.warning(f"hfcompress: {n} training loss{'es' if n > 1 else ''} up to step "
-                           f"{self.state.global_step} {'were' if n > 1 else 'was'} NaN / Inf;"
-                           f"{hidden} the logs count them as 'nonfinite_losses'")
+                           f"{self.state.global_step} {'were' if n > 1 else 'was'} NaN / Inf"
+                           f"{over};{hidden} the logs count them as 'nonfinite_losses'")
         return {**logs, "nonfinite_losses": n}
 
     def evaluation_loop(self, *args: Any, **kwargs: Any):

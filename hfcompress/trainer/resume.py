@@ -72,6 +72,30 @@ def resolve(resume: Any, output_dir: str) -> str | None:
     raise ValueError(message)
 
 
+def command_line(resume: Any, output_dir: str | None = None) -> Any:
+    """``resume_from_checkpoint`` as HF's example scripts take it from the command line
+    (``TrainingArguments.resume_from_checkpoint`` is a str), unless a folder of that name
+    exists: ``"True"``: the newest checkpoint of ``output_dir`` (``True``: none is an error,
+    as HF's); ``"latest"``: the same, but a run without any checkpoint yet starts from step 0
+    (one command for the first launch and every restart, as HF's scripts resume); ``"False"``
+    none. Anything else as given."""
+    if isinstance(resume, str) and not os.path.isdir(resume):
+        word = resume.strip().lower()
+        if word == "true":
+            return True
+        if word == "latest":
+            if output_dir is not None and not (os.path.isdir(output_dir) and
+                                               checkpoints_newest_first(output_dir)):
+                if int(os.environ.get("RANK", "0")) == 0:
+                    logger.warning(f"hfcompress: --resume_from_checkpoint latest: no checkpoint "
+                                   f"in {output_dir!r} yet, training starts from step 0")
+                return None
+            return True
+        if word in ("false", "none", ""):
+            return None
+    return resume
+
+
 def newest(output_dir: str) -> str | None:
     """The checkpoint HF's ``True`` would resume from, None if there is none."""
     return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None

@@ -23,6 +23,9 @@ more argument, ``comm_compressor`` (a preset name or a ``CompressionConfig``)::
 - Checkpoints hold one ``hfcompress_rank{r}.pt`` per rank, restored by
   ``train(resume_from_checkpoint=...)``; other compression settings in the checkpoint raise,
   or with ``comm_state_mismatch="reset"`` warn and start fresh (``checkpoint``).
+- No code: ``HFCOMPRESS_COMPRESSOR=sdp4bit`` in the job's environment (the scheduler's
+  script, ``export``) is the preset when ``comm_compressor`` is given nowhere; an explicit
+  one wins; an unknown name is refused, listing the presets.
 - ``TrainingArguments`` adds ``comm_compressor`` (a preset or ``"auto"``), ``ranks_per_node``,
   ``comm_auto_reprobe_steps``, ``comm_log_every`` and
   ``comm_state_mismatch`` (``HfArgumentParser``: ``--comm_compressor tlq_hs ...``).
@@ -39,7 +42,7 @@ import transformers
 
 from ..config import AUTO, list_presets
 from . import accelerate_cpu, checkpoint
-from .mixin import CompressionMixin, check_settings, warn_single_process
+from .mixin import CompressionMixin, check_settings, compressor_from_env, warn_single_process
 
 __all__ = ["Trainer", "TrainingArguments", "warn_single_process"]
 
@@ -51,7 +54,8 @@ class TrainingArguments(transformers.TrainingArguments):
     comm_compressor: str | None = field(default=None, metadata={
         "help": "Compress the data-parallel communication with this preset ('none' = exact "
                 "collectives, metered; 'auto' = chosen per collective from a probe of the "
-                "links and this device; unset = the plain Trainer's communication)",
+                "links and this device; unset = the environment's HFCOMPRESS_COMPRESSOR, "
+                "else the plain Trainer's communication)",
         "choices": [*list_presets(), AUTO]})
     comm_auto_reprobe_steps: int = field(default=0, metadata={
         "help": "With comm_compressor 'auto' (FSDP2): probe and choose again every N "
@@ -67,6 +71,8 @@ class TrainingArguments(transformers.TrainingArguments):
         "choices": list(checkpoint.MISMATCH_CHOICES)})
 
     def __post_init__(self) -> None:
+        if self.comm_compressor is None:     # the no-code switch (HFCOMPRESS_COMPRESSOR)
+            self.comm_compressor = compressor_from_env()
         check_settings(self.comm_compressor, self.ranks_per_node, self.comm_log_every,
                        self.comm_state_mismatch, self.comm_auto_reprobe_steps)
         accelerate_cpu.default_use_cpu(self)
