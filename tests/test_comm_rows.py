@@ -19,7 +19,7 @@ from hfcompress import get_compressor
 from hfcompress.comm import QuantizedReduceScatter, Topology, TwoHopReduceScatter
 from hfcompress.comm.all_reduce import QuantizedAllReduce
 from hfcompress.comm.futures import completed
-from hfcompress.compressors.base import Compressor, stack_payloads
+from hfcompress.compressors.base import Compressor, into, stack_payloads
 
 SIZES = (37, 300)   # S: none a multiple of a group size
 
@@ -30,8 +30,8 @@ def per_destination(c: Compressor) -> Compressor:
     c.reduce_rows = types.MethodType(Compressor.reduce_rows, c)
     if hasattr(c, "compress_rotated"):
         c.compress_rotated_rows = lambda y: stack_payloads([c.compress_rotated(r) for r in y])
-        c.reduce_rotated_rows = lambda w, shape, dt: c.reduce_rotated(
-            [c.unflatten(r, shape, dt) for r in w])
+        c.reduce_rotated_rows = lambda w, shape, dt, out=None: into(c.reduce_rotated(
+            [c.unflatten(r, shape, dt) for r in w]), out)
     return c
 
 

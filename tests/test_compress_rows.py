@@ -59,6 +59,24 @@ def test_reduce_rows_is_reduce_of_the_rows(name, params, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name,params", SCHEMES)
+@pytest.mark.parametrize("s", [256, 200, 100])
+def test_reduce_rows_into_out(name, params, backend, s):
+    """``out=``: the same sum written into the caller's float32 buffer (by the kernel where
+    the values are whole groups, else copied), the rotated-domain sum too."""
+    c = build_compressor(name, backend=backend, seed=1, **params)
+    wire = c.compress_rows(_rows(3, s))
+    want = c.reduce_rows(wire, (s,), torch.float32)
+    out = torch.full((s,), 7.0)
+    assert c.reduce_rows(wire, (s,), torch.float32, out=out).data_ptr() == out.data_ptr()
+    assert torch.equal(out, want)
+    if name == "hadamard":
+        rotated = c.reduce_rotated_rows(wire, (s,), torch.float32)
+        assert torch.equal(c.reduce_rotated_rows(wire, (s,), torch.float32, out=out), rotated)
+        assert torch.equal(out, rotated)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_rotated_rows_are_the_rotated_calls(backend):
     h = build_compressor("hadamard", backend=backend, bits=4, group_size=128, hadamard_size=32)
     g = build_compressor("hadamard", backend=backend, bits=4, group_size=128, hadamard_size=32)

@@ -142,6 +142,31 @@ def test_entry_points_read_strided_views(ds):
                 twin.dequantize(packed[1], scale[1], 4, 128, torch.bfloat16))
 
 
+@pytest.mark.parametrize("offset", [0, 4, 1])
+def test_sum_into_callers_output(ds, monkeypatch, offset):
+    """``out=``: the twins' and the entry points' sums written into the caller's float32
+    buffer (e.g. a reduce-scatter's output), the kernel's own store where it is 16-byte
+    aligned (no copy), else through one copy; same bits as without ``out``."""
+    from hfcompress.kernels import triton_group_quant as tq
+    from hfcompress.kernels import triton_hadamard as th
+    packed, scale = payloads(3, 5, 4, 128)
+    cp, cs = wire(packed, scale, 2)
+    for fn, ref, args in ((tq.dequantize_sum, twin.dequantize_sum, ()),
+                          (th.dequantize_sum, hk.dequantize_sum, (32,))):
+        want = ref(packed, scale, 4, 128, *args)
+        for impl in (fn, ref):
+            buf = torch.full((offset + want.numel(),), 7.0)
+            out = buf[offset:]
+            assert impl(cp, cs, 4, 128, *args, out=out).data_ptr() == out.data_ptr()
+            assert same(out, want) and torch.all(buf[:offset] == 7.0)
+    launches = Launches()
+    monkeypatch.setattr(ds, "_dequantize_sum_kernel", launches)
+    out = torch.empty(5 * 128 + offset)[offset:]
+    ds.dequantize_sum(cp, cs, 4, 128, out=out)
+    [(_, _, dst, *_)] = launches.args
+    assert (dst.data_ptr() == out.data_ptr()) == (offset % 4 == 0)
+
+
 def test_empty_and_row_layouts(ds):
     packed, scale = payloads(2, 1, 4, 128)
     assert ds.dequantize_sum(packed[:, :0], scale[:, :0], 4, 128).numel() == 0

@@ -18,7 +18,7 @@ from typing import Callable, Hashable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..compressors.base import Compressor, Packed, stack_payloads
+from ..compressors.base import Compressor, Packed, into, stack_payloads
 from .streams import Streams
 from .wire_meter import WireMeter
 
@@ -52,13 +52,13 @@ class RawCodec(Compressor):
         return x.contiguous().view(torch.uint8)
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
-                    dtype: torch.dtype) -> torch.Tensor:
+                    dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
         """The float32 sum of the rows in order (as ``reduce``: one add per peer)."""
         values = wire.contiguous().view(dtype)
         total = values[0].float()
         for k in range(1, values.shape[0]):
             total = total + values[k].float()
-        return total.reshape(shape)
+        return into(total.reshape(shape), out)
 
 
 def compress_rows(streams: Streams, rows: torch.Tensor, key: Callable[[int], Hashable],

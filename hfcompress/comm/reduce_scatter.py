@@ -79,6 +79,15 @@ def write_result(output: torch.Tensor, total: torch.Tensor, op: Any, world: int)
         output.copy_(total)
 
 
+def sum_target(output: torch.Tensor, op: Any) -> torch.Tensor | None:
+    """``output`` flat where the decode-sum may write the result straight into it (a SUM
+    into a contiguous float32 output: :func:`write_result` would only copy), else None."""
+    if premul_factor(op) is None and op == dist.ReduceOp.SUM \
+            and output.dtype == torch.float32 and output.is_contiguous():
+        return output.view(-1)
+    return None
+
+
 class QuantizedReduceScatter(StreamOwner):
     """1-hop all-to-all reduce-scatter through ``compressor`` (None: exact)."""
 
@@ -110,7 +119,10 @@ class QuantizedReduceScatter(StreamOwner):
         streams.check_layout((world, s))
         send = compress_rows(streams, rows, lambda k: ("send", k))
         got = Exchange(send, group, self.meter, self.tag, remote).wait()
-        write_result(output, streams["recv"].reduce_rows(got, (s,), input.dtype), op, world)
+        target = sum_target(output, op)
+        total = streams["recv"].reduce_rows(got, (s,), input.dtype, out=target)
+        if target is None:
+            write_result(output, total, op, world)
 
     @staticmethod
     def traffic(numel: int, ranks_per_node: int, nodes: int, compressor: Compressor | None,

@@ -13,7 +13,9 @@ TLq-HS (SDP4Bit 3.3): when both hops are :class:`RotatedDomain` compressors of o
 rotated once, inside the first hop's compression (``compress_rows`` rotates in the quantize
 kernel: the numbers of ``compress_rotated_rows(rotate_rows(.))``, no rotated copy of the
 input), sums stay in the rotated domain (``reduce_rotated_rows``; the second hop sends them
-with ``compress_rotated_rows``), and one inverse rotation follows the final sum.
+with ``compress_rotated_rows``), and one inverse rotation follows the final sum (in one
+chunk, fused into its decode-sum: ``reduce_rows``). A SUM into a float32 output is decoded
+straight into it (no copy).
 
 Memory: the intra-node hop sends row ``n*X + l`` to local rank l as the rows of an
 ``[X, Y * width]`` reordering of the input; it is built and compressed in two halves of its
@@ -32,10 +34,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..compressors.base import Compressor, RotatedDomain
+from ..compressors.base import Compressor, RotatedDomain, into
 from .hop import Exchange, RawCodec, compress_rows
 from .one_rank import skips
-from .reduce_scatter import check_scatter_op, check_sizes, write_result
+from .reduce_scatter import check_scatter_op, check_sizes, sum_target, write_result
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
 from .traffic import Phase, exchange, payload_bytes
@@ -92,6 +94,10 @@ class TwoHopReduceScatter(StreamOwner):
         if self.rotated and len(bounds) > 1:
             rows = self.streams["intra"].compressor.rotate_rows(rows)
         rotated_rows = self.rotated and len(bounds) > 1
+        # one chunk: its decode-sum is the result, rotated back in the same kernel (sum_i H
+        # g_i = H sum_i g_i) and written straight into a SUM's output
+        last = dict(out=sum_target(output, op), inverse=rotated_sums) \
+            if len(bounds) == 1 else {}
         hop1 = self._hop1(rows, bounds, 0, rotated_rows) if bounds else None
         hop2, partial = [], None
         for c, (a, b) in enumerate(bounds):
@@ -99,17 +105,18 @@ class TwoHopReduceScatter(StreamOwner):
             if c + 1 < len(bounds):
                 hop1 = self._hop1(rows, bounds, c + 1, rotated_rows)
             hop2.append((a, b, self._hop2(partial, b - a, c, input.dtype,
-                                          x > 1 or rotated_rows)))
+                                          x > 1 or rotated_rows, **last)))
         del rows, partial, hop1   # the input's views: nothing of it is read from here on
-        if len(hop2) == 1:  # one chunk: its sum is the result
+        if len(hop2) == 1:
             total = hop2[0][2]()
         else:
             total = torch.empty(s, dtype=torch.float32, device=input.device)
             for a, b, finish in hop2:
                 total[a:b] = finish()
-        if rotated_sums:  # one inverse after the final sum (sum_i H g_i = H sum_i g_i)
-            total = self.streams["inter"].compressor.rotate(total)
-        write_result(output, total, op, p)
+            if rotated_sums:  # one inverse after the final sum
+                total = self.streams["inter"].compressor.rotate(total)
+        if last.get("out") is None:
+            write_result(output, total, op, p)
 
     @staticmethod
     def traffic(numel: int, ranks_per_node: int, nodes: int, intra: Compressor | None,
@@ -164,31 +171,35 @@ class TwoHopReduceScatter(StreamOwner):
                               rows.dtype)
 
     def _hop2(self, partial: torch.Tensor, width: int, c: int, dtype: torch.dtype,
-              rotated_partial: bool):
+              rotated_partial: bool, out: torch.Tensor | None = None, inverse: bool = False):
         """Start the inter-node all-to-all of chunk c; returns a function giving its sum.
         ``partial`` is the intra-node hop's float32 sum, or with no intra-node hop this
         rank's ``[Y, width]`` rows of the input; for TLq-HS ``rotated_partial`` says whether
-        it is in the rotated domain already (else the quantize kernel rotates it)."""
+        it is in the rotated domain already (else the quantize kernel rotates it).
+        ``inverse``: the sum rotated back (TLq-HS's final H); ``out``: written there."""
         if self.raw_inter:  # compression off sends the input's dtype, as torch's collective
             partial = partial.to(dtype)
         parts = partial.reshape(self.topology.num_nodes, width)
         if skips(parts.shape[0]) or self.topology.inter_group is None:
             # one node: nothing to send (one_rank.py runs it over a one-rank world)
-            return lambda: parts[0].float()
+            rotate = self.streams["inter"].compressor.rotate if inverse else torch.Tensor.float
+            return lambda: into(rotate(parts[0]), out)
         # TLq-HS: the sums are rotated already; rows of the input are rotated in the kernel
         send = compress_rows(self.streams["inter"], parts, lambda k: (k, c),
                              self.rotated and rotated_partial)
-        return self._exchange("inter", send, c, self.topology.inter_group, width, parts.dtype)
+        return self._exchange("inter", send, c, self.topology.inter_group, width, parts.dtype,
+                              out, inverse)
 
     def _exchange(self, hop: str, send: torch.Tensor, c: int, group: dist.ProcessGroup,
-                  width: int, dtype: torch.dtype):
+                  width: int, dtype: torch.dtype, out: torch.Tensor | None = None,
+                  inverse: bool = False):
         """Row k of the uint8 ``send`` (one compressed part per peer) to group rank k;
         returns a function giving the float32 sum of the ``width`` values received per row
-        (in the rotated domain for TLq-HS)."""
+        (in the rotated domain for TLq-HS unless ``inverse``), into ``out`` if given."""
         ex = Exchange(send, group, self.meter, self.tag, self._remote[hop], async_op=True)
         recv = self.streams[hop][("recv", c)]
-        reduce = recv.reduce_rotated_rows if self.rotated else recv.reduce_rows
-        return lambda: reduce(ex.take(), (width,), dtype).reshape(-1).float()
+        reduce = recv.reduce_rotated_rows if self.rotated and not inverse else recv.reduce_rows
+        return lambda: reduce(ex.take(), (width,), dtype, out=out).reshape(-1).float()
 
 
 def _chunk_bounds(s: int, chunks: int) -> list[tuple[int, int]]:

@@ -108,12 +108,13 @@ class Compressor:
         return stack_payloads([self.compress(r) for r in x])
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
-                    dtype: torch.dtype) -> torch.Tensor:
+                    dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
         """``reduce`` of the payloads in the rows of ``wire`` (uint8 ``[rows, nbytes]``, each
-        row a ``Packed.flat()`` of a ``shape`` / ``dtype`` tensor): float32, ``shape``. This
-        default rebuilds each row's payload; schemes whose ``reduce`` stacks the payloads'
-        fields override it (the fields are the wire's column ranges, same numbers)."""
-        return self.reduce([self.unflatten(w, shape, dtype) for w in wire])
+        row a ``Packed.flat()`` of a ``shape`` / ``dtype`` tensor): float32, ``shape``; into
+        ``out`` (float32, ``shape``'s numel) if given. This default rebuilds each row's
+        payload; schemes whose ``reduce`` stacks the payloads' fields override it (the
+        fields are the wire's column ranges, same numbers; their kernels write ``out``)."""
+        return into(self.reduce([self.unflatten(w, shape, dtype) for w in wire]), out)
 
     def payload_rows(self, wire: torch.Tensor, numel: int) -> list[torch.Tensor]:
         """The payload fields of every row of ``wire`` (uint8 ``[rows, nbytes]``, rows made by
@@ -248,6 +249,11 @@ def stack_payloads(packeds: Sequence[Packed]) -> torch.Tensor:
     return torch.cat(parts).view(len(packeds), -1)
 
 
+def into(total: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """``total``, or ``out`` holding it (copied, viewed in total's shape) if given."""
+    return total if out is None else out.view(total.shape).copy_(total)
+
+
 def pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
     """Every row of 2-D ``x`` zero-padded to a multiple of ``multiple`` values (as
     :func:`pad_to` does to one row), flattened."""
@@ -323,7 +329,8 @@ class RotatedDomain(Protocol):
     def compress_rotated_rows(self, y: torch.Tensor) -> torch.Tensor: ...
 
     def reduce_rotated_rows(self, wire: torch.Tensor, shape: Sequence[int],
-                            dtype: torch.dtype) -> torch.Tensor: ...
+                            dtype: torch.dtype, out: torch.Tensor | None = None
+                            ) -> torch.Tensor: ...
 
 
 @runtime_checkable

@@ -22,7 +22,7 @@ import torch
 
 from ..kernels import dispatch
 from ..kernels.packing import SUPPORTED_BITS, packed_nbytes
-from .base import (Compressor, Packed, aligned, check_choice, check_float_input, check_group_size,
+from .base import (Compressor, Packed, aligned, into, check_choice, check_float_input, check_group_size,
                    pad_edge, pad_edge_rows, pad_rows, pad_to)
 from .rng import SeededRNG
 
@@ -45,6 +45,8 @@ class BucketQuantizer(Compressor):
     codes_nbytes: ClassVar[Callable[[int, int], int]] = staticmethod(packed_nbytes)
     #: the last bucket is padded with zeros, or with its last value (keeping a min-max range)
     edge_padded: ClassVar[bool] = False
+    #: the kernels' ``dequantize_sum`` takes ``out=`` (writes the sum in place)
+    sums_into: ClassVar[bool] = False
 
     def __init__(self, bits: int = 8, bucket_size: int = 1024, seed: int = 0,
                  backend: str = "auto") -> None:
@@ -123,15 +125,21 @@ class BucketQuantizer(Compressor):
         return self._sum(p, packeds[0].shape)
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
-                    dtype: torch.dtype) -> torch.Tensor:
+                    dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
         """``reduce`` of the rows' payloads: the fields are the wire's column ranges."""
         shape = torch.Size(shape)
-        return self._sum(self.payload_rows(wire, shape.numel()), shape)
+        return self._sum(self.payload_rows(wire, shape.numel()), shape, out)
 
-    def _sum(self, fields: Sequence[torch.Tensor], shape: torch.Size) -> torch.Tensor:
-        """One ``dequantize_sum`` of the peers' stacked fields, trimmed to ``shape``."""
-        total = self._impl(fields[0]).dequantize_sum(*fields, self.bits, self._size)
-        return total[:shape.numel()].reshape(shape)
+    def _sum(self, fields: Sequence[torch.Tensor], shape: torch.Size,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+        """One ``dequantize_sum`` of the peers' stacked fields, trimmed to ``shape``; written
+        into ``out`` by the kernel where it holds whole buckets (else copied)."""
+        impl = self._impl(fields[0])
+        if out is not None and self.sums_into and shape.numel() % self._size == 0:
+            return impl.dequantize_sum(*fields, self.bits, self._size,
+                                       out=out.view(-1)).view(shape)
+        total = impl.dequantize_sum(*fields, self.bits, self._size)
+        return into(total[:shape.numel()].reshape(shape), out)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self.rng.state_dict()}

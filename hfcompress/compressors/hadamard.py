@@ -33,7 +33,7 @@ from ..kernels import hadamard as _twin
 from ..kernels.dispatch import BACKENDS, pick
 from ..kernels.packing import SUPPORTED_BITS
 from .base import (Compressor, Packed, check_choice, check_float_input, check_group_size,
-                   pad_rows, pad_to)
+                   into, pad_rows, pad_to)
 from .group_quant import GROUP_MULTIPLE, ROUNDINGS, GroupQuantizer
 from .registry import register_compressor
 
@@ -121,12 +121,13 @@ class HadamardQuantizer(Compressor):
         return self._quantize_rows(x, self.hadamard_size)
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
-                    dtype: torch.dtype) -> torch.Tensor:
-        """``reduce`` of the payloads in the rows of ``wire`` (fields: its column ranges)."""
+                    dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``reduce`` of the payloads in the rows of ``wire`` (fields: its column ranges),
+        into ``out`` if given."""
         shape = torch.Size(shape)
         if not self._fused(shape.numel()):
-            return self.rotate(self._sum_rows(wire, shape, False))
-        return self._sum_rows(wire, shape, True)
+            return into(self.rotate(self._sum_rows(wire, shape, False)), out)
+        return self._sum_rows(wire, shape, True, out)
 
     # -- rotated-domain steps of the 2-hop all-to-all (SDP4Bit 3.3) -----------------------
     def compress_rotated(self, y: torch.Tensor) -> Packed:
@@ -150,9 +151,10 @@ class HadamardQuantizer(Compressor):
         return self._quantize_rows(y, 1)
 
     def reduce_rotated_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
-                            dtype: torch.dtype) -> torch.Tensor:
-        """``reduce_rotated`` of the payloads in the rows of ``wire``."""
-        return self._sum_rows(wire, torch.Size(shape), False)
+                            dtype: torch.dtype, out: torch.Tensor | None = None
+                            ) -> torch.Tensor:
+        """``reduce_rotated`` of the payloads in the rows of ``wire``, into ``out`` if given."""
+        return self._sum_rows(wire, torch.Size(shape), False, out)
 
     # -- kernels --------------------------------------------------------------------------
     def _quantize(self, x: torch.Tensor, hadamard_size: int, shape: torch.Size,
@@ -186,16 +188,22 @@ class HadamardQuantizer(Compressor):
         scales = torch.stack([p.payload["scales"] for p in packeds])
         return self._sum_fields(codes, scales, packeds[0].shape, inverse)
 
-    def _sum_rows(self, wire: torch.Tensor, shape: torch.Size, inverse: bool) -> torch.Tensor:
+    def _sum_rows(self, wire: torch.Tensor, shape: torch.Size, inverse: bool,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
         codes, scales = self.payload_rows(wire, shape.numel())
-        return self._sum_fields(codes, scales, shape, inverse)
+        return self._sum_fields(codes, scales, shape, inverse, out)
 
     def _sum_fields(self, codes: torch.Tensor, scales: torch.Tensor, shape: torch.Size,
-                    inverse: bool) -> torch.Tensor:
-        """One ``dequantize_sum`` of the peers' stacked codes and scales, trimmed to shape."""
-        total = self._impl(codes).dequantize_sum(codes, scales, self.bits, self.group_size,
-                                                 self.hadamard_size, inverse)
-        return total[:shape.numel()].reshape(shape)
+                    inverse: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+        """One ``dequantize_sum`` of the peers' stacked codes and scales, trimmed to shape;
+        written into ``out`` by the kernel where it holds whole groups (else copied)."""
+        impl = self._impl(codes)
+        if out is not None and shape.numel() % self.group_size == 0:
+            return impl.dequantize_sum(codes, scales, self.bits, self.group_size,
+                                       self.hadamard_size, inverse, out=out.view(-1)).view(shape)
+        total = impl.dequantize_sum(codes, scales, self.bits, self.group_size,
+                                    self.hadamard_size, inverse)
+        return into(total[:shape.numel()].reshape(shape), out)
 
     def state_dict(self) -> dict[str, Any]:
         return self._q.state_dict()

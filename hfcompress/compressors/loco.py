@@ -97,9 +97,9 @@ class LoCo(Compressor):
         return self.inner.reduce(packeds)
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
-                    dtype: torch.dtype) -> torch.Tensor:
+                    dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
         """The inner's: the receiver sums the rows' fields in place (no state)."""
-        return self.inner.reduce_rows(wire, shape, dtype)
+        return self.inner.reduce_rows(wire, shape, dtype, out)
 
     # -- error feedback -------------------------------------------------------------------
     def compress(self, x: torch.Tensor) -> Packed:

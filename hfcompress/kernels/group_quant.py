@@ -125,10 +125,12 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size:
 
 
 def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int,
-                   group_size: int) -> torch.Tensor:
+                   group_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Sum over peers: ``packed`` (P, nbytes), ``scale`` (P, groups) -> float32 sum (numel,);
-    every peer decoded (a group never spans two peers), added in order 0..P-1."""
-    return decode_sum(as_words(packed, bits, group_size), scale, bits, group_size)
+    every peer decoded (a group never spans two peers), added in order 0..P-1; ``out``:
+    copied there (float32, numel values; the Triton kernel writes it in place)."""
+    total = decode_sum(as_words(packed, bits, group_size), scale, bits, group_size)
+    return total if out is None else out.copy_(total)
 
 
 def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int,

@@ -103,8 +103,11 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size:
 
 
 def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
-                   hadamard_size: int, inverse: bool = True) -> torch.Tensor:
+                   hadamard_size: int, inverse: bool = True,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
     """Sum of P peers in the rotated domain (``packed`` (P, nbytes), ``scale`` (P, groups)),
-    then one inverse rotation (``sum_i H g_i = H sum_i g_i``, SDP4Bit 3.3). float32."""
+    then one inverse rotation (``sum_i H g_i = H sum_i g_i``, SDP4Bit 3.3). float32;
+    ``out``: copied there (numel values; the Triton kernel writes it in place)."""
     y = _gq.dequantize_sum(packed, scale, bits, group_size)
-    return rotate(y, hadamard_size) if inverse else y
+    y = rotate(y, hadamard_size) if inverse else y
+    return y if out is None else out.copy_(y)

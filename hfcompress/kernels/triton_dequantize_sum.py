@@ -124,7 +124,7 @@ def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_str
     e = (r[None, :, None] * ROWV + 4 * tl.arange(0, ROWV // 4)[:, None, None]
          + tl.arange(0, 4)[None, None, :])
     ES: tl.constexpr = out_ptr.dtype.element_ty.primitive_bitwidth // 8
-    out = tl.multiple_of(out_ptr + e, [ES, ES, 4 * ES])  # a fresh output: aligned
+    out = tl.multiple_of(out_ptr + e, [ES, ES, 4 * ES])  # 16-byte aligned (the caller's)
     if OUT_BF16:
         total = _bf16_bits(total)
     tl.store(out, total.to(out_ptr.dtype.element_ty), mask=rmask[None, :, None])
@@ -166,7 +166,8 @@ def _source(packed: torch.Tensor, upr: int) -> tuple[torch.Tensor, int]:
 
 def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
                    dtype: torch.dtype = torch.float32, hadamard_size: int = 1,
-                   inverse: bool = False, clip: bool = False) -> torch.Tensor:
+                   inverse: bool = False, clip: bool = False,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
     """Sum over P peers, in order 0..P-1: ``packed`` uint8 (P, nbytes), ``scale`` float32
     (P, groups) -> 1-D ``dtype`` (groups * group_size,); ``inverse``: then every
     ``hadamard_size`` block rotated back (SDP4Bit 3.3); ``clip``: finite values of a 16-bit
@@ -176,11 +177,22 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
     e.g. column slices of one uint8 wire ``[P, row]``, ``scale`` as the float32 view
     ``wire.view(torch.float32)[:, off // 4:off // 4 + groups]``; that view needs ``off`` and
     the wire's row stride multiples of 4 bytes, else the caller copies the slice. ``packed``
-    is read as int32 words where its start and row stride are multiples of 4 bytes."""
+    is read as int32 words where its start and row stride are multiples of 4 bytes.
+
+    ``out``: the caller's 1-D ``dtype`` buffer of ``groups * group_size`` values, written in
+    place (e.g. a reduce-scatter's output) where it is contiguous and 16-byte aligned, else
+    through a fresh buffer and one copy; returned."""
     packed, scale = _strided(packed), _strided(scale)
     n_peers, n_groups = scale.shape
     numel = n_groups * group_size
-    out = torch.empty(numel, dtype=dtype, device=packed.device)
+    if out is not None and (out.numel() != numel or out.dtype != dtype):
+        raise ValueError(f"dequantize_sum: out holds {out.numel()} {out.dtype} values, "
+                         f"expected {numel} {dtype}")
+    if out is not None and not (out.is_contiguous() and out.data_ptr() % 16 == 0):
+        return out.copy_(dequantize_sum(packed, scale, bits, group_size, dtype, hadamard_size,
+                                        inverse, clip))
+    if out is None:
+        out = torch.empty(numel, dtype=dtype, device=packed.device)
     if not (numel and n_peers):
         return out
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)

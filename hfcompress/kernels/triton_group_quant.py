@@ -314,10 +314,11 @@ def quantize(x: torch.Tensor, bits: int, group_size: int,
 
 
 def _dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
-                    dtype: torch.dtype) -> torch.Tensor:
+                    dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
     """``packed`` (P, nbytes), ``scale`` (P, groups) -> the sum over peers, as ``dtype``
-    (``triton_dequantize_sum``: both read in place through their row strides)."""
-    return _dsum.dequantize_sum(packed, scale, bits, group_size, dtype)
+    (``triton_dequantize_sum``: both read in place through their row strides; written into
+    ``out`` if given)."""
+    return _dsum.dequantize_sum(packed, scale, bits, group_size, dtype, out=out)
 
 
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
@@ -327,10 +328,10 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size:
 
 
 def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int,
-                   group_size: int) -> torch.Tensor:
+                   group_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Sum over peers: ``packed`` (P, nbytes), ``scale`` (P, groups) -> float32 (numel,),
-    peers added in order 0..P-1."""
-    return _dequantize_sum(packed, scale, bits, group_size, torch.float32)
+    peers added in order 0..P-1; ``out``: written there (float32, numel values)."""
+    return _dequantize_sum(packed, scale, bits, group_size, torch.float32, out)
 
 
 def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int,

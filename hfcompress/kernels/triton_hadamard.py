@@ -192,11 +192,12 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
 
 
 def _dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
-                hadamard_size: int, dtype: torch.dtype, inverse: bool) -> torch.Tensor:
+                hadamard_size: int, dtype: torch.dtype, inverse: bool,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """``triton_dequantize_sum`` (both read in place through their row strides), 16-bit
-    outputs clipped to their range as the twin's ``finite_range``."""
+    outputs clipped to their range as the twin's ``finite_range``; into ``out`` if given."""
     return _dsum.dequantize_sum(packed, scale, bits, group_size, dtype, hadamard_size, inverse,
-                                clip=True)
+                                clip=True, out=out)
 
 
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
@@ -208,6 +209,9 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size:
 
 
 def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
-                   hadamard_size: int, inverse: bool = True) -> torch.Tensor:
-    """Sum of P peers in the rotated domain, then one inverse rotation (SDP4Bit 3.3). float32."""
-    return _dequantize(packed, scale, bits, group_size, hadamard_size, torch.float32, inverse)
+                   hadamard_size: int, inverse: bool = True,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """Sum of P peers in the rotated domain, then one inverse rotation (SDP4Bit 3.3). float32;
+    ``out``: written there (numel values)."""
+    return _dequantize(packed, scale, bits, group_size, hadamard_size, torch.float32, inverse,
+                       out)
