@@ -175,8 +175,8 @@ def render_text(report: dict[str, Any]) -> str:
              ""]
     memory = report["gpu_memory_gb"] is not None
     w = max(len(name) for name in presets) + 3
-    head = (f"{'preset':<{w}}{'step s':>9}{'speedup':>9}{'comm s':>9}{'exposed s':>11}"
-            f"{'codec s':>9}{'overlap-limit s':>17}{'state GB/GPU':>14}"
+    head = (f"{'preset':<{w}}{'step s':>10}{'speedup':>9}{'comm s':>10}{'exposed s':>11}"
+            f"{'codec s':>10}{'overlap-limit s':>17}{'state GB/GPU':>14}"
             + (f"{'memory GB/GPU':>15}" if memory else "")
             + f"{'link GB/node':>14}{'meter GB/node':>15}")
     lines.append(head)
@@ -184,8 +184,8 @@ def render_text(report: dict[str, Any]) -> str:
         mark = ("" if p["loss_keeping"] else "*") + ("" if p.get("fits_gpu_memory", True)
                                                      else "!")
         mem = f"{_gb(p['memory_bytes_per_gpu']):>15}" if memory else ""
-        lines.append(f"{name + mark:<{w}}{p['step_s']:>9.4g}{p['speedup']:>8.3f}x"
-                     f"{p['wire_s']:>9.4g}{p['exposed_s']:>11.4g}{p['codec_s']:>9.4g}"
+        lines.append(f"{name + mark:<{w}}{p['step_s']:>10.4g}{p['speedup']:>8.3f}x"
+                     f"{p['wire_s']:>10.4g}{p['exposed_s']:>11.4g}{p['codec_s']:>10.4g}"
                      f"{p['full_overlap_s']:>17.4g}{_gb(p['state_bytes_per_gpu']):>14}{mem}"
                      f"{_gb(p['link_bytes_per_node']):>14}{_gb(p['meter_bytes_per_node']):>15}")
     if not all(p["loss_keeping"] for p in presets.values()):
