@@ -128,16 +128,18 @@ def _cast_out(v, out_ptr):
 
 @triton.jit
 def _unit(x, inv):
-    """``min(|x| * inv, 1)`` in float32, NaN -> 0: ``tl.maximum`` drops a NaN operand (PTX
-    ``max``, the interpreter's ``fmax``), so ``min(max(t, 0), 1)`` is one saturating add."""
-    return tl.minimum(tl.maximum(tl.abs(x.to(tl.float32)) * inv, 0.0), 1.0)
+    """``min(|x| * inv, 1)`` in float32, NaN -> 0 (an explicit select: triton 3.6's
+    interpreter keeps a NaN through ``tl.maximum``, which PTX and 3.9's interpreter drop)."""
+    t = tl.abs(x.to(tl.float32)) * inv
+    return tl.minimum(tl.where(t > 0.0, t, 0.0), 1.0)
 
 
 @triton.jit
 def _signed_unit(y):
-    """``y`` clamped to [-1, 1], NaN -> +-0: ``min(max(|y|, 0), 1)`` (as ``_unit``) with
-    ``y``'s sign bit (a zero from NaN quantizes to 0, as the twin's 0 does)."""
-    a = tl.minimum(tl.maximum(tl.abs(y), 0.0), 1.0)
+    """``y`` clamped to [-1, 1], NaN -> +-0: ``|y|`` clamped as in ``_unit`` with ``y``'s
+    sign bit (a zero from NaN quantizes to 0, as the twin's 0 does)."""
+    a = tl.abs(y)
+    a = tl.minimum(tl.where(a > 0.0, a, 0.0), 1.0)
     sign = y.to(tl.int32, bitcast=True) & -2147483648
     return (a.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
