@@ -5,18 +5,24 @@ row-keyed noise of ``kernels/noise.py`` is the noise of one call per row."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
+import triton.runtime.interpreter
 
 from hfcompress import get_compressor
 from hfcompress.compressors.base import Packed
 from hfcompress.compressors.registry import get_compressor as build_compressor
 from hfcompress.kernels import dispatch, noise, triton_noise  # noqa: F401
 from hfcompress.compressors.rng import SeededRNG
+from torch.utils._python_dispatch import TorchDispatchMode
 
 SCHEMES = [
     ("int", {"bits": 4, "group_size": 128, "rounding": "stochastic"}),
     ("int", {"bits": 8, "group_size": 64, "rounding": "nearest"}),
+    ("int", {"bits": 2, "group_size": 32, "rounding": "stochastic"}),
+    ("int", {"bits": 6, "group_size": 96, "rounding": "nearest"}),   # byte units: joined
     ("qsgd", {"bits": 8, "bucket_size": 64}),
     ("random_shift", {"bits": 4, "bucket_size": 32}),
     ("hadamard", {"bits": 4, "group_size": 128, "hadamard_size": 32}),
@@ -44,6 +50,37 @@ def test_compress_rows_is_one_compress_per_row(name, params, rows, s, backend):
     assert wire.dtype == torch.uint8 and wire.shape == want.shape
     assert torch.equal(wire, want)
     assert torch.equal(batched.compress(x[0]).flat(), single.compress(x[0]).flat())
+
+
+class _Ops(TorchDispatchMode):
+    """The aten ops a block runs, those of the Triton interpreter's own copies left out."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        f = sys._getframe(1)
+        while f is not None and f.f_code.co_filename != triton.runtime.interpreter.__file__:
+            f = f.f_back
+        if f is None:
+            self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name,params", [SCHEMES[0], SCHEMES[2], SCHEMES[6]])
+def test_triton_rows_and_payloads_need_no_copy(name, params):
+    """The Triton quantizers write the wire themselves (GPU path, no ``cat`` of the fields)
+    and a payload's codes and scales back to back: ``Packed.flat()`` is a view."""
+    comp = build_compressor(name, backend="triton", seed=3, **params)
+    x = _rows(4, 256)
+    with _Ops() as ops:
+        wire = comp.compress_rows(x)
+        packed = comp.compress(x[0])
+        flat = packed.flat()
+    assert "cat" not in ops.names and "copy_" not in ops.names, ops.names
+    assert wire.shape[0] == 4 and flat.data_ptr() == packed.payload["codes"].data_ptr()
+    assert torch.equal(flat, torch.cat([t.view(torch.uint8) for t in packed.payload.values()]))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

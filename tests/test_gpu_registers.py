@@ -74,20 +74,22 @@ for h in (N.ONE_KEY, RK):
 # keys of whole groups), nearest at 128 (loco) and 2048 (qw, qwd, zeropp weights); qwd's
 # fused difference (bf16 w and w~, ragged tail) and update (dequantize_add, bf16 or float32
 # w~); the fused 2-hop requantize
-quant = dict(ref_ptr=f32, noise_row=i32, scale_ptr=f32, n_groups=i32, numel=i32)
+quant = dict(ref_ptr=f32, noise_row=i32, scale_ptr=f32, n_groups=i32, numel=i32,
+             gpr=i32, row_words=i32)
 for bits, gs, h in [(b, 128, h) for b in (2, 4, 8) for h in (0, 1, RG)] + [(4, 2048, 0),
                                                                              (8, 2048, 0)]:
     k = T._tile_consts(bits, gs, T.GPU_BLOCK_ELEMS)
     row(f"group_quant._quantize_kernel bits={bits} gs={gs} HASH={h}", T._quantize_kernel,
         dict(x_ptr=f32, noise_ptr=i64 if h else f32, packed_ptr="*i32", **quant),
-        dict(GS=gs, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=False, RAGGED=False, **k),
-        T.NUM_WARPS)
+        dict(GS=gs, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=False, RAGGED=False,
+             ROWS=h == RG, **k), T.NUM_WARPS)
 for bits, h in ((4, 0), (4, 1), (8, RG)):
     k = T._tile_consts(bits, 2048, T.GPU_BLOCK_ELEMS, itemsize=2)
     row(f"group_quant._quantize_kernel difference bits={bits} gs=2048 HASH={h}",
         T._quantize_kernel, dict(x_ptr="*bf16", noise_ptr=i64 if h else f32,
                                  packed_ptr="*i32", **{**quant, "ref_ptr": "*bf16"}),
-        dict(GS=2048, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=True, RAGGED=True, **k),
+        dict(GS=2048, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=True, RAGGED=True,
+             ROWS=False, **k),
         T.NUM_WARPS)
 for bits, gs, out in [(4, 2048, "*bf16"), (4, 128, "*bf16"), (8, 2048, "*bf16"),
                       (4, 2048, f32)]:
@@ -115,8 +117,9 @@ row("hadamard._rotate_kernel n=32", H._rotate_kernel, dict(x_ptr=f32, out_ptr=f3
 for bits, n, h in [(b, n, h) for b in (4, 8) for n in (32, 1) for h in (1, RG)] + [(2, 32, RG)]:
     row(f"hadamard._quantize_kernel bits={bits} n={n} HASH={h}", H._quantize_kernel,
         dict(x_ptr=f32, noise_ptr=i64 if h else f32, noise_row=i32, packed_ptr="*i32",
-             scale_ptr=f32, n_groups=i32),
-        dict(**H._consts(bits, 128, n, H.GPU_BLOCK_ELEMS), STOCHASTIC=h != 0, HASH=h),
+             scale_ptr=f32, n_groups=i32, gpr=i32, row_words=i32),
+        dict(**H._consts(bits, 128, n, H.GPU_BLOCK_ELEMS), STOCHASTIC=h != 0, HASH=h,
+             ROWS=h == RG),
         H.QUANT_WARPS)
 
 # triton_dequantize_sum: the decode-sums of both (8 peers unrolled; 16 unrolled and the loop

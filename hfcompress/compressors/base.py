@@ -48,10 +48,14 @@ class Packed:
         return 8 * self.nbytes()
 
     def flat(self) -> torch.Tensor:
-        """All payload tensors as one contiguous uint8 buffer (in ``payload`` order)."""
+        """All payload tensors as one contiguous uint8 buffer (in ``payload`` order): a view
+        when they already lie back to back in one allocation (the Triton quantizers write
+        codes and scales so: no copy), else their concatenation."""
         parts = [t.contiguous().reshape(-1).view(torch.uint8) for t in self.payload.values()]
         if not parts:
             return torch.empty(0, dtype=torch.uint8)
+        if len(parts) > 1 and back_to_back(parts):
+            return parts[0].as_strided((sum(p.numel() for p in parts),), (1,))
         return torch.cat(parts)
 
 
@@ -247,6 +251,17 @@ def stack_payloads(packeds: Sequence[Packed]) -> torch.Tensor:
     if not parts:
         return torch.empty(len(packeds), 0, dtype=torch.uint8)
     return torch.cat(parts).view(len(packeds), -1)
+
+
+def back_to_back(parts: Sequence[torch.Tensor]) -> bool:
+    """Whether the 1-D uint8 ``parts`` are consecutive byte ranges of one storage, in order."""
+    storage = parts[0].untyped_storage().data_ptr()
+    end = parts[0].data_ptr() + parts[0].numel()
+    for p in parts[1:]:
+        if p.untyped_storage().data_ptr() != storage or p.data_ptr() != end:
+            return False
+        end += p.numel()
+    return True
 
 
 def into(total: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..kernels import group_quant as _twin
-from .base import Packed, check_choice, check_float_input
+from .base import Packed, check_choice, check_float_input, pad_rows
 from .bucketed import BUCKET_MULTIPLE, BucketQuantizer
 from .registry import register_compressor
 
@@ -41,6 +41,15 @@ class GroupQuantizer(BucketQuantizer):
     def _quantize(self, flat: torch.Tensor, rows: int | None) -> tuple[torch.Tensor, ...]:
         noise = self.rng.next_keys(flat.device, rows) if self.rounding == "stochastic" else None
         return self._impl(flat).quantize(flat, self.bits, self.group_size, noise)
+
+    def compress_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Every row in one kernel that writes the ``[rows, nbytes]`` wire itself (no ``cat``
+        of the fields on a GPU): the numbers of one ``compress`` per row."""
+        check_float_input(self.name, x)
+        rows = x.shape[0]
+        flat = pad_rows(x.detach(), self.group_size)
+        noise = self.rng.next_keys(flat.device, rows) if self.rounding == "stochastic" else None
+        return self._impl(flat).quantize_rows(flat, rows, self.bits, self.group_size, noise)
 
     def compress_difference(self, x: torch.Tensor, ref: torch.Tensor) -> Packed:
         """``compress(x - ref)``, the subtraction and padding fused into the kernel."""

@@ -168,14 +168,14 @@ class HadamardQuantizer(Compressor):
 
     def _quantize_rows(self, x: torch.Tensor, hadamard_size: int) -> torch.Tensor:
         """Every row of 2-D x padded to whole groups and quantized in one kernel, each row
-        with its own call's noise keys: uint8 ``[rows, nbytes]``, row r its ``Packed.flat()``."""
+        with its own call's noise keys, written as the uint8 ``[rows, nbytes]`` wire (row r
+        its ``Packed.flat()``) by the kernel itself on a GPU."""
         rows = x.shape[0]
         flat = pad_rows(x, self.group_size)
         noise = self._q.rng.next_keys(flat.device, rows) if self.rounding == "stochastic" \
             else None
-        codes, scales = self._impl(flat).quantize(flat, self.bits, self.group_size,
-                                                  hadamard_size, noise)
-        return torch.cat([codes.view(rows, -1), scales.view(rows, -1).view(torch.uint8)], dim=1)
+        return self._impl(flat).quantize_rows(flat, rows, self.bits, self.group_size,
+                                              hadamard_size, noise)
 
     def _dequantize(self, packed: Packed, inverse: bool, dtype: torch.dtype) -> torch.Tensor:
         codes, scales = packed.payload["codes"], packed.payload["scales"]

@@ -81,11 +81,16 @@ def pick(t: torch.Tensor, backend: str, twin: ModuleType, triton_module: str) ->
     ``hfcompress.kernels.<triton_module>``, the torch ``twin`` compiled (CPU, ``"auto"``,
     twins with ``COMPILE_ON_CPU``), or the ``twin`` itself (same names and signatures)."""
     if use_triton(t, backend):
-        return importlib.import_module(f"{__package__}.{triton_module}")
+        return _triton_module(triton_module)
     if (backend == "auto" and t.device.type == "cpu" and compile_enabled()
             and getattr(twin, "COMPILE_ON_CPU", ())):
         return compiled(twin)
     return twin
+
+
+@functools.cache
+def _triton_module(name: str) -> ModuleType:
+    return importlib.import_module(f"{__package__}.{name}")
 
 
 @functools.cache

@@ -64,6 +64,19 @@ def quantize(x: torch.Tensor, bits: int, group_size: int,
     return pack_codes(codes.reshape(-1), bits), scale
 
 
+def join_rows(packed: torch.Tensor, scale: torch.Tensor, rows: int) -> torch.Tensor:
+    """Codes and scales of ``rows`` equal rows as the wire ``[rows, nbytes]``: row r its
+    codes, then its scales' bytes (``Packed.flat()`` of row r)."""
+    return torch.cat([packed.view(rows, -1), scale.view(rows, -1).view(torch.uint8)], dim=1)
+
+
+def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int,
+                  noise: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`quantize` of ``rows`` equal rows of whole groups (flat ``x``; ``noise``: one
+    row of keys per row) as the wire ``[rows, nbytes]`` (:func:`join_rows`)."""
+    return join_rows(*quantize(x, bits, group_size, noise), rows)
+
+
 def as_words(packed: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
     """``packed`` as flat int32 words (a view, eight 4-bit codes per word, the first in the
     lowest nibble) when it holds 4-bit codes of whole 8-code groups starting at a multiple of

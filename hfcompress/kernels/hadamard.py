@@ -91,6 +91,13 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
     return _gq.quantize(y, bits, group_size, noise)
 
 
+def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadamard_size: int,
+                  noise: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`quantize` of ``rows`` equal rows of whole groups (flat ``x``) as the wire
+    ``[rows, nbytes]``: row r its codes, then its scales (``group_quant.join_rows``)."""
+    return _gq.join_rows(*quantize(x, bits, group_size, hadamard_size, noise), rows)
+
+
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
                hadamard_size: int, dtype: torch.dtype = torch.float32,
                inverse: bool = True) -> torch.Tensor:

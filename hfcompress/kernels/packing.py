@@ -30,6 +30,17 @@ def packed_nbytes(numel: int, bits: int) -> int:
     return numel // codes * nbytes
 
 
+def payload_buffers(nbytes: int, n_groups: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A quantizer's outputs, ``nbytes`` uint8 codes and ``n_groups`` float32 scales, as views
+    of one allocation, codes first (``Packed.flat()`` then sends it without a copy) where the
+    scales land 4-byte aligned; else two allocations."""
+    if nbytes % 4:
+        return (torch.empty(nbytes, dtype=torch.uint8, device=device),
+                torch.empty(n_groups, dtype=torch.float32, device=device))
+    buf = torch.empty(nbytes + 4 * n_groups, dtype=torch.uint8, device=device)
+    return buf[:nbytes], buf[nbytes:].view(torch.float32)
+
+
 def _steps(bits: int) -> list[tuple[int, int, int]]:
     """Lane-merging steps ``(shift, low, high)`` from 16-bit lanes up to the word: a lane
     whose two halves each hold a ``v``-bit value at their bottom becomes one ``2v``-bit

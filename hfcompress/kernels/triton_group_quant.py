@@ -29,7 +29,7 @@ import triton.language as tl
 
 from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
-from .packing import _UNIT, packed_nbytes
+from .packing import _UNIT, packed_nbytes, payload_buffers
 from .triton_noise import group_noise_at, noise_operand
 from .triton_tiles import per_program
 
@@ -98,13 +98,16 @@ def _absmax(y, LOG2V: tl.constexpr):
 
 @triton.jit
 def _quantize_tile(y, pid, base, n_groups, noise_ptr, noise_row, packed_ptr, scale_ptr,
-                   GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr,
+                   gpr, row_words, GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr,
                    LOG2V: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
-                   BPU: tl.constexpr, STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
+                   BPU: tl.constexpr, STOCHASTIC: tl.constexpr, HASH: tl.constexpr,
+                   ROWS: tl.constexpr):
     """Quantize the float32 ``(BLOCK_G, L, V)`` tile ``y`` (:func:`_per_thread`, masked
     values 0) and store its scales and packed codes: units of ``CPU`` codes, one int32 word
     each where ``BPU == 4``, else ``BPU`` bytes. The absmax is reduced inside a warp where a
-    group fits in one, and the division pair is computed once per group and thread."""
+    group fits in one, and the division pair is computed once per group and thread.
+    ``ROWS`` (``BPU == 4``): the outputs are a wire of rows of ``row_words`` int32 words, each
+    the codes then the scales of ``gpr`` groups (``scale_ptr``: row 0's first scale)."""
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     V: tl.constexpr = 1 << LOG2V
     U: tl.constexpr = V // CPU
@@ -136,7 +139,12 @@ def _quantize_tile(y, pid, base, n_groups, noise_ptr, noise_row, packed_ptr, sca
     LEVEL0: tl.constexpr = (QMAX + 1) * ((1 << (BITS * CPU)) - 1) // ((1 << BITS) - 1)
     word = q + (LEVEL0 - ((LEVEL0 >> 31) << 32))
     # stored by the group's first thread, from the layout it was computed in
-    tl.store(tl.broadcast_to(scale_ptr + tl.max_contiguous(g, [1, 1, 1]), (BLOCK_G, L, 1)),
+    if ROWS:
+        row = (g // gpr).to(tl.int64)
+        sidx = row * row_words + (g - row * gpr)
+    else:
+        sidx = tl.max_contiguous(g, [1, 1, 1])
+    tl.store(tl.broadcast_to(scale_ptr + sidx, (BLOCK_G, L, 1)),
              tl.broadcast_to(scale[:, None, None], (BLOCK_G, L, 1)), mask=gmask & (lane == 0))
     first = pid.to(tl.int64) * (BLOCK_G * (GS // CPU))
     if BPU == 4:  # 16-byte stores of SV words, KS per thread (as the loads, see _tile)
@@ -145,6 +153,10 @@ def _quantize_tile(y, pid, base, n_groups, noise_ptr, noise_row, packed_ptr, sca
         u = (tl.arange(0, L)[None, None, :, None] * U + tl.arange(0, KS)[:, None, None, None] * SV
              + tl.arange(0, SV)[None, None, None, :])
         r4 = tl.arange(0, BLOCK_G)[None, :, None, None]
+        if ROWS:  # the group's first word in its row: row * row_words + j * GS / CPU
+            g4 = pid * BLOCK_G + r4
+            row4 = (g4 // gpr).to(tl.int64)
+            first = row4 * row_words + (g4 - row4 * gpr) * (GS // CPU) - r4 * (GS // CPU)
         tl.store(packed_ptr + first + (r4 * (GS // CPU) + u),
                  tl.permute(tl.reshape(word, (BLOCK_G, L, KS, SV)), (2, 0, 1, 3)),
                  mask=(pid * BLOCK_G + r4 < n_groups) & (u < GS // CPU))
@@ -173,12 +185,14 @@ def _dequantize_at(packed_ptr, scale_ptr, e, mask, GS: tl.constexpr, BITS: tl.co
 
 @triton.jit
 def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups,
-                     numel, GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr,
-                     LOG2V: tl.constexpr, VEC: tl.constexpr, BITS: tl.constexpr,
-                     CPU: tl.constexpr, BPU: tl.constexpr, STOCHASTIC: tl.constexpr,
-                     HASH: tl.constexpr, DIFF: tl.constexpr, RAGGED: tl.constexpr):
+                     numel, gpr, row_words, GS: tl.constexpr, BLOCK_G: tl.constexpr,
+                     L: tl.constexpr, LOG2V: tl.constexpr, VEC: tl.constexpr,
+                     BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
+                     STOCHASTIC: tl.constexpr, HASH: tl.constexpr, DIFF: tl.constexpr,
+                     RAGGED: tl.constexpr, ROWS: tl.constexpr):
     """Quantize ``x``, or with ``DIFF`` qWD's float32 ``x - ref`` (SDP4Bit 3.1); ``RAGGED``:
-    ``numel`` is not whole groups, the values past it are zeros."""
+    ``numel`` is not whole groups, the values past it are zeros; ``ROWS``: written as a wire
+    of rows (:func:`_quantize_tile`)."""
     pid = tl.program_id(0)
     base, off, mask = _tile(pid, n_groups, GS, BLOCK_G, L, (1 << LOG2V) // VEC, VEC)
     if RAGGED:
@@ -187,7 +201,8 @@ def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr
     if DIFF:
         y = y - tl.load(ref_ptr + base + off, mask=mask, other=0.0).to(tl.float32)
     _quantize_tile(_per_thread(y), pid, base, n_groups, noise_ptr, noise_row, packed_ptr,
-                   scale_ptr, GS, BLOCK_G, L, LOG2V, BITS, CPU, BPU, STOCHASTIC, HASH)
+                   scale_ptr, gpr, row_words, GS, BLOCK_G, L, LOG2V, BITS, CPU, BPU,
+                   STOCHASTIC, HASH, ROWS)
 
 
 @triton.jit
@@ -259,8 +274,8 @@ def _dequantize_sum_quantize_kernel(packed_ptr, scale_ptr, noise_ptr, noise_row,
         scale_ptr += peer_groups
         y = y + _dequantize_at(packed_ptr, scale_ptr, e, mask, GS, BITS, CPU, BPU)
     _quantize_tile(_per_thread(y), pid, base, n_groups, noise_ptr, noise_row, out_packed_ptr,
-                   out_scale_ptr, OGS, BLOCK_G, L, LOG2V, OBITS, OCPU, OBPU, STOCHASTIC,
-                   HASH)
+                   out_scale_ptr, 1, 0, OGS, BLOCK_G, L, LOG2V, OBITS, OCPU, OBPU, STOCHASTIC,
+                   HASH, False)
 
 
 def _tile_consts(bits: int, group_size: int, block: int = BLOCK_ELEMS, itemsize: int = 4,
@@ -281,11 +296,12 @@ def _block(t: torch.Tensor, per_thread: int = VALUES_PER_THREAD) -> int:
     return per_program(t, BLOCK_ELEMS, NUM_WARPS * 32 * per_thread)
 
 
-def _packed(numel: int, bits: int, bpu: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The packed output and the view a quantizing kernel writes (int32 words when
-    ``bpu == 4``)."""
-    packed = torch.empty(packed_nbytes(numel, bits), dtype=torch.uint8, device=device)
-    return packed, packed.view(torch.int32) if bpu == 4 else packed
+def _packed(numel: int, bits: int, bpu: int, n_groups: int,
+            device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The packed codes, the view a quantizing kernel writes them through (int32 words when
+    ``bpu == 4``) and the float32 scales (:func:`payload_buffers`)."""
+    packed, scale = payload_buffers(packed_nbytes(numel, bits), n_groups, device)
+    return packed, packed.view(torch.int32) if bpu == 4 else packed, scale
 
 
 def _quantize(x: torch.Tensor, ref: torch.Tensor | None, bits: int, group_size: int,
@@ -295,16 +311,42 @@ def _quantize(x: torch.Tensor, ref: torch.Tensor | None, bits: int, group_size: 
     numel = x.numel()
     n_groups = (numel if ref is None else numel + group_size - 1) // group_size
     k = _tile_consts(bits, group_size, _block(x), x.element_size())
-    packed, words = _packed(n_groups * group_size, bits, k["BPU"], x.device)
-    scale = torch.empty(n_groups, dtype=torch.float32, device=x.device)
+    packed, words, scale = _packed(n_groups * group_size, bits, k["BPU"], n_groups, x.device)
     if n_groups:
-        u, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
-        _quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
-            x, x if ref is None else ref.reshape(-1).contiguous(), u, row, words, scale,
-            n_groups, numel, GS=group_size, BITS=bits, STOCHASTIC=noise is not None,
-            HASH=hashed, DIFF=ref is not None, RAGGED=numel % group_size != 0, **k,
-            num_warps=NUM_WARPS, enable_fp_fusion=False)
+        _launch_quantize(x, ref, noise, words, scale, n_groups, 1, 0, group_size, bits, k)
     return packed, scale
+
+
+def _launch_quantize(x: torch.Tensor, ref: torch.Tensor | None, noise: torch.Tensor | None,
+                     words: torch.Tensor, scale: torch.Tensor, n_groups: int, gpr: int,
+                     row_words: int, group_size: int, bits: int, k: dict) -> None:
+    """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows."""
+    numel = x.numel()
+    u, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
+    _quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
+        x, x if ref is None else ref.reshape(-1).contiguous(), u, row, words, scale, n_groups,
+        numel, gpr, row_words, GS=group_size, BITS=bits, STOCHASTIC=noise is not None,
+        HASH=hashed, DIFF=ref is not None, RAGGED=numel % group_size != 0,
+        ROWS=row_words > 0, **k, num_warps=NUM_WARPS, enable_fp_fusion=False)
+
+
+def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int,
+                  noise: torch.Tensor | None = None) -> torch.Tensor:
+    """The twin's ``quantize_rows`` written in place: the kernel stores every row's codes and
+    scales into the uint8 ``[rows, nbytes]`` wire (its rows' int32 words), no ``cat``; codes
+    in bytes (6 bits) go through the twin's join."""
+    x = x.reshape(-1).contiguous()
+    n_groups = x.numel() // group_size
+    k = _tile_consts(bits, group_size, _block(x), x.element_size())
+    if k["BPU"] != 4 or not n_groups:
+        return _twin.join_rows(*_quantize(x, None, bits, group_size, noise), rows)
+    gpr = n_groups // rows
+    code_words = packed_nbytes(gpr * group_size, bits) // 4
+    wire = torch.empty(rows, 4 * (code_words + gpr), dtype=torch.uint8, device=x.device)
+    words = wire.view(torch.int32)
+    _launch_quantize(x, None, noise, words, words.view(torch.float32).view(-1)[code_words:],
+                     n_groups, gpr, code_words + gpr, group_size, bits, k)
+    return wire
 
 
 def quantize(x: torch.Tensor, bits: int, group_size: int,
@@ -345,8 +387,7 @@ def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int
     n_groups = numel // out_group_size
     k = _tile_consts(out_bits, out_group_size, _block(packed, SUM_VALUES_PER_THREAD),
                      per_thread=SUM_VALUES_PER_THREAD)
-    out_packed, words = _packed(numel, out_bits, k["BPU"], packed.device)
-    out_scale = torch.empty(n_groups, dtype=torch.float32, device=packed.device)
+    out_packed, words, out_scale = _packed(numel, out_bits, k["BPU"], n_groups, packed.device)
     if n_groups and n_peers:
         cpu, bpu = _UNIT[bits]
         u, hashed, row = noise_operand(noise, numel, scale, out_group_size)

@@ -25,8 +25,9 @@ import triton
 import triton.language as tl
 
 from . import triton_dequantize_sum as _dsum
+from .group_quant import join_rows
 from .hadamard import inv_sqrt
-from .packing import packed_nbytes
+from .packing import packed_nbytes, payload_buffers
 from .triton_noise import group_noise_at, noise_operand
 from .triton_tiles import per_program
 
@@ -56,11 +57,12 @@ def _fwht(x, ROWS: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr, SCALE: tl
 
 
 @triton.jit
-def _store_codes(packed_ptr, codes, g, b, gmask, BLOCK_G: tl.constexpr, RPG: tl.constexpr,
+def _store_codes(packed_ptr, codes, first, b, gmask, BLOCK_G: tl.constexpr, RPG: tl.constexpr,
                  GS: tl.constexpr, RUN: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
                  BPU: tl.constexpr, WORDS: tl.constexpr):
-    """Pack the int32 codes of a (RUN // K, BLOCK_G, RPG, K) tile of runs: int32 words of
-    ``32 // BITS`` codes (``WORDS``), else units of CPU codes as BPU bytes. A thread stores
+    """Pack the int32 codes of a (RUN // K, BLOCK_G, RPG, K) tile of runs, each group's from
+    its unit ``first``: int32 words of ``32 // BITS`` codes (``WORDS``), else units of CPU
+    codes as BPU bytes. A thread stores
     its run's units as vectors of up to 4, the vector axis last and the others outermost so
     that they stay in the thread's registers."""
     U: tl.constexpr = 32 // BITS if WORDS else CPU
@@ -68,7 +70,7 @@ def _store_codes(packed_ptr, codes, g, b, gmask, BLOCK_G: tl.constexpr, RPG: tl.
     c = tl.reshape(tl.permute(codes, (1, 2, 0, 3)), (BLOCK_G, RPG, RUN // U, U))
     word = tl.sum(c << (BITS * tl.arange(0, U))[None, None, None, :], axis=3)  # disjoint bits
     word = tl.permute(tl.reshape(word, (BLOCK_G, RPG, RUN // U // V, V)), (2, 0, 1, 3))
-    unit = ((g[:, None] * (GS // U) + b[None, :] * (RUN // U))[None, :, :, None]
+    unit = ((first[:, None] + b[None, :] * (RUN // U))[None, :, :, None]
             + (tl.arange(0, RUN // U // V) * V)[:, None, None, None]
             + tl.arange(0, V)[None, None, None, :])
     umask = (gmask[:, None] & (b < GS // RUN)[None, :])[None, :, :, None]
@@ -97,16 +99,18 @@ def _max_nan(a, b):
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups,
-                     GS: tl.constexpr, BLOCK_G: tl.constexpr, RUN: tl.constexpr,
+def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups, gpr,
+                     row_words, GS: tl.constexpr, BLOCK_G: tl.constexpr, RUN: tl.constexpr,
                      RPG: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
                      LOG2N: tl.constexpr, SCALE: tl.constexpr, BITS: tl.constexpr,
                      CPU: tl.constexpr, BPU: tl.constexpr, WORDS: tl.constexpr,
-                     STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
+                     STOCHASTIC: tl.constexpr, HASH: tl.constexpr, ROWS: tl.constexpr):
     """Rotate and group-quantize ``BLOCK_G`` groups (SDP4Bit 3.3 TLq-HS) as a
     (RUN // K, BLOCK_G, RPG, K) tile: value ``j * K + k`` of run ``b`` of group ``g`` at
     ``[j, g, b, k]``. Its first axis outermost, Triton keeps a run in one thread's registers
-    (``K`` values per vector load), the lanes and warps over runs (see _consts)."""
+    (``K`` values per vector load), the lanes and warps over runs (see _consts). ``ROWS``
+    (``WORDS``): the outputs are a wire of rows of ``row_words`` int32 words, each the codes
+    then the scales of ``gpr`` groups (``scale_ptr``: row 0's first scale)."""
     J: tl.constexpr = RUN // K
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
@@ -137,8 +141,17 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_group
         q = tl.floor(t + 0.5)
     q = tl.where(q == q, tl.minimum(tl.maximum(q, -QMAX), QMAX), 0.0)
     codes = q.to(tl.int32) + (QMAX + 1)
-    tl.store(scale_ptr + g, scale, mask=gmask)
-    _store_codes(packed_ptr, codes, g, b, gmask, BLOCK_G, RPG, GS, RUN, BITS, CPU, BPU, WORDS)
+    U: tl.constexpr = 32 // BITS if WORDS else CPU
+    if ROWS:  # group j of row r: its codes from word r * row_words + j * GS / U
+        row = g // gpr
+        sidx = row * row_words + (g - row * gpr)
+        first = row * row_words + (g - row * gpr) * (GS // U)
+    else:
+        sidx = g
+        first = g * (GS // U)
+    tl.store(scale_ptr + sidx, scale, mask=gmask)
+    _store_codes(packed_ptr, codes, first, b, gmask, BLOCK_G, RPG, GS, RUN, BITS, CPU, BPU,
+                 WORDS)
 
 
 def _consts(bits: int, group_size: int, hadamard_size: int, block: int = BLOCK_ELEMS) -> dict:
@@ -178,17 +191,43 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
     """Fused rotate + group quantize -> (packed uint8 codes, float32 scales)."""
     x = x.contiguous()
     n_groups = x.numel() // group_size
-    packed = torch.empty(packed_nbytes(x.numel(), bits), dtype=torch.uint8, device=x.device)
-    scale = torch.empty(n_groups, dtype=torch.float32, device=x.device)
+    packed, scale = payload_buffers(packed_nbytes(x.numel(), bits), n_groups, x.device)
     if n_groups:
         k = _consts(bits, group_size, hadamard_size, _block(x))
-        u, hashed, row = noise_operand(noise, x.numel(), x, group_size)
-        warps = min(NUM_WARPS, max(QUANT_WARPS, k["BLOCK_G"] * k["RPG"] // 32))
-        _quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
-            x, u, row, packed.view(torch.int32) if k["WORDS"] else packed, scale, n_groups,
-            **k, STOCHASTIC=noise is not None, HASH=hashed, num_warps=warps,
-            enable_fp_fusion=False)
+        _launch_quantize(x, noise, packed.view(torch.int32) if k["WORDS"] else packed, scale,
+                         n_groups, 1, 0, group_size, k)
     return packed, scale
+
+
+def _launch_quantize(x: torch.Tensor, noise: torch.Tensor | None, packed: torch.Tensor,
+                     scale: torch.Tensor, n_groups: int, gpr: int, row_words: int,
+                     group_size: int, k: dict) -> None:
+    """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows."""
+    u, hashed, row = noise_operand(noise, x.numel(), x, group_size)
+    warps = min(NUM_WARPS, max(QUANT_WARPS, k["BLOCK_G"] * k["RPG"] // 32))
+    _quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
+        x, u, row, packed, scale, n_groups, gpr, row_words, **k,
+        STOCHASTIC=noise is not None, HASH=hashed, ROWS=row_words > 0, num_warps=warps,
+        enable_fp_fusion=False)
+
+
+def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadamard_size: int,
+                  noise: torch.Tensor | None = None) -> torch.Tensor:
+    """The twin's ``quantize_rows`` written in place: the kernel stores every row's codes and
+    scales into the uint8 ``[rows, nbytes]`` wire (its rows' int32 words), no ``cat``; codes
+    in bytes go through the twin's join."""
+    x = x.reshape(-1).contiguous()
+    n_groups = x.numel() // group_size
+    k = _consts(bits, group_size, hadamard_size, _block(x))
+    if not (k["WORDS"] and n_groups):
+        return join_rows(*quantize(x, bits, group_size, hadamard_size, noise), rows)
+    gpr = n_groups // rows
+    code_words = packed_nbytes(gpr * group_size, bits) // 4
+    wire = torch.empty(rows, 4 * (code_words + gpr), dtype=torch.uint8, device=x.device)
+    words = wire.view(torch.int32)
+    _launch_quantize(x, noise, words, words.view(torch.float32).view(-1)[code_words:],
+                     n_groups, gpr, code_words + gpr, group_size, k)
+    return wire
 
 
 def _dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
