@@ -100,7 +100,7 @@ for bits, gs, out in [(4, 2048, "*bf16"), (4, 128, "*bf16"), (8, 2048, "*bf16"),
         dict(GS=gs, BITS=bits, RAGGED=True, OUT_BF16=out != f32, **k), T.NUM_WARPS)
 for bits, h in ((8, 1), (8, RG), (4, RG)):
     v = T.SUM_VALUES_PER_THREAD
-    k = T._tile_consts(4, 128, T.NUM_WARPS * 32 * v, per_thread=v)
+    k = dict(T._tile_consts(4, 128, T.NUM_WARPS * 32 * v, per_thread=v))
     row(f"group_quant._dequantize_sum_quantize_kernel {bits}->4 HASH={h}",
         T._dequantize_sum_quantize_kernel,
         dict(packed_ptr=u8, scale_ptr=f32, noise_ptr=i64, noise_row=i32,

@@ -243,7 +243,7 @@ for hashed in (N.ONE_KEY, N.ROW_GROUPS):
                                       **quant),
              dict(GS=128, BITS=4, STOCHASTIC=True, HASH=hashed, DIFF=True, RAGGED=True,
                   ROWS=hashed == N.ROW_GROUPS, **T._tile_consts(4, 128, 1024, itemsize=2)))
-k = T._tile_consts(2, 32, 1024, per_thread=T.SUM_VALUES_PER_THREAD)
+k = dict(T._tile_consts(2, 32, 1024, per_thread=T.SUM_VALUES_PER_THREAD))
 s = ptx(T._dequantize_sum_quantize_kernel, dict(packed_ptr=u8, scale_ptr=f32, noise_ptr="*i64",
         noise_row="i64", out_packed_ptr="*i32", out_scale_ptr=f32, n_groups=i32, n_peers=i32,
         peer_bytes=i32, peer_groups=i32),

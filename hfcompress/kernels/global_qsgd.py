@@ -9,8 +9,9 @@ and float steps below are the ones the Triton kernels run, so both give the same
 the same noise.
 
 Linear dithering (Global-QSGD 4.2, L_s): ``q = floor(y) + (u < y - floor(y))`` with
-``y = t * sign(x) * levels``, a signed integer in ``[-levels, levels]``; decoded
-``q * (scale / levels)``.
+``y = t * sign(x) * levels``, computed as ``x * (levels / scale)`` clamped to
+``[-levels, levels]`` (one multiply per value), a signed integer in ``[-levels, levels]``;
+decoded ``q * (scale / levels)``.
 
 Exponential dithering (Global-QSGD 4.2-4.3, E_s with C_nat rounding): levels ``2**-j``,
 ``j = 0 .. levels-1``, and 0. ``t`` rounds to one of its two neighbouring levels, unbiased
@@ -62,6 +63,15 @@ def scale_inverse(scale: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, 1.0 / torch.where(ok, s, torch.ones_like(s)), torch.zeros_like(s))
 
 
+def linear_multiplier(scale: torch.Tensor, levels: int) -> torch.Tensor:
+    """``levels / scale`` (IEEE quotient), or 0 where the scale is 0 or not finite: what
+    takes x to the level axis (float32, one per scale)."""
+    s = scale.reshape(-1).float()
+    ok = torch.isfinite(s) & (s > 0)
+    return torch.where(ok, torch.full_like(s, levels) / torch.where(ok, s, torch.ones_like(s)),
+                       torch.zeros_like(s))
+
+
 def linear_step(scale: torch.Tensor, levels: int) -> torch.Tensor:
     """The value of one linear level: ``scale / levels`` (float32, one per scale). Divided by
     a tensor: CUDA divides by a Python number as a multiply by its float32 reciprocal, off
@@ -87,9 +97,8 @@ def _unit(x: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
 def linear_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, noise: torch.Tensor,
                     wire_dtype: torch.dtype, block_size: int | None = None) -> torch.Tensor:
     """1-D x -> signed integer codes in ``[-levels, levels]``, ``wire_dtype`` (Global-QSGD 4.2)."""
-    inv = per_value(scale_inverse(scale), x.numel(), block_size)
-    y = (x.float() * inv).nan_to_num_(nan=0.0, posinf=1.0, neginf=-1.0)
-    y = y.clamp_(-1.0, 1.0).mul_(float(levels))
+    m = per_value(linear_multiplier(scale, levels), x.numel(), block_size)
+    y = (x.float() * m).nan_to_num_(nan=0.0).clamp_(-float(levels), float(levels))
     q = torch.floor(y)
     return q.add_(noise_values(noise, y) < y.sub_(q)).to(wire_dtype)
 

@@ -135,13 +135,17 @@ def _unit(x, inv):
 
 
 @triton.jit
-def _signed_unit(y):
-    """``y`` clamped to [-1, 1], NaN -> +-0: ``|y|`` clamped as in ``_unit`` with ``y``'s
-    sign bit (a zero from NaN quantizes to 0, as the twin's 0 does)."""
-    a = tl.abs(y)
-    a = tl.minimum(tl.where(a > 0.0, a, 0.0), 1.0)
-    sign = y.to(tl.int32, bitcast=True) & -2147483648
-    return (a.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+def _multiplier(s, levels):
+    """``linear_multiplier``: ``levels / s`` (IEEE division), 0 unless ``0 < s < inf``."""
+    ok = (s > 0.0) & (s < float("inf"))
+    return tl.where(ok, tl.math.div_rn(levels + tl.zeros_like(s), tl.where(ok, s, 1.0)), 0.0)
+
+
+@triton.jit
+def _clamp_levels(y, levels):
+    """``y`` clamped to [-levels, levels], NaN -> 0 (an explicit select first: no NaN reaches
+    the min / max, whose NaN rule differs between PTX and the interpreters)."""
+    return tl.minimum(tl.maximum(tl.where(y == y, y, 0.0), -levels), levels)
 
 
 # -- the local scale ----------------------------------------------------------------------
@@ -209,8 +213,8 @@ def _linear_quantize_kernel(x_ptr, scale_ptr, noise_ptr, noise_row, out_ptr, n, 
         u = _program_noise(noise_ptr, first, BLOCK)
     else:
         u = noise_at(noise_ptr, offs, mask, HASH, noise_row)
-    y = _signed_unit(x * _inverse(_scale_of(scale_ptr, first, lanes, mask, per, SCALES)))
-    y = y * levels
+    m = _multiplier(_scale_of(scale_ptr, first, lanes, mask, per, SCALES), levels)
+    y = _clamp_levels(x * m, levels)
     fl = tl.floor(y)
     q = fl + (u < y - fl).to(tl.float32)
     tl.store(out_ptr + offs, q.to(tl.int32).to(out_ptr.dtype.element_ty), mask=xmask)

@@ -23,6 +23,9 @@ values and gather their bytes and scales, so any group size multiple of the unit
 
 from __future__ import annotations
 
+import functools
+from types import MappingProxyType
+
 import torch
 import triton
 import triton.language as tl
@@ -278,18 +281,20 @@ def _dequantize_sum_quantize_kernel(packed_ptr, scale_ptr, noise_ptr, noise_row,
                    HASH, False)
 
 
+@functools.lru_cache(maxsize=256)
 def _tile_consts(bits: int, group_size: int, block: int = BLOCK_ELEMS, itemsize: int = 4,
-                 per_thread: int = VALUES_PER_THREAD) -> dict:
+                 per_thread: int = VALUES_PER_THREAD) -> MappingProxyType:
     """A quantizing tile's constants (:func:`_tile`): whole groups in about ``block`` values,
     ``per_thread`` per thread in 16-byte loads of ``itemsize`` values, packed in int32 words
-    (``BPU`` 4) where a group is whole words, else in ``packing.py``'s units."""
+    (``BPU`` 4) where a group is whole words, else in ``packing.py``'s units. Cached per
+    argument tuple (the launches' Python cost): read-only."""
     cpu, bpu = (32 // bits, 4) if (32 % bits == 0 and group_size * bits % 32 == 0) \
         else _UNIT[bits]
     gs_p2 = triton.next_power_of_2(group_size)
     v = min(max(per_thread, cpu), gs_p2)  # whole units per thread
     vec = min(16 // itemsize, v)
-    return dict(BLOCK_G=max(1, block // gs_p2), L=gs_p2 // v, LOG2V=v.bit_length() - 1,
-                VEC=vec, CPU=cpu, BPU=bpu)
+    return MappingProxyType(dict(BLOCK_G=max(1, block // gs_p2), L=gs_p2 // v,
+                                 LOG2V=v.bit_length() - 1, VEC=vec, CPU=cpu, BPU=bpu))
 
 
 def _block(t: torch.Tensor, per_thread: int = VALUES_PER_THREAD) -> int:
@@ -418,7 +423,7 @@ def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
         k = _tile_consts(bits, group_size, _block(flat), flat.element_size())
         packed = packed.reshape(-1).contiguous()
         if k["BPU"] == 4 and (packed.storage_offset() % 4 or packed.numel() % 4):
-            k["CPU"], k["BPU"] = _UNIT[bits]  # int32 words: 4-byte aligned, whole words
+            k = {**k, "CPU": _UNIT[bits][0], "BPU": _UNIT[bits][1]}  # words: aligned, whole
         bf16 = ref.dtype == torch.bfloat16
         _dequantize_add_kernel[(triton.cdiv(triton.cdiv(numel, group_size), k["BLOCK_G"]),)](
             packed.view(torch.int32) if k["BPU"] == 4 else packed, scale.reshape(-1), flat,

@@ -20,6 +20,9 @@ packing follows ``packing.py``: a unit of ``CPU`` codes is the little-endian wor
 
 from __future__ import annotations
 
+import functools
+from types import MappingProxyType
+
 import torch
 import triton
 import triton.language as tl
@@ -154,19 +157,22 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_group
                  WORDS)
 
 
-def _consts(bits: int, group_size: int, hadamard_size: int, block: int = BLOCK_ELEMS) -> dict:
+@functools.lru_cache(maxsize=256)
+def _consts(bits: int, group_size: int, hadamard_size: int,
+            block: int = BLOCK_ELEMS) -> MappingProxyType:
     """A quantizing tile's constants: whole groups in about ``block`` values, as runs of
     ``RUN`` values (the largest power of two <= RUN_MAX dividing the group size: a run
     never straddles two groups) loaded as vectors of ``K``, ``RPG`` run slots per group.
     On a GPU ``block // RUN`` runs >= the ``QUANT_WARPS * 32`` threads: one run or more per
-    thread. ``WORDS``: a run holds whole int32 words of codes (the kernel stores words)."""
+    thread. ``WORDS``: a run holds whole int32 words of codes (the kernel stores words).
+    Cached per argument tuple (the launches' Python cost): read-only."""
     run = min(RUN_MAX, group_size & -group_size)
     rpg = triton.next_power_of_2(group_size // run)
     cpu, bpu = _UNIT[bits]
-    return dict(GS=group_size, BLOCK_G=max(1, block // (rpg * run)), RUN=run, RPG=rpg,
-                K=min(4, run), N=hadamard_size, LOG2N=hadamard_size.bit_length() - 1,
-                SCALE=inv_sqrt(hadamard_size), BITS=bits, CPU=cpu, BPU=bpu,
-                WORDS=32 % bits == 0 and run % (32 // bits) == 0)
+    return MappingProxyType(dict(
+        GS=group_size, BLOCK_G=max(1, block // (rpg * run)), RUN=run, RPG=rpg, K=min(4, run),
+        N=hadamard_size, LOG2N=hadamard_size.bit_length() - 1, SCALE=inv_sqrt(hadamard_size),
+        BITS=bits, CPU=cpu, BPU=bpu, WORDS=32 % bits == 0 and run % (32 // bits) == 0))
 
 
 def _block(t: torch.Tensor) -> int:
