@@ -5,7 +5,9 @@ the communication metrics at logging steps. What it installed lives in one
 
 Every hook used here runs on every rank at the same points (the metric gathering is a
 collective): ``on_train_begin``, ``on_step_begin``, ``on_optimizer_step``, ``on_step_end``,
-``on_epoch_end``.
+``on_epoch_end``, ``on_train_end``. Rank 0 also keeps the job's file in ``output_dir``
+(``checkpoint.JobFile``: claimed at ``on_train_begin``, refreshed at step ends, removed at
+``on_train_end``), which makes a second job started into that folder warn.
 
 Between a step's ``on_step_begin`` and its optimizer step the step's collectives move the
 compressor state past the weights: ``checkpoint.save`` refuses to save then, and
@@ -67,6 +69,7 @@ class CommCallback(TrainerCallback):
         self.ranks_per_node, self.log_every, self.on_mismatch = ranks_per_node, log_every, \
             on_mismatch
         self.state = CommInstall()
+        self.job_file: checkpoint.JobFile | None = None    # rank 0's, while training
 
     # -- installing -------------------------------------------------------------------------
     def install(self, resume_dir: str | None, step: int) -> None:
@@ -139,6 +142,14 @@ class CommCallback(TrainerCallback):
     # -- trainer events -----------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
         self.install(self.trainer.resume_dir, state.global_step)
+        if state.is_world_process_zero:     # after a refused resume, nothing is claimed
+            self.job_file = checkpoint.JobFile(args.output_dir)
+            self.job_file.claim()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.job_file is not None:
+            self.job_file.release()
+            self.job_file = None
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self.state.handle is not None:
@@ -163,6 +174,8 @@ class CommCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self._gather_for_log(args, state, control)
+        if self.job_file is not None:
+            self.job_file.beat()
 
     def on_epoch_end(self, args, state, control, **kwargs):
         self._gather_for_log(args, state, control)

@@ -30,9 +30,22 @@ runs in one checkpoint (two trainings started into one ``output_dir``) are refus
 which file is of which run. A save between a step's start and its optimizer step (the step's
 collectives have moved the state past the weights) is refused (``step_started``).
 
-Format-1 files (no rank, step or checksum) and format-2 files (no run id) still load, with a
-warning of what cannot be verified; files without a mesh shape are of the flat ``{"dp":
-world}`` mesh.
+A file also carries a fingerprint of the weights it was saved with (``weights_fingerprint``:
+a sample of this rank's trainable weights, its FSDP2 / TP shard or DDP's full copy, hashed
+at save and again at load, after the Trainer loaded the checkpoint's weights). The rank
+files of another run with the same settings and step, placed beside this run's weights,
+differ there (the weights of two runs differ in every trained element): refused by name, or
+reset under ``"reset"``. Only saves and loads hash; training steps do not.
+
+Format-1 files (no rank, step or checksum), format-2 files (no run id) and format-3 files
+(no weights fingerprint) still load, with a warning of what cannot be verified; files
+without a mesh shape are of the flat ``{"dp": world}`` mesh.
+
+A job training into an ``output_dir`` keeps a ``hfcompress_job.json`` there (``JobFile``,
+rank 0: pid, host, start, a heartbeat a minute, removed at the end of training). A job
+that starts while another live job's file is there warns, naming that job; the older job
+warns too at its next heartbeat. A file of a job that ended without removing it (its pid is
+gone on this host, or no heartbeat for ``STALE_S``) is replaced silently.
 """
 
 from __future__ import annotations
@@ -40,21 +53,30 @@ from __future__ import annotations
 import glob
 import hashlib
 import io
+import json
+import logging
 import os
 import secrets
+import socket
+import time
 import warnings
 import weakref
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from ..config import upgrade_dict
 from ..integrations.exact_params import Segment
 
-FORMAT = 3
-READABLE = (1, 2, 3)
+logger = logging.getLogger(__name__)
+
+FORMAT = 4
+READABLE = (1, 2, 3, 4)
 MISMATCH_CHOICES = ("error", "reset")
+#: elements of each weight tensor that the weights' fingerprint hashes
+SAMPLE = 64
 #: handles whose training step has started and not reached its optimizer step
 _mid_step: weakref.WeakSet = weakref.WeakSet()
 
@@ -115,6 +137,27 @@ def mid_step(handle: Any) -> bool:
     return handle in _mid_step
 
 
+def weights_fingerprint(model: Any) -> str:
+    """sha256 of this rank's trainable weights as they are now (all of them when none
+    trains; none for a ``model`` of None): ``SAMPLE`` evenly spaced elements of each
+    parameter's local tensor (an FSDP2 / TP shard: this rank's) and its shape and dtype.
+    One copy to the host; called at save and load only."""
+    params = list(model.parameters()) if model is not None else []
+    params = [p for p in params if p.requires_grad] or params
+    digest, samples = hashlib.sha256(), []
+    for p in params:
+        local = p.detach()
+        local = local.to_local() if isinstance(local, DTensor) else local
+        digest.update(f"{tuple(local.shape)} {local.dtype};".encode())
+        flat = local.reshape(-1)
+        if flat.numel():
+            every = max(1, flat.numel() // SAMPLE)
+            samples.append(flat[::every][:SAMPLE].contiguous().view(torch.uint8))
+    if samples:
+        digest.update(torch.cat(samples).cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def _remove_stale_temporaries(path: str, keep: str | None = None) -> None:
     """Delete the temporary files of ``path`` that a killed write left (all but ``keep``)."""
     for tmp in glob.glob(f"{glob.escape(path)}.tmp*"):
@@ -129,8 +172,9 @@ def save(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
          stats: Any = None, step: int | None = None) -> str:
     """Write this rank's compressor state (and the ``CommStats`` run totals) into
     ``checkpoint_dir`` atomically, with its rank, world size, global ``step``, the run id
-    (``setting["run"]``) and the sha256 of the serialized state. ValueError, writing nothing,
-    between a step's start and its optimizer step (``step_started``)."""
+    (``setting["run"]``), the fingerprint of the weights of ``handle.model`` and the sha256
+    of the serialized state. ValueError, writing nothing, between a step's start and its
+    optimizer step (``step_started``)."""
     path = state_path(checkpoint_dir, rank)
     if not setting.get("run"):
         raise ValueError("hfcompress: checkpoint.save needs the run id: pass run=new_run_id() "
@@ -149,6 +193,7 @@ def save(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
     body = buf.getvalue()
     record = {"format": FORMAT, "rank": rank, "world_size": setting["world_size"],
               "global_step": step, "settings": setting,
+              "weights": weights_fingerprint(getattr(handle, "model", None)),
               "sha256": hashlib.sha256(body).hexdigest(),
               "body": torch.frombuffer(bytearray(body), dtype=torch.uint8)}
     tmp = f"{path}.tmp{os.getpid()}"
@@ -199,8 +244,12 @@ def _verify(saved: dict[str, Any], path: str, rank: int, step: int | None,
         return {"state": saved["state"], "totals": saved.get("totals")}, None
     if fmt == 2:
         warnings.warn(f"hfcompress: {path} has the old format 2 (no run id): it cannot be "
-                      f"checked to be of the same run as the other ranks' files; loaded as is",
-                      UserWarning, stacklevel=3)
+                      f"checked to be of the same run as the other ranks' files, nor to be "
+                      f"saved with these weights; loaded as is", UserWarning, stacklevel=3)
+    if fmt == 3:
+        warnings.warn(f"hfcompress: {path} has the old format 3 (no weights fingerprint): it "
+                      f"cannot be checked to be saved with the weights it resumes beside; "
+                      f"loaded as is", UserWarning, stacklevel=3)
     if saved["rank"] != rank:
         return None, (f"{path} holds the state of rank {saved['rank']}, not of rank {rank} "
                       f"(rank files swapped or renamed?)")
@@ -215,6 +264,20 @@ def _verify(saved: dict[str, Any], path: str, rank: int, step: int | None,
                       f"{saved['sha256'][:16]}... (its bytes changed after it was written)")
     with torch.serialization.safe_globals([Segment]):
         return torch.load(io.BytesIO(body), map_location=map_location, weights_only=True), None
+
+
+def _other_weights(fingerprint: str, path: str, rank: int, model: Any) -> str | None:
+    """What is wrong when the weights of ``model`` are not the ones the file was saved with
+    (None: they are)."""
+    now = weights_fingerprint(model)
+    if now == fingerprint:
+        return None
+    return (f"{path} was saved with other weights than the ones this run resumes with "
+            f"(fingerprint of rank {rank}'s weights: {fingerprint[:12]} at the save, {now[:12]} "
+            f"as loaded now): it is the compressor state of another run (two trainings saved "
+            f"into one output_dir? rank files copied between checkpoints?), and its error "
+            f"feedback and references would be applied to weights they do not belong to. "
+            f"Resume from a checkpoint that one run wrote whole (weights and rank files)")
 
 
 def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -247,6 +310,8 @@ def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
     ``checkpoint_dir``. Returns the run id of the restored files (the resuming run saves under
     it; files saved before run ids get a new one), None if nothing was restored. ``step``: the
     global step training resumes at (the file must have been saved at it; None: not checked).
+    Call it after the checkpoint's weights are loaded into ``handle.model``: the file must
+    have been saved with them (``weights_fingerprint``).
 
     Every rank reads and checks its own file, then the ranks of the default process group
     exchange what they found (and their files' run ids): they all load, or all raise
@@ -256,7 +321,7 @@ def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
     path = state_path(checkpoint_dir, rank)
     _remove_stale_temporaries(path)
     name = setting["config"].get("name", "custom")
-    saved, problem, run = None, None, None
+    saved, problem, run, weights = None, None, None, None
     if map_location is not None and torch.device(map_location).type == "cpu":
         map_location = "cpu"     # torch.load does not know Accelerate's "cpu:0"
     if not os.path.exists(path):
@@ -274,13 +339,18 @@ def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
             else:
                 saved, problem = _verify(record, path, rank, step, map_location)
                 run = record["settings"]["run"] if record["format"] >= 3 else None
+                if saved is not None and record["format"] >= 4:
+                    weights = _other_weights(record["weights"], path, rank,
+                                             getattr(handle, "model", None))
         except ValueError as e:
             problem = str(e)
-    found = _gather((problem, run, os.path.basename(path)))
-    problems = list(dict.fromkeys(p for p, _, _ in found if p))   # settings differ alike
-    mixed = _runs(checkpoint_dir, [(r, f) for p, r, f in found if p is None])
+    found = _gather((problem, run, os.path.basename(path), weights))
+    problems = list(dict.fromkeys(p for p, _, _, _ in found if p))   # settings differ alike
+    # intact files (their weights are checked next): of one run?
+    mixed = _runs(checkpoint_dir, [(r, f) for p, r, f, _ in found if p is None])
     if mixed:
         problems.append(mixed)
+    problems += [w for _, _, _, w in found if w]
     if not problems:
         handle.load_state_dict(saved["state"])
         if stats is not None and saved.get("totals"):
@@ -323,3 +393,100 @@ def _gather(item: Any) -> list[Any]:
     found: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(found, item)
     return found
+
+
+# -- the job writing an output_dir ------------------------------------------------------------
+#: this job's file in ``output_dir`` (rank 0's pid, host, start and last heartbeat)
+JOB_FILE = "hfcompress_job.json"
+#: seconds between heartbeats; a file without one for ``STALE_S`` is of a job that ended
+HEARTBEAT_S, STALE_S = 60.0, 600.0
+
+
+class JobFile:
+    """Rank 0's ``hfcompress_job.json`` in ``output_dir``: ``claim`` at the start of training
+    (warning, by name, about another live job's file found there), ``beat`` at step ends
+    (a clock read; a rewrite every ``HEARTBEAT_S``, which warns once if another job's file
+    replaced this one), ``release`` at the end of training (removes it if it is this job's)."""
+
+    def __init__(self, output_dir: str) -> None:
+        self.output_dir, self.path = output_dir, os.path.join(output_dir, JOB_FILE)
+        now = time.time()
+        self.job = {"pid": os.getpid(), "host": socket.gethostname(), "started": now,
+                    "heartbeat": now, "id": secrets.token_hex(8)}
+        self.beaten, self.replaced = time.monotonic(), False
+
+    def claim(self) -> None:
+        other = self._read()
+        if other is not None and _live_other(other):
+            logger.warning(f"hfcompress: another job trains into output_dir "
+                           f"{self.output_dir!r}: {_describe(other)} ({self.path}). The two "
+                           f"save over each other's checkpoints, and a resume may find files "
+                           f"of both: stop one of them, or give this job its own output_dir "
+                           f"(if that job has ended, delete {self.path})")
+        self._write()
+
+    def beat(self) -> None:
+        if self.replaced or time.monotonic() - self.beaten < HEARTBEAT_S:
+            return
+        self.beaten = time.monotonic()
+        other = self._read()
+        if other is not None and other["id"] != self.job["id"]:
+            self.replaced = True
+            logger.warning(f"hfcompress: another job started training into output_dir "
+                           f"{self.output_dir!r}: {_describe(other)}. The two save over each "
+                           f"other's checkpoints, and a resume may find files of both: stop "
+                           f"one of them (each training needs its own output_dir)")
+            return
+        self.job["heartbeat"] = time.time()
+        self._write()
+
+    def release(self) -> None:
+        other = self._read()
+        if other is not None and other["id"] == self.job["id"]:
+            os.remove(self.path)
+
+    def _read(self) -> dict | None:
+        """The job file's record; None if there is none or it is not one."""
+        try:
+            with open(self.path) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            return None
+        fields = {"pid": int, "host": str, "started": (int, float), "heartbeat": (int, float),
+                  "id": str}
+        if not isinstance(record, dict) or not all(isinstance(record.get(k), t)
+                                                   for k, t in fields.items()):
+            return None
+        return record
+
+    def _write(self) -> None:
+        os.makedirs(self.output_dir, exist_ok=True)
+        tmp = f"{self.path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(self.job, f)
+        os.replace(tmp, self.path)
+
+
+def _live_other(job: dict) -> bool:
+    """Whether a job file is of another process that is alive: a heartbeat within
+    ``STALE_S`` and, on this host, its pid running (this process's own file, left by an
+    earlier ``train()`` that raised, is not another job's)."""
+    if time.time() - job["heartbeat"] > STALE_S:
+        return False
+    if job["host"] != socket.gethostname():
+        return True
+    if job["pid"] == os.getpid() or job["pid"] <= 0:
+        return False
+    try:
+        os.kill(job["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # alive, another user's
+        return True
+    return True
+
+
+def _describe(job: dict) -> str:
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(job["started"]))
+    return (f"pid {job['pid']} on host {job['host']}, started {started}, last heartbeat "
+            f"{time.time() - job['heartbeat']:.0f} s ago")
