@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
+from typing import NoReturn
 
 from . import __version__
 from .auto.links_file import cluster_links as links_from_file
@@ -58,8 +60,9 @@ def _cmd_list_layout(args: argparse.Namespace) -> None:
         for name in list_presets():
             cfg = get_config(name)
             try:
-                cost = price_step(cfg, shape.units(layout, cfg.exact_patterns, cfg.min_numel),
-                                  layout, ClusterLinks(400.0, 2400.0), compute_s=0.0)
+                units = shape.unit_counts(layout, cfg.exact_patterns, cfg.min_numel)
+                cost = price_step(cfg, units, layout, ClusterLinks(400.0, 2400.0),
+                                  compute_s=0.0)
             except ValueError as e:      # a scheme that cannot serve this many ranks
                 bits[name] = str(e)
                 continue
@@ -219,17 +222,35 @@ def _add_probe_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _plan_shape(args: argparse.Namespace) -> ModelShape:
+    """The model of ``--model`` or of the size flags; ValueError naming the fix."""
     given = [f"--{k.replace('_', '-')}" for k in SHAPE_FLAGS if getattr(args, k) is not None]
     if args.model is not None:
         if given:
-            args.parser.error(f"--model {args.model} and {' '.join(given)}: give the model "
-                              f"either as --model or as its sizes, not both")
+            raise ValueError(f"--model {args.model} and {' '.join(given)}: give the model "
+                             f"either as --model or as its sizes, not both")
         return ModelShape.from_config(args.model)
     if args.hidden is None or args.layers is None:
-        args.parser.error("no model: give --model NAME_OR_PATH (an HF config.json, a folder, "
-                          "or a cached hub id) or --hidden H --layers L [--ffn F --vocab V]")
+        raise ValueError("no model: give --model NAME_OR_PATH (an HF config.json, a folder, "
+                         "or a cached hub id) or --hidden H --layers L [--ffn F --vocab V]")
     sizes = {k: getattr(args, k) for k in SHAPE_FLAGS if getattr(args, k) is not None}
     return ModelShape(**sizes, name="LLaMA-style decoder")
+
+
+def _links_sources(args: argparse.Namespace, measured: dict | None) -> dict[str, str]:
+    """Where the plan's inter- and intra-node bandwidths come from (``source`` /
+    ``intra_source`` of the report's links): the flag, the --links file, or the default."""
+    def source(key: str, default: float) -> str:
+        flag = f"--{key.replace('_', '-')}"
+        if getattr(args, key) is not None:
+            return f"given: {flag}"
+        if measured is not None and measured[key] is not None:
+            return f"measured by hfcompress probe ({args.links}) on " \
+                   f"{describe_layout(measured)}, {measured['device']}"
+        unmeasured = "" if measured is None else f", {args.links} measured none"
+        return f"the default {default:g}{unmeasured}: set {flag} or --links"
+
+    return {"source": source("inter_node_gbps", DEFAULT_INTER_GBPS),
+            "intra_source": source("intra_node_gbps", DEFAULT_INTRA_GBPS)}
 
 
 def _plan_links(args: argparse.Namespace, measured: dict | None) -> ClusterLinks:
@@ -242,7 +263,8 @@ def _plan_links(args: argparse.Namespace, measured: dict | None) -> ClusterLinks
                            intra_node_gbps=args.intra_node_gbps)
 
 
-def _cmd_plan(args: argparse.Namespace) -> None:
+def _check_plan_numbers(args: argparse.Namespace) -> None:
+    """Exactly one of --step-time / --gpu-tflops, and every number given > 0."""
     if (args.step_time is None) == (args.gpu_tflops is None):
         args.parser.error("give exactly one of --step-time S (the measured step of the exact "
                           "baseline, none: compute = it minus none's exposed communication) "
@@ -253,6 +275,26 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         value = getattr(args, flag)
         if value is not None and not value > 0:
             args.parser.error(f"--{flag.replace('_', '-')} {value:g} must be > 0")
+
+
+def _plan_compute(args: argparse.Namespace, shape: ModelShape, layout: ClusterLayout,
+                  links: ClusterLinks, dtypes: dict) -> tuple[float, str]:
+    """Compute seconds per optimizer step and where they come from: the measured --step-time
+    minus none's exposed communication, or 6 x params x tokens at --gpu-tflops."""
+    if args.step_time is not None:
+        none = get_config("none")
+        compute = compute_from_baseline(
+            args.step_time, shape.unit_counts(layout, none.exact_patterns, none.min_numel),
+            layout, links, engine=args.engine, grad_accum=args.grad_accum, **dtypes)
+        return compute, f"the measured none step, {args.step_time:g} s, minus its exposed " \
+                        f"communication"
+    compute = args.grad_accum * shape.compute_seconds(layout, args.micro_batch, args.seq_len,
+                                                      args.gpu_tflops)
+    return compute, f"6 x params x tokens + attention at {args.gpu_tflops:g} TFLOP/s per GPU"
+
+
+def _cmd_plan(args: argparse.Namespace) -> None:
+    _check_plan_numbers(args)
     try:
         shape = _plan_shape(args)
         presets = [p.strip() for p in args.presets.split(",") if p.strip()]
@@ -271,17 +313,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
                                          engine=args.engine, gpu_tflops=args.gpu_tflops,
                                          **dtypes)
             links = dataclasses.replace(links, inter_node_gbps=fitted)
-        if args.step_time is not None:
-            none = get_config("none")
-            compute = compute_from_baseline(
-                args.step_time, shape.units(layout, none.exact_patterns, none.min_numel),
-                layout, links, engine=args.engine, grad_accum=args.grad_accum, **dtypes)
-            source = f"the measured none step, {args.step_time:g} s, minus its exposed " \
-                     f"communication"
-        else:
-            compute = args.grad_accum * shape.compute_seconds(layout, args.micro_batch,
-                                                              args.seq_len, args.gpu_tflops)
-            source = f"6 x params x tokens + attention at {args.gpu_tflops:g} TFLOP/s per GPU"
+        compute, source = _plan_compute(args, shape, layout, links, dtypes)
         report = plan_report(shape, layout, links, presets=presets, compute_s=compute,
                              compute_source=source, engine=args.engine, seq_len=args.seq_len,
                              micro_batch=args.micro_batch, grad_accum=args.grad_accum,
@@ -292,9 +324,8 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         args.parser.error(str(e))
     report = {"inputs": {k: v for k, v in vars(args).items() if k not in ("func", "parser")},
               **report}
+    report["links"].update(_links_sources(args, measured))
     if measured is not None:
-        report["links"]["source"] = f"measured by hfcompress probe ({args.links}) on " \
-            f"{describe_layout(measured)}, {measured['device']}"
         report["links"]["measured_layout"] = measured["layout"]
         report["codec"]["source"] = f"measured by hfcompress probe on {measured['device']}"
     if fitted is not None:
@@ -316,39 +347,107 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         print(f"warning: {report['warning']}")
 
 
+def _launch_rank() -> int:
+    """This process's rank: the process group's, else torchrun's ``RANK`` (0 alone)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+
+
+def _refuse(args: argparse.Namespace, message: str) -> NoReturn:
+    """A bad input every rank of the launch finds alike: rank 0 says it in one line and
+    exits 2 (argparse's way), the others exit 2 quietly."""
+    if _launch_rank() == 0:
+        args.parser.error(message)
+    raise SystemExit(2)
+
+
+def _probe_inputs(args: argparse.Namespace) -> tuple[ModelShape | None, list[str]]:
+    """The probe's model (None: the stand-in unit) and presets, every argument checked
+    against the launch's world before any process group is made (:func:`_refuse`)."""
+    import torch.distributed as dist
+
+    from .auto.cluster_probe import probe_layout
+
+    if not dist.is_initialized() and "RANK" not in os.environ:
+        args.parser.error("run it on every rank of the job, e.g. torchrun --nnodes N "
+                          "--nproc_per_node 8 -m hfcompress.cli probe --out links.json "
+                          "--model CONFIG (or accelerate launch)")
+    if not args.max_mib > 0 or args.reps < 1:
+        _refuse(args, f"--max-mib {args.max_mib:g} must be > 0 and --reps {args.reps} >= 1")
+    world = dist.get_world_size() if dist.is_initialized() else \
+        int(os.environ.get("WORLD_SIZE", "1"))
+    sized = args.model is not None or any(getattr(args, k) is not None for k in SHAPE_FLAGS)
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    try:
+        shape = _plan_shape(args) if sized else None
+        probe_layout(world, shape, tp=args.tp, ranks_per_node=args.ranks_per_node,
+                     presets=presets)
+    except ValueError as e:     # ModelShapeError, preset names, --tp, --ranks-per-node
+        _refuse(args, str(e))
+    return shape, presets
+
+
+def _out_problem(path: str) -> str | None:
+    """Why the links file cannot be written at ``path`` (None: it can): opened for
+    appending, as a write would open it, and left as it was."""
+    path = os.path.expanduser(path)
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        folder = os.path.dirname(os.path.abspath(path))
+        fix = f"create {folder} first" if not os.path.isdir(folder) else \
+            "give a file path" if os.path.isdir(path) else "choose a path you can write"
+        return f"--out {path}: cannot write it ({e.strerror}): {fix}"
+    if not existed:
+        os.remove(path)
+    return None
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """Rank 0, which writes --out, tries it before the probe; every rank learns the verdict."""
+    import torch.distributed as dist
+
+    verdict = [_out_problem(args.out) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        _refuse(args, verdict[0])
+
+
+def _init_probe_group() -> None:
+    """The launch's process group: NCCL on this rank's GPU, else gloo."""
+    import torch
+    import torch.distributed as dist
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
+
 def _cmd_probe(args: argparse.Namespace) -> None:
     """Every rank measures (``auto/cluster_probe.py``); rank 0 writes --out and prints."""
-    import os
-
     import torch
     import torch.distributed as dist
 
     from .auto.cluster_probe import probe_cluster
     from .auto.links_file import save
 
-    if not args.max_mib > 0 or args.reps < 1:
-        args.parser.error(f"--max-mib {args.max_mib:g} must be > 0 and --reps {args.reps} >= 1")
-    sized = args.model is not None or any(getattr(args, k) is not None for k in SHAPE_FLAGS)
-    try:
-        shape = _plan_shape(args) if sized else None
-    except ValueError as e:
-        args.parser.error(str(e))
+    shape, presets = _probe_inputs(args)
     started = not dist.is_initialized()
     if started:
-        if "RANK" not in os.environ:
-            args.parser.error("run it on every rank of the job, e.g. torchrun --nnodes N "
-                              "--nproc_per_node 8 -m hfcompress.cli probe --out links.json "
-                              "--model CONFIG (or accelerate launch)")
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        _init_probe_group()
     try:
+        _check_out(args)
         device = torch.device("cuda", torch.cuda.current_device()) \
             if dist.get_backend() == "nccl" else torch.device("cpu")
-        presets = [p.strip() for p in args.presets.split(",") if p.strip()]
-        result = probe_cluster(shape, tp=args.tp, ranks_per_node=args.ranks_per_node,
-                               presets=presets, device=device,
-                               max_bytes=int(args.max_mib * (1 << 20)), reps=args.reps)
+        try:
+            result = probe_cluster(shape, tp=args.tp, ranks_per_node=args.ranks_per_node,
+                                   presets=presets, device=device,
+                                   max_bytes=int(args.max_mib * (1 << 20)), reps=args.reps)
+        except ValueError as e:     # the node layout against the ranks' hosts: alike on all
+            _refuse(args, str(e))
         if dist.get_rank() == 0:
             save(result, args.out)
             print(f"hfcompress probe: {describe_layout(result)}, {result['device']}: "
@@ -425,7 +524,12 @@ def main(argv: list[str] | None = None) -> None:
     add_arguments(ev)
     ev.set_defaults(func=_cmd_eval)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    args.func(args)
+    try:
+        args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:     # the reader left (`hfcompress list | head`): end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(128 + 13) from None     # as a tool killed by SIGPIPE (13)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,9 @@ def shell_commands() -> list[str]:
 def test_readme_is_short_and_links_resolve():
     # 180 until the Quick start's snippets became runnable files (tests/test_readme_snippets.py)
     # and the checkpoint-size table was added (208); the Plan and Scale sections (224); the
-    # no-code switch, DeepSpeed and the cluster / API links (issue 38: 233)
-    assert len(README.splitlines()) <= 233
+    # no-code switch, DeepSpeed and the cluster / API links (issue 38: 233); the rank files'
+    # weight fingerprint (234). Details go to docs/: the cap keeps a few lines of room only
+    assert len(README.splitlines()) <= 240
     for link in re.findall(r"\]\(([^)#]+)\)", README):
         if not link.startswith("http"):
             assert (ROOT / link).exists(), link

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm import Topology
-from ..comm.topology import node_split
+from ..comm.topology import divisors, node_split
 from ..comm.traffic import Phase, group_size
 from ..config import get_config
 from ..cost.cluster import ClusterLayout
@@ -46,6 +46,27 @@ from .probe import SMALL_BYTES, Fit, agree, codec_rate, time_sizes
 STAND_IN_VALUES = 1 << 20   # without a model: one unit of this many values per rank
 WEIGHT_BYTES, GRAD_BYTES = 2, 4     # bf16 all-gathers, fp32 reduce-scatters (the planner's)
 CODEC_BLOCK = 2048          # codec sizes are multiples of every scheme's group (qWD's 2048)
+
+
+def probe_layout(world: int, shape: ModelShape | None, *, tp: int,
+                 ranks_per_node: int | None, presets: list[str]
+                 ) -> tuple[ClusterLayout, list[tuple[Unit, int]]]:
+    """The layout a probe of ``world`` ranks measures and the ``(unit, count)`` pairs it
+    times (``shape`` None: the stand-in unit), from the arguments alone: ValueError naming
+    the fix for an unknown preset, a ``ranks_per_node`` that does not divide the world or a
+    ``tp`` that does not divide it or the model, before any process group is made."""
+    if not presets:
+        raise ValueError("no preset to probe: name at least one, e.g. --presets sdp4bit")
+    for name in presets:
+        get_config(name)
+    big_x = node_split(world, ranks_per_node).ranks_per_node
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or big_x % tp:
+        raise ValueError(f"tp={tp!r} must divide the {big_x} ranks per node (TP stays inside "
+                         f"a node): one of {', '.join(map(str, divisors(big_x)))}")
+    layout = ClusterLayout(world // big_x, big_x, tp=tp)
+    if shape is None:
+        return layout, [(Unit("stand-in", STAND_IN_VALUES), 1)]
+    return layout, shape.unit_counts(layout)
 
 
 def dp_group(tp: int) -> dist.ProcessGroup:
@@ -63,11 +84,12 @@ def node_group(ranks_per_node: int) -> dist.ProcessGroup:
     return groups[dist.get_rank() // x]
 
 
-def _work(presets: list[str], units: list[Unit], layout: ClusterLayout
+def _work(presets: list[str], units: list[tuple[Unit, int]], layout: ClusterLayout
           ) -> tuple[dict[tuple[str, str], set[float]], dict[str, tuple[Any, int, torch.dtype]]]:
     """The send buffers of each (primitive, group) the presets' collectives run on
     ``layout`` (a group of the DP world when only one hop exists, as ``auto`` times it),
-    and per rate key the steady compressor, the most values one call hands it, its dtype."""
+    and per rate key the steady compressor, the most values one call hands it, its dtype
+    (``units``: ``(unit, count)`` pairs; a unit's count matters to DDP's one buffer only)."""
     x, y = layout.dp_per_node, layout.dp_nodes
     both = x > 1 and y > 1
     sizes: dict[tuple[str, str], set[float]] = defaultdict(set)
@@ -77,10 +99,10 @@ def _work(presets: list[str], units: list[Unit], layout: ClusterLayout
         senders = Senders.of(config, layout.dp, x)
         loco = config.loco_hops(x) if config.loco is not None else ()
         if senders.ddp:
-            colls = ddp_collectives(senders, layout.dp * sum(u.numel for u in units),
-                                    layout.dp * sum(u.exact_numel for u in units), y)
+            colls = ddp_collectives(senders, layout.dp * sum(n * u.numel for u, n in units),
+                                    layout.dp * sum(n * u.exact_numel for u, n in units), y)
         else:
-            colls = [c for u in units
+            colls = [c for u, _ in units
                      for c in unit_collectives(senders, u, y, WEIGHT_BYTES, GRAD_BYTES)]
         for c in colls:
             for p in c.phases:
@@ -142,12 +164,11 @@ def probe_cluster(shape: ModelShape | None, *, tp: int = 1, ranks_per_node: int 
     """Measure (module doc) and return the links file's content, the same on every rank.
     ``shape`` None: one stand-in unit of :data:`STAND_IN_VALUES` values per rank."""
     t0 = time.perf_counter()
-    world = dist.get_world_size()
-    big_x = node_split(world, ranks_per_node).ranks_per_node
-    layout = ClusterLayout(world // big_x, big_x, tp=tp)
+    layout, units = probe_layout(dist.get_world_size(), shape, tp=tp,
+                                 ranks_per_node=ranks_per_node, presets=presets)
+    big_x = layout.gpus_per_node
     topology = Topology(ranks_per_node, group=dp_group(tp))
     x, y, k = layout.dp_per_node, layout.dp_nodes, layout.groups_per_node
-    units = shape.units(layout) if shape is not None else [Unit("stand-in", STAND_IN_VALUES)]
     sizes, codecs = _work(presets, units, layout)
     groups = {"world": topology.group, "intra": topology.intra_group,
               "inter": topology.inter_group}

@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Sequence
 
@@ -33,10 +33,18 @@ def divisors(n: int) -> list[int]:
 @dataclass(frozen=True)
 class NodeSplit:
     """X ranks per node, and whether the user gave it (``explicit``: emulated nodes are
-    allowed) or it came from ``LOCAL_WORLD_SIZE`` or the whole world."""
+    allowed) or it came from ``LOCAL_WORLD_SIZE`` or the whole world; ``source`` names
+    which (:data:`SOURCES`; not compared)."""
 
     ranks_per_node: int
     explicit: bool
+    source: str = field(default="ranks_per_node", compare=False)
+
+
+#: where X came from: the user's value, torchrun's variable, or neither (the whole world)
+SOURCES = ("ranks_per_node", "LOCAL_WORLD_SIZE", "world")
+#: what SLURM says of the tasks per host (``srun`` sets no LOCAL_WORLD_SIZE)
+SLURM_TASK_VARS = ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
 
 
 def node_split(world_size: int, ranks_per_node: int | None = None) -> NodeSplit:
@@ -48,7 +56,7 @@ def node_split(world_size: int, ranks_per_node: int | None = None) -> NodeSplit:
     if ranks_per_node is None:
         env = os.environ.get("LOCAL_WORLD_SIZE")
         if env is None:
-            return NodeSplit(world_size, explicit=False)
+            return NodeSplit(world_size, explicit=False, source="world")
         source = "LOCAL_WORLD_SIZE"
         try:
             ranks_per_node = int(env)
@@ -60,7 +68,7 @@ def node_split(world_size: int, ranks_per_node: int | None = None) -> NodeSplit:
             f"world size {world_size} cannot be split into nodes of {source}={ranks_per_node!r} "
             f"ranks; ranks_per_node must divide the world size: one of "
             f"{', '.join(map(str, divisors(world_size)))}")
-    return NodeSplit(ranks_per_node, explicit=source == "ranks_per_node")
+    return NodeSplit(ranks_per_node, explicit=source == "ranks_per_node", source=source)
 
 
 def resolve_ranks_per_node(world_size: int, ranks_per_node: int | None = None) -> int:
@@ -73,48 +81,73 @@ def hostname() -> str:
     return os.environ.get(HOSTNAME_ENV) or socket.gethostname()
 
 
-def check_node_layout(hosts: list[str], ranks_per_node: int, explicit: bool) -> None:
-    """Check that nodes of ``ranks_per_node`` consecutive ranks match the ranks' ``hosts``.
+def check_node_layout(hosts: list[str], ranks_per_node: int, explicit: bool,
+                      source: str | None = None) -> None:
+    """Check that nodes of ``ranks_per_node`` consecutive ranks match the ranks' ``hosts``;
+    ``source``: where that number came from (:data:`SOURCES`; default: ``ranks_per_node``
+    when ``explicit``, else ``LOCAL_WORLD_SIZE``), named in what it says.
 
-    A node whose ranks run on several hosts (a cyclic placement, or a ``ranks_per_node`` /
-    ``LOCAL_WORLD_SIZE`` larger than the ranks per host) raises ValueError: its "intra-node"
-    hop would cross machines uncompressed or lightly compressed. A host holding several
-    nodes is allowed when ``ranks_per_node`` is given (``explicit``: emulated nodes, one log
-    line), else warned about (traffic inside the host is treated as inter-node)."""
-    x, world = ranks_per_node, len(hosts)
-    source = "ranks_per_node" if explicit else "LOCAL_WORLD_SIZE"
-    nodes = [hosts[n * x:(n + 1) * x] for n in range(world // x)]
-    split = [(n, sorted(set(h))) for n, h in enumerate(nodes) if len(set(h)) > 1]
+    A node whose ranks run on several hosts (a cyclic placement, or a number larger than
+    the ranks per host) raises ValueError: its "intra-node" hop would cross machines
+    uncompressed or lightly compressed. A host holding several nodes is allowed when all
+    ranks share one host and ``ranks_per_node`` is given (``explicit``: emulated nodes, one
+    log line), else warned about (traffic inside the host is treated as inter-node)."""
+    source = source or ("ranks_per_node" if explicit else "LOCAL_WORLD_SIZE")
     per_host: dict[str, list[int]] = {}
     for r, h in enumerate(hosts):
         per_host.setdefault(h, []).append(r)
-    if split:
-        n, names = split[0]
-        cyclic = len(per_host) > 1 and all(
-            hosts[r] == hosts[r % len(per_host)] for r in range(world))
-        raise ValueError(
-            f"hfcompress: node layout {source}={x} puts ranks {n * x}..{n * x + x - 1} in node "
-            f"{n}, but they run on hosts {names} ({len(split)} of {len(nodes)} nodes span "
-            f"several hosts; ranks per host: "
-            f"{ {h: len(r) for h, r in per_host.items()} }). "
-            + ("The ranks are placed round-robin over the hosts: launch them node-major (rank "
-               "= node_rank * nproc_per_node + local_rank, as torchrun does) "
-               if cyclic else "Number the ranks node-major (as torchrun does) ")
-            + f"and set ranks_per_node (or LOCAL_WORLD_SIZE) to the ranks per host.")
-    shared = {h: r for h, r in per_host.items() if len(r) > x}
+    _check_nodes_within_hosts(hosts, ranks_per_node, source, per_host)
+    shared = {h: r for h, r in per_host.items() if len(r) > ranks_per_node}
     if not shared:
         return
-    if explicit:
-        logger.info("hfcompress: emulating %d nodes of %d ranks on %d host(s) (ranks_per_node="
-                    "%d given explicitly)", world // x, x, len(per_host), x)
-    else:
-        h, ranks = next(iter(shared.items()))
-        warnings.warn(f"hfcompress: LOCAL_WORLD_SIZE={x} splits host {h!r} ({len(ranks)} ranks) "
-                      f"into {len(ranks) // x} nodes, so traffic inside the host is compressed "
-                      f"as inter-node traffic. Pass ranks_per_node={len(ranks)} for the real "
-                      f"layout, or ranks_per_node={x} to emulate nodes on purpose (if these "
-                      f"are different machines with one host name, set {HOSTNAME_ENV})",
-                      UserWarning, stacklevel=3)
+    if explicit and len(per_host) == 1:
+        logger.info("hfcompress: emulating %d nodes of %d ranks on 1 host(s) (ranks_per_node="
+                    "%d given explicitly)", len(hosts) // ranks_per_node, ranks_per_node,
+                    ranks_per_node)
+        return
+    h, ranks = next(iter(shared.items()))
+    hosts_seen = "" if len(per_host) == 1 else f", though the job runs on {len(per_host)} hosts"
+    unset = ", or leave it unset under torchrun" if explicit else ""
+    warnings.warn(f"hfcompress: {source}={ranks_per_node} splits host {h!r} ({len(ranks)} "
+                  f"ranks) into {len(ranks) // ranks_per_node} nodes{hosts_seen}, so traffic "
+                  f"inside the host is compressed as inter-node traffic. Pass ranks_per_node="
+                  f"{len(ranks)} for the real layout{unset}; ranks_per_node={ranks_per_node} "
+                  f"emulates nodes on purpose on one host (if these are different machines "
+                  f"with one host name, set {HOSTNAME_ENV})", UserWarning, stacklevel=3)
+
+
+def _check_nodes_within_hosts(hosts: list[str], x: int, source: str,
+                              per_host: dict[str, list[int]]) -> None:
+    """ValueError when a node of ``x`` consecutive ranks spans several hosts, naming where
+    ``x`` came from and the value to set instead."""
+    nodes = [hosts[n * x:(n + 1) * x] for n in range(len(hosts) // x)]
+    split = [(n, sorted(set(h))) for n, h in enumerate(nodes) if len(set(h)) > 1]
+    if not split:
+        return
+    n, names = split[0]
+    cyclic = len(per_host) > 1 and all(
+        hosts[r] == hosts[r % len(per_host)] for r in range(len(hosts)))
+    origin = f"{source}={x}" if source != "world" else \
+        f"(neither ranks_per_node nor LOCAL_WORLD_SIZE is set, so all {len(hosts)} ranks " \
+        f"are one node)"
+    raise ValueError(
+        f"hfcompress: node layout {origin} puts ranks {n * x}..{n * x + x - 1} in node {n}, "
+        f"but they run on hosts {names} ({len(split)} of {len(nodes)} nodes span several "
+        f"hosts; ranks per host: { {h: len(r) for h, r in per_host.items()} }). "
+        + ("The ranks are placed round-robin over the hosts: launch them node-major (rank "
+           "= node_rank * nproc_per_node + local_rank, as torchrun does) "
+           if cyclic else "Number the ranks node-major (as torchrun does) ")
+        + f"and {_what_to_set(per_host)}.")
+
+
+def _what_to_set(per_host: dict[str, list[int]]) -> str:
+    """The fix: ranks_per_node (or LOCAL_WORLD_SIZE) = the ranks per host, the number
+    itself when every host runs as many, and what SLURM's variables say of it."""
+    counts = {len(r) for r in per_host.values()}
+    value = f"={counts.pop()}" if len(counts) == 1 else ""
+    slurm = [f"{k}={os.environ[k]}" for k in SLURM_TASK_VARS if k in os.environ]
+    return (f"set ranks_per_node{value} (or LOCAL_WORLD_SIZE{value}): the ranks per host"
+            + (f" ({', '.join(slurm)})" if slurm else ""))
 
 
 @dataclass(frozen=True)
@@ -222,7 +255,7 @@ class Topology:
         self.world_ranks_per_node = split.ranks_per_node
         hosts: list = [None] * self.global_world_size
         dist.all_gather_object(hosts, hostname())
-        check_node_layout(hosts, split.ranks_per_node, split.explicit)
+        check_node_layout(hosts, split.ranks_per_node, split.explicit, split.source)
         group = group if group is not None else dist.group.WORLD
         mine = tuple(dist.get_process_group_ranks(group))
         every: list = [None] * self.global_world_size

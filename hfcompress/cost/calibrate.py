@@ -172,7 +172,7 @@ class StepPredictor:
             exact = get_config("none")
             self._computes[key] = compute_from_baseline(
                 statistics.median(self.baselines[run.setting]),
-                run.shape.units(run.layout, exact.exact_patterns, exact.min_numel),
+                run.shape.unit_counts(run.layout, exact.exact_patterns, exact.min_numel),
                 run.layout, links, **self._kwargs(run))
         return self._computes[key]
 
@@ -182,7 +182,7 @@ class StepPredictor:
             links = ClusterLinks(inter_node_gbps=inter_node_gbps,
                                  intra_node_gbps=self.intra_node_gbps)
             config = get_config(run.preset)
-            units = run.shape.units(run.layout, config.exact_patterns, config.min_numel)
+            units = run.shape.unit_counts(run.layout, config.exact_patterns, config.min_numel)
             self._costs[key] = price_step(config, units, run.layout, links,
                                           compute_s=self.compute(run, links),
                                           **self._kwargs(run))

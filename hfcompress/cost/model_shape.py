@@ -109,6 +109,23 @@ class ModelShape:
         if self.n_heads % self.n_kv_heads:
             raise ModelShapeError(f"heads={self.n_heads} must be a multiple of kv_heads="
                                   f"{self.n_kv_heads} (grouped-query attention)")
+        if isinstance(self.shared_ffn, bool) or not isinstance(self.shared_ffn, int) \
+                or self.shared_ffn < 0:
+            raise ModelShapeError(f"shared_ffn={self.shared_ffn!r} must be an integer >= 0")
+        self._check_top_k()
+
+    def _check_top_k(self) -> None:
+        """``experts_per_token`` (the top-k) only with ``experts`` > 1, and at most them."""
+        k = self.experts_per_token
+        if k is None:
+            return
+        if self.experts == 1:
+            raise ModelShapeError(f"experts_per_token={k} needs experts > 1 (the top-k of "
+                                  f"a mixture of experts): give --experts N too, or no top-k")
+        if k > self.experts:
+            raise ModelShapeError(f"experts_per_token={k} is more than experts="
+                                  f"{self.experts}: a token computes with at most every "
+                                  f"expert; give a top-k <= {self.experts}")
 
     # -- sizes -------------------------------------------------------------------------
     @property
@@ -208,8 +225,19 @@ class ModelShape:
     def units(self, layout: ClusterLayout, exact_patterns: Sequence[str] = ("norm", "bias"),
               min_numel: int = 0) -> list[Unit]:
         """The FSDP units one DP rank of the heaviest pipeline stage holds on ``layout``
-        (module doc); a parameter matching
-        ``exact_patterns`` or with fewer than ``min_numel`` values counts as exact."""
+        (module doc), one per layer: :meth:`unit_counts` spelled out."""
+        (layer, count), (root, _) = self.unit_counts(layout, exact_patterns, min_numel)
+        return [Unit(f"layers.{i}", layer.numel, layer.exact_numel)
+                for i in range(count)] + [root]
+
+    def unit_counts(self, layout: ClusterLayout,
+                    exact_patterns: Sequence[str] = ("norm", "bias"),
+                    min_numel: int = 0) -> list[tuple[Unit, int]]:
+        """The units of :meth:`units` as ``(unit, count)`` pairs in forward order: the
+        stage's decoder layers (all alike) once with their count, then the root, so a model
+        of any depth is priced at the cost of one layer (``price_step`` takes either). A
+        parameter matching ``exact_patterns`` or with fewer than ``min_numel`` values
+        counts as exact."""
         tp, pp, dp = layout.tp, layout.pp, layout.dp
         self._check_split(tp, pp)
 
@@ -223,19 +251,18 @@ class ModelShape:
                     numel += n
             return Unit(name, numel, exact, backward_gather)
 
-        layer = unit("layers.0", self.layer_tensors(), True)
-        stage_layers = -(-self.layers // pp)
-        out = [Unit(f"layers.{i}", layer.numel, layer.exact_numel) for i in range(stage_layers)]
         root = self.embedding_tensors() + self.head_tensors()
         if pp > 1:      # the heaviest stage: the first (embeddings) or the last (norm, head)
             root = max(self.embedding_tensors(), self.head_tensors(),
                        key=lambda ts: sum(t.numel for t in ts))
-        return out + [unit("root", root, False)]
+        return [(unit("layers", self.layer_tensors(), True), -(-self.layers // pp)),
+                (unit("root", root, False), 1)]
 
     def train_state_bytes(self, layout: ClusterLayout) -> int:
         """Bytes of parameters, gradients and Adam states one GPU of the heaviest pipeline
         stage holds on ``layout``: :data:`TRAIN_STATE_BYTES` per value (module doc)."""
-        return TRAIN_STATE_BYTES * sum(u.numel + u.exact_numel for u in self.units(layout))
+        return TRAIN_STATE_BYTES * sum(n * (u.numel + u.exact_numel)
+                                       for u, n in self.unit_counts(layout))
 
     def _check_split(self, tp: int, pp: int) -> None:
         for what, size in (("heads", self.n_heads), ("kv_heads", self.n_kv_heads),
@@ -280,6 +307,10 @@ class ModelShape:
     def from_dict(cls, config: dict[str, Any], name: str = "custom") -> ModelShape:
         """From the dict of an HF ``config.json`` (LLaMA / Mistral / Mixtral / Qwen2 /
         Qwen3 and their MoE variants; a multimodal config's ``text_config``)."""
+        if not isinstance(config, dict):
+            raise ModelShapeError(f"model config {name!r} is a JSON {_json_kind(config)}, not "
+                                  f"an object: give an HF config.json (an object with "
+                                  f"hidden_size, num_hidden_layers, ...) or --hidden / --layers")
         if isinstance(config.get("text_config"), dict):
             config = {**config["text_config"],
                       "tie_word_embeddings": config["text_config"].get(
@@ -291,6 +322,9 @@ class ModelShape:
                                   f"{config.get('model_type')!r}); give --hidden / --layers")
         model_type = str(config.get("model_type", ""))
         experts = config.get("num_local_experts") or config.get("num_experts") or 1
+        if isinstance(experts, bool) or not isinstance(experts, int):
+            raise ModelShapeError(f"model config {name!r}: num_local_experts / num_experts="
+                                  f"{experts!r} must be a positive integer")
         ffn = config.get("intermediate_size")
         if experts > 1 and config.get("moe_intermediate_size"):
             ffn = config["moe_intermediate_size"]
@@ -305,6 +339,12 @@ class ModelShape:
                    qkv_bias=bool(config.get("attention_bias",
                                             model_type.startswith("qwen2"))),
                    qk_norm=model_type.startswith("qwen3"), name=name)
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON name of a parsed value's type: array, number, string, ..."""
+    kinds = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
 
 
 def _cached_hub_config(name: str) -> str:

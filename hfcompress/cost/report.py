@@ -104,7 +104,7 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
     costs, unavailable = {}, {}
     for name in names:
         config = get_config(name)
-        units = shape.units(layout, config.exact_patterns, config.min_numel)
+        units = shape.unit_counts(layout, config.exact_patterns, config.min_numel)
         try:
             costs[name] = price_step(config, units, layout, links, compute_s=compute_s,
                                      engine=engine, grad_accum=grad_accum,
@@ -156,23 +156,30 @@ def _gb(value: float) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
 
 
+def _header(report: dict[str, Any]) -> list[str]:
+    """The model, layout, links (each bandwidth with its source) and compute lines."""
+    lay, links = report["layout"], report["links"]
+    return [f"model: {report['model']['description']}",
+            f"layout: {lay['nodes']} nodes x {lay['gpus_per_node']} GPUs, tp {lay['tp']} pp "
+            f"{lay['pp']} cp {lay['cp']}: DP size {lay['dp']} = {lay['dp_per_node']} DP ranks "
+            f"per node (x) x {lay['dp_nodes']} nodes per DP group (y); {lay['groups_per_node']} "
+            f"DP group(s) share each node's link (k)",
+            f"links (effective): {links['inter_node_gbps']:.4g} Gbit/s per node between nodes"
+            f"{' (' + links['source'] + ')' if links.get('source') else ''}, "
+            f"{links['intra_node_gbps']:.4g} Gbit/s per GPU inside a node"
+            f"{' (' + links['intra_source'] + ')' if links.get('intra_source') else ''}; engine "
+            f"{report['engine']}",
+            f"compute: {report['compute_s']:.4g} s per step of {report['grad_accum']} "
+            f"micro-batch(es) ({report['compute_source']}); {report['tokens_per_step']} tokens "
+            f"per step over the cluster; exact collectives: weights {report['weight_bytes']} B, "
+            f"gradients {report['grad_bytes']} B per value",
+            ""]
+
+
 def render_text(report: dict[str, Any]) -> str:
     """The report as the table ``hfcompress plan`` prints."""
-    lay, links, presets = report["layout"], report["links"], report["presets"]
-    lines = [f"model: {report['model']['description']}",
-             f"layout: {lay['nodes']} nodes x {lay['gpus_per_node']} GPUs, tp {lay['tp']} pp "
-             f"{lay['pp']} cp {lay['cp']}: DP size {lay['dp']} = {lay['dp_per_node']} DP ranks "
-             f"per node (x) x {lay['dp_nodes']} nodes per DP group (y); {lay['groups_per_node']} "
-             f"DP group(s) share each node's link (k)",
-             f"links (effective): {links['inter_node_gbps']:.4g} Gbit/s per node between nodes"
-             f"{' (' + links['source'] + ')' if links.get('source') else ''}, "
-             f"{links['intra_node_gbps']:.4g} Gbit/s per GPU inside a node; engine "
-             f"{report['engine']}",
-             f"compute: {report['compute_s']:.4g} s per step of {report['grad_accum']} "
-             f"micro-batch(es) ({report['compute_source']}); {report['tokens_per_step']} tokens "
-             f"per step over the cluster; exact collectives: weights {report['weight_bytes']} B, "
-             f"gradients {report['grad_bytes']} B per value",
-             ""]
+    presets = report["presets"]
+    lines = _header(report)
     memory = report["gpu_memory_gb"] is not None
     w = max(len(name) for name in presets) + 3
     head = (f"{'preset':<{w}}{'step s':>10}{'speedup':>9}{'comm s':>10}{'exposed s':>11}"

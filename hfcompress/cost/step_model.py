@@ -40,12 +40,15 @@ rates (``cost/codec_rates.py``), compute, and what the engine overlaps.
   Step = compute + exposed + codec; the full-overlap limit = max(compute, wire) + codec.
 - **Grouping**: units of equal shape have equal collectives: each shape is priced once and
   its sums multiplied by its count (the same numbers as a loop over the units, to rounding).
+  The units come one by one or as ``(unit, count)`` pairs (``ModelShape.unit_counts``: a
+  model of any depth priced at the cost of its distinct shapes).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -197,43 +200,52 @@ class _Pricer:
         return out
 
 
-def _unit_groups(units: list[Unit]) -> tuple[dict[Unit, int], Unit | None]:
+Units = Sequence[Unit | tuple[Unit, int]]
+
+
+def counted(units: Units) -> list[tuple[Unit, int]]:
+    """``units`` (forward order) as ``(unit, count)`` pairs: a bare unit counts once."""
+    return [u if isinstance(u, tuple) else (u, 1) for u in units]
+
+
+def _unit_groups(units: list[tuple[Unit, int]]) -> tuple[dict[Unit, int], Unit | None]:
     """The units' shapes (name dropped) with their counts, in forward order of first
     appearance, and the shape backward reduces first: the last unit it gathers again (the
     last layer; the root, which FSDP2 does not re-gather, reduces last), else the first."""
     counts: dict[Unit, int] = {}
     first = None
-    for u in units:
+    for u, n in units:
         key = Unit("", u.numel, u.exact_numel, u.backward_gather)
-        counts[key] = counts.get(key, 0) + 1
+        counts[key] = counts.get(key, 0) + n
         if u.backward_gather or first is None:
             first = key
     return counts, first
 
 
-def _collectives(senders: Senders, units: list[Unit], nodes: int, weight_bytes: int,
-                 grad_bytes: int) -> list[tuple[int, bool, list[Collective]]]:
+def _collectives(senders: Senders, units: list[tuple[Unit, int]], nodes: int,
+                 weight_bytes: int, grad_bytes: int) -> list[tuple[int, bool, list[Collective]]]:
     """Per unit shape (DDP: one list for the whole model): its count, whether backward
     reduces it first (:func:`_unit_groups`) and its collectives."""
     if senders.ddp:
         w = senders.world
-        return [(1, False, ddp_collectives(senders, w * sum(u.numel for u in units),
-                                           w * sum(u.exact_numel for u in units), nodes,
-                                           grad_bytes))]
+        return [(1, False, ddp_collectives(senders, w * sum(n * u.numel for u, n in units),
+                                           w * sum(n * u.exact_numel for u, n in units),
+                                           nodes, grad_bytes))]
     counts, first = _unit_groups(units)
     return [(count, key == first, unit_collectives(senders, key, nodes, weight_bytes,
                                                    grad_bytes))
             for key, count in counts.items()]
 
 
-def price_step(config: CompressionConfig | str, units: list[Unit], layout: ClusterLayout,
+def price_step(config: CompressionConfig | str, units: Units, layout: ClusterLayout,
                links: ClusterLinks, *, compute_s: float, engine: str | Engine = "fsdp2",
                grad_accum: int = 1,
                codec_rates: dict[str, float | tuple[float, float]] | None = None,
                weight_bytes: int = 2, grad_bytes: int = 4) -> StepCost:
     """One optimizer step of ``grad_accum`` micro-batches of ``units`` (values per DP rank,
-    forward order) under ``config`` (a preset name or a :class:`CompressionConfig`; DDP
-    presets: the all-reduce of every gradient) on ``layout`` / ``links``, with
+    forward order; units or ``(unit, count)`` pairs) under ``config`` (a preset name or a
+    :class:`CompressionConfig`; DDP presets: the all-reduce of every gradient) on ``layout``
+    / ``links``, with
     ``compute_s`` seconds of compute for the whole step (module docstring).
     ``weight_bytes`` / ``grad_bytes``: bytes per value of the exact all-gathers and
     reductions (bf16 / fp16: 2, fp32: 4). ``codec_rates``: values/s per rate key
@@ -245,8 +257,9 @@ def price_step(config: CompressionConfig | str, units: list[Unit], layout: Clust
         raise ValueError(f"grad_accum={grad_accum!r} must be an int >= 1 (micro-batches per "
                          f"optimizer step)")
     config = get_config(config)
+    units = counted(units)
     if not spec.backward_gather:     # parameters gathered once per step (module docstring)
-        units = [dataclasses.replace(u, backward_gather=False) for u in units]
+        units = [(dataclasses.replace(u, backward_gather=False), n) for u, n in units]
     senders = Senders.of(config, layout.dp, layout.dp_per_node)
     pricer = _Pricer(config, layout, links, codec_rates)
     rows: dict[str, dict] = {}
@@ -277,22 +290,32 @@ def price_step(config: CompressionConfig | str, units: list[Unit], layout: Clust
     return _step(config, out, compute_s, units, layout, weight_bytes, pricer.estimated)
 
 
+def _state_bytes(config: CompressionConfig, units: list[tuple[Unit, int]],
+                 layout: ClusterLayout, dtype: torch.dtype) -> int:
+    """The compressor state per GPU (``estimate_state_bytes``, a sum over the units: each
+    distinct size estimated once, times its count)."""
+    sizes: dict[int, int] = {}
+    for u, n in units:
+        sizes[u.numel] = sizes.get(u.numel, 0) + n
+    return sum(n * total(estimate_state_bytes(config, [numel], layout.dp, layout.dp_per_node,
+                                              dtype)) for numel, n in sizes.items())
+
+
 def _step(config: CompressionConfig, colls: list[CollectiveCost], compute_s: float,
-          units: list[Unit], layout: ClusterLayout, weight_bytes: int,
+          units: list[tuple[Unit, int]], layout: ClusterLayout, weight_bytes: int,
           estimated_rates: dict[str, str]) -> StepCost:
     wire = sum(c.wire_s for c in colls)
     hidden = sum(c.wire_s for c in colls if c.overlappable)
     exposed = max(0.0, hidden - compute_s) + wire - hidden
     codec = sum(c.codec_s for c in colls)
     dtype = torch.bfloat16 if weight_bytes == 2 else torch.float32
-    state = total(estimate_state_bytes(config, [u.numel for u in units], layout.dp,
-                                       layout.dp_per_node, dtype))
+    state = _state_bytes(config, units, layout, dtype)
     return StepCost(config.name, colls, compute_s, wire, exposed, codec,
                     compute_s + exposed + codec, max(compute_s, wire) + codec, state,
                     estimated_rates)
 
 
-def compute_from_baseline(step_s: float, units: list[Unit], layout: ClusterLayout,
+def compute_from_baseline(step_s: float, units: Units, layout: ClusterLayout,
                           links: ClusterLinks, *, engine: str | Engine = "fsdp2",
                           grad_accum: int = 1, weight_bytes: int = 2,
                           grad_bytes: int = 4) -> float:
