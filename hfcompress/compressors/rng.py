@@ -36,8 +36,8 @@ class SeededRNG:
         self.seed = int(seed)
         self.calls = 0  # uniform_like calls so far: the hash's key counter
         self._gens: dict[str, torch.Generator] = {}
-        # per device: the current key table (first call, keys) and the one it replaced
-        self._tables: dict[str, tuple[tuple[int, torch.Tensor], ...]] = {}
+        # per device: the key table (first call, keys) and, on CUDA, its streams (KeyTable)
+        self._tables: dict[str, KeyTable] = {}
 
     def generator(self, device: torch.device | str) -> torch.Generator:
         key = str(torch.device(device))
@@ -53,31 +53,27 @@ class SeededRNG:
         ``rows``: the ``(rows, 2)`` keys of the next ``rows`` calls (row keys, one per row).
         A view of the device's key table (:meth:`_table`): no copy per call."""
         n = 1 if rows is None else rows
-        first, table = self._table(device, n)
-        i = self.calls - first
+        table = self._table(device, n)
+        i = self.calls - table.first
         self.calls += n
-        return table[i] if rows is None else table[i:i + n]
+        keys = table.keys_for_stream()
+        return keys[i] if rows is None else keys[i:i + n]
 
-    def _table(self, device: torch.device | str, n: int) -> tuple[int, torch.Tensor]:
-        """``(first, keys)``: the keys of calls ``first ..`` on ``device``, covering the next
-        ``n`` calls; refilled with the next ``max(n, KEY_BLOCK)`` calls' keys by one
-        host-to-device copy from pinned memory (non_blocking: the host does not wait for the
-        kernels already queued). The table it replaces stays referenced until the next
-        refill: kernels queued on another stream may still read it."""
+    def _table(self, device: torch.device | str, n: int) -> KeyTable:
+        """The key table of ``device`` covering the next ``n`` calls; refilled with the next
+        ``max(n, KEY_BLOCK)`` calls' keys by one host-to-device copy from pinned memory
+        (non_blocking: the host does not wait for the kernels already queued)."""
         dev = torch.device(device)
         key = str(dev)
-        tables = self._tables.get(key)
-        if tables is not None:
-            first, table = tables[0]
-            if first <= self.calls and self.calls + n <= first + table.shape[0]:
-                return first, table
+        table = self._tables.get(key)
+        if table is not None and table.first <= self.calls \
+                and self.calls + n <= table.first + table.keys.shape[0]:
+            return table
         count = max(n, KEY_BLOCK)
         keys = torch.tensor([call_keys(self.seed, self.calls + r) for r in range(count)],
                             dtype=torch.int64)
-        if dev.type != "cpu":
-            keys = keys.pin_memory().to(dev, non_blocking=True)
-        self._tables[key] = ((self.calls, keys), *(tables[:1] if tables else ()))
-        return self.calls, keys
+        table = self._tables[key] = KeyTable(self.calls, keys, dev)
+        return table
 
     def uniform_like(self, x: torch.Tensor, rows: int | None = None) -> torch.Tensor:
         """float32 U[0, 1) noise of x's shape on x's device (x is not read); fresh per call.
@@ -109,6 +105,37 @@ def _splitmix64(z: int) -> int:
 def _mix(seed: int) -> int:
     """A splitmix64-style scramble of the user seed (non-negative, < 2**63)."""
     return _splitmix64(seed) >> 1
+
+
+class KeyTable:
+    """The keys of calls ``first ..`` on one device. On CUDA the table is copied in on the
+    stream current at the refill and read by kernels of whatever stream is current at each
+    call (FSDP2's all-gather, reduce-scatter or side stream): the first read from another
+    stream makes that stream wait for the copy (an event, no host sync) and records the
+    stream on the table (``record_stream``), so its memory is not reused before that
+    stream's kernels are done."""
+
+    def __init__(self, first: int, keys: torch.Tensor, device: torch.device) -> None:
+        self.first = first
+        self.keys = keys
+        self.copied: torch.cuda.Event | None = None
+        self.streams: set = set()
+        if device.type == "cuda":
+            self.keys = keys.pin_memory().to(device, non_blocking=True)
+            stream = torch.cuda.current_stream(device)
+            self.copied = torch.cuda.Event()
+            self.copied.record(stream)
+            self.streams.add(stream)
+
+    def keys_for_stream(self) -> torch.Tensor:
+        """The table, ready to be read by the current stream's next kernels."""
+        if self.copied is not None:
+            stream = torch.cuda.current_stream(self.keys.device)
+            if stream not in self.streams:
+                stream.wait_event(self.copied)
+                self.keys.record_stream(stream)
+                self.streams.add(stream)
+        return self.keys
 
 
 def call_keys(seed: int, call: int) -> tuple[int, int]:
