@@ -121,6 +121,9 @@ def test_mesh_flags_become_parallelism_config(monkeypatch):
     dc = mesh_args.distributed_config(pc)
     assert (dc.tp_size, dc.fsdp_size, dc.dp_replicate_size) == (2, 2, 1)
     assert mesh_args.mesh_shape(pc) == {"dp_shard": 2, "tp": 2}
+    _, _, targs = parse_on(4, monkeypatch, "--tp_size", "2", "--model_name_or_path", "org/m",
+                           "--save_strategy", "steps", "--save_only_model")   # weights only
+    assert targs.save_only_model
     _, _, targs = parse_on(4, monkeypatch, "--dp_shard_size", "4")
     assert targs.parallelism_config is None and targs.fsdp
     _, _, targs = parse_on(4, monkeypatch)
@@ -138,6 +141,10 @@ def test_mesh_flags_become_parallelism_config(monkeypatch):
     (4, ["--dp_replicate_size", "4"], r"leaves dp_shard_size 1.*replicas alone are DDP"),
     (4, ["--tp_size", "4", "--model_name_or_path", "org/m"], r"TP alone has no data-parallel"),
     (4, ["--tp_size", "0"], r"must be >= 1"),
+    (4, ["--tp_size", "2", "--model_name_or_path", "org/m", "--save_strategy", "steps"],
+     r"cannot save a TP model's optimizer state; add --save_only_model"),
+    (4, ["--tp_size", "2", "--model_name_or_path", "org/m", "--resume_from_checkpoint",
+         "latest"], r"cannot resume a TP model's optimizer state"),
 ])
 def test_mesh_mistakes_raise_one_clear_error(monkeypatch, world, argv, message):
     with pytest.raises(clm.ArgumentError, match=message):

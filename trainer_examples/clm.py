@@ -29,8 +29,8 @@ from hfcompress.comm.topology import resolve_ranks_per_node
 from hfcompress.data import lm_datasets, text_datasets, train_tokenizer
 from hfcompress.models import ModelLoadError, check_model, load_causal_lm, load_tokenizer
 from hfcompress.trainer import resume, warn_single_process
-from mesh_args import (FSDP2_FLAGS, MeshArguments, check_tp_heads, distributed_config,
-                       parallelism_config, wants_fsdp2)
+from mesh_args import (FSDP2_FLAGS, MeshArguments, check_tp_checkpoints, check_tp_heads,
+                       distributed_config, parallelism_config, wants_fsdp2)
 from run_summary import LossClock, describe, describe_model, report, summarize
 
 
@@ -179,6 +179,10 @@ def parse_args(model_args: type, defaults: dict[str, str], argv: list[str] | Non
         raise ArgumentError(str(e)) from None
     targs.parallelism_config = parallelism
     check_layout(targs, launched_world_size())
+    try:
+        check_tp_checkpoints(mesh.tp_size, targs)
+    except ValueError as e:
+        raise ArgumentError(str(e)) from None
     if margs.model_name_or_path is not None:   # a short name, a .gguf file: checked now
         try:
             check_model(margs.model_name_or_path)

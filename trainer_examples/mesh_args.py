@@ -74,6 +74,25 @@ def parallelism_config(mesh: MeshArguments, world: int, fsdp: bool,
     return ParallelismConfig(dp_replicate_size=r, dp_shard_size=s, tp_size=t)
 
 
+def check_tp_checkpoints(tp_size: int, training) -> None:
+    """Before any work: with TP, transformers saves and loads the weights but not the
+    optimizer state of the sharded model (a checkpoint or a resume fails after the training
+    with its errors on every rank). ValueError naming the flags that avoid it."""
+    if tp_size <= 1:
+        return
+    if training.resume_from_checkpoint not in (None, "", "False", "false"):
+        raise ValueError(f"--tp_size {tp_size} with --resume_from_checkpoint: transformers "
+                         f"cannot resume a TP model's optimizer state; resume without "
+                         f"--tp_size (a checkpoint of the weights loads as a pretrained model "
+                         f"with --model_name_or_path)")
+    if str(training.save_strategy) not in ("no", "SaveStrategy.NO") \
+            and not training.save_only_model:
+        raise ValueError(f"--tp_size {tp_size} with --save_strategy "
+                         f"{getattr(training.save_strategy, 'value', training.save_strategy)}: "
+                         f"transformers cannot save a TP model's optimizer state; add "
+                         f"--save_only_model (weights only) or use --save_strategy no")
+
+
 def wants_fsdp2(mesh: MeshArguments) -> bool:
     """HSDP, or FSDP2 over ``--dp_shard_size`` ranks (not TP: transformers shards that)."""
     return mesh.tp_size == 1 and (mesh.dp_replicate_size > 1 or mesh.dp_shard_size > 1)
