@@ -1,6 +1,7 @@
 """Bad input to the eval harness: missing / wrong checkpoint paths, unknown task names (with
 close matches), and a hub task while the hub is switched off (names the offline tasks)."""
 
+import math
 import os
 import runpy
 import subprocess
@@ -120,3 +121,22 @@ def test_cli_accepts_lm_eval_flag_names():
                   ["--num-fewshot", "3", "--batch-size", "4", "--output-path", "out"]):
         a = p.parse_args(["model", *flags])
         assert (a.num_fewshot, a.batch_size, a.output_path) == (3, 4, "out")
+
+
+def test_scores_at_chance_level_get_a_note():
+    """A score within two standard errors of guessing is named as such (it cannot tell
+    compressors apart); a clear score, or a metric without a known chance, is not."""
+    from hfcompress.eval.compare_models import chance_notes
+
+    rows = [dict(model="m", task="mmlu_offline_stem", metric="acc", filter="none", value=0.26,
+                 stderr=0.02),
+            dict(model="m", task="arith_mmlu", metric="acc", filter="none", value=0.61,
+                 stderr=0.02),
+            dict(model="m", task="arith_gsm8k", metric="exact_match", filter="strict-match",
+                 value=0.0, stderr=0.0),
+            dict(model="m", task="wikitext", metric="word_perplexity", filter="none",
+                 value=0.25, stderr=math.nan)]
+    notes = chance_notes(rows)
+    assert len(notes) == 2
+    assert "mmlu_offline_stem (acc), chance level 0.25" in notes[0]
+    assert "arith_gsm8k (exact_match), chance level 0" in notes[1]

@@ -73,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .compare_models import check_output, compare_models, format_table, save
+    from .compare_models import chance_notes, check_output, compare_models, format_table, save
 
     names = args.names.split(",") if args.names else None
     outputs = list(args.output)
@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"hfcompress eval: error: {e}", file=sys.stderr)
         return 2
     print(format_table(rows))
+    for note in dict.fromkeys(chance_notes(rows)):
+        print(note)
     for path in outputs:
         save(rows, path)
         print(f"saved {path}")

@@ -16,7 +16,7 @@ from typing import Any
 
 from .harness import check_checkpoint, evaluate, model_label
 from .errors import EvalError
-from .task_registry import check_names, task_names
+from .task_registry import CHANCE, check_names, task_names
 
 
 def score_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -73,6 +73,35 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     fmt = lambda line: "  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip()
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(x) for x in body])
+
+
+def chance_level(task: str) -> float | None:
+    """The score of guessing on ``task``'s main metric: 0.25 for the four-choice MMLU tasks
+    (hub, offline and arithmetic), 0 for GSM8K exact match, None if unknown."""
+    if task in CHANCE:
+        return CHANCE[task]
+    if task.startswith(("mmlu", "arith_mmlu")):
+        return 0.25
+    if task.startswith(("gsm8k", "arith_gsm8k")):
+        return 0.0
+    return None
+
+
+def chance_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per model and task whose accuracy / exact match is within two standard
+    errors (at least 0.01) of guessing: such scores cannot tell compressors apart."""
+    notes = []
+    for r in rows:
+        c = chance_level(r["task"])
+        if c is None or not r["metric"].startswith(("acc", "exact_match")):
+            continue
+        se = 0.0 if math.isnan(r["stderr"]) else r["stderr"]
+        if abs(r["value"] - c) <= max(2 * se, 0.01):
+            notes.append(f"note: {r.get('model', 'score')} scores {r['value']:.4f} on "
+                         f"{r['task']} ({r['metric']}), chance level {c:g}: the model is "
+                         f"too small or too little trained for this task to show a "
+                         f"difference")
+    return notes
 
 
 def check_output(path: str) -> None:
