@@ -30,16 +30,25 @@ import torch.distributed as dist
 from .topology import Topology, resolve_ranks_per_node
 
 
-def peer_is_remote(group: dist.ProcessGroup | None, topology: Topology | None) -> list[bool]:
-    """For each rank of ``group``: is it on another node than this rank?"""
-    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-    if topology is not None:      # nodes of global ranks (a data-parallel sub-group too)
-        node_of = topology.node_of
-    else:
-        x = resolve_ranks_per_node(dist.get_world_size())
-        node_of = lambda r: r // x   # noqa: E731
-    me = node_of(dist.get_rank())
-    return [node_of(r) != me for r in ranks]
+def peer_is_remote(group: dist.ProcessGroup | None, topology: Topology | None
+                   ) -> tuple[bool, ...]:
+    """For each rank of ``group``: is it on another node than this rank? Worked out once per
+    (group, topology): every collective call asks (the cache holds both, so their ids stay
+    theirs)."""
+    group = group or dist.group.WORLD
+    # without a topology, nodes of LOCAL_WORLD_SIZE ranks (or one node), as it reads now
+    x = resolve_ranks_per_node(dist.get_world_size()) if topology is None else 0
+    key = (id(group), id(topology), x)
+    hit = _REMOTE.get(key)
+    if hit is None:
+        node_of = topology.node_of if topology is not None else (lambda r: r // x)
+        me = node_of(dist.get_rank())
+        remote = tuple(node_of(r) != me for r in dist.get_process_group_ranks(group))
+        hit = _REMOTE[key] = (group, topology, remote)
+    return hit[2]
+
+
+_REMOTE: dict[tuple[int, int, int], tuple] = {}
 
 
 class Timer:
@@ -98,7 +107,6 @@ class WireMeter:
     def __init__(self, keep: int = 1000) -> None:
         self.keep = keep
         self.timer = Timer()
-        self._remote: dict[tuple[int, int], list[bool]] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -115,10 +123,7 @@ class WireMeter:
                             group: dist.ProcessGroup, topology: Topology | None) -> None:
         """Count what an exact collective over ``group`` sends to each of its peers (an int:
         the same to every peer); this rank's own slot is not sent."""
-        key = (id(group), id(topology))
-        if key not in self._remote:
-            self._remote[key] = peer_is_remote(group, topology)
-        remote, me = self._remote[key], dist.get_rank(group)
+        remote, me = peer_is_remote(group, topology), dist.get_rank(group)
         sizes = [per_peer_bytes] * len(remote) if isinstance(per_peer_bytes, int) \
             else per_peer_bytes
         for k, (b, r) in enumerate(zip(sizes, remote)):
