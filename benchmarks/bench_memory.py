@@ -7,7 +7,7 @@ Measured: a small LLaMA trains ``--steps`` steps with each preset on emulated no
 the loopback, ``nodes x ranks_per_node`` processes, bf16 parameters, fp32 gradient
 reduction); then every rank sums ``state_bytes()`` of its collectives (compressor state kept
 between steps: qWD references, LoCo errors, persistent buffers) and the estimate
-``hfcompress.integrations.memory.estimate_state_bytes`` made at ``apply`` before anything was
+``hfcompress.cost.state.estimate_state_bytes`` made at ``apply`` before anything was
 allocated. ``full_param_bytes`` is the whole model in the gathered dtype (bf16), what one
 rank would hold if it kept a full copy; ``sharded_param_bytes_per_rank`` is FSDP's fp32
 shard of the parameters on one rank. Target: sdp4bit on 2 x 2 keeps at most 0.8 x
@@ -106,7 +106,7 @@ def measure(topologies: list[tuple[int, int]], presets: list[str], steps: int,
 def projection(presets: list[str]) -> list[dict]:
     import torch
 
-    from hfcompress.integrations.memory import estimate_state_bytes
+    from hfcompress.cost.state import estimate_state_bytes
 
     rows = []
     for model, units in MODELS.items():

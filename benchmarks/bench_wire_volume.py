@@ -136,8 +136,7 @@ def worker(payload: dict) -> dict:
     """Every variant in turn: ``steps`` steps; this rank's meter history and param counts."""
     import torch.distributed as dist
 
-    from hfcompress.config import get_config
-    from hfcompress.integrations.exact_params import is_exact
+    from hfcompress.config import get_config, is_exact
 
     x = dc.ranks_per_node()
     out = {}

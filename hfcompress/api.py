@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .auto.choose import choose_ddp, choose_fsdp, replica_config
 from .auto.controller import AutoController
 from .comm import Topology, WireMeter
-from .comm.topology import resolve_ranks_per_node
+from .comm.topology import NodeSplit, node_split
 from .config import AutoSettings, CompressionConfig, describe, request_dict, resolve
 from .integrations import _fsdp2
 from .integrations.consistency import check_same_settings
@@ -30,7 +30,7 @@ Request = CompressionConfig | AutoSettings
 
 
 def apply(model: nn.Module, compressor: str | CompressionConfig | AutoSettings = "sdp4bit",
-          ranks_per_node: int | None = None, shard: bool = False, *,
+          ranks_per_node: int | NodeSplit | None = None, shard: bool = False, *,
           meter: WireMeter | None = None, layer_cls: tuple[type, ...] | None = None,
           **fsdp_kwargs: Any) -> Compression:
     """Install compressed communication on ``model``; which kind it was given decides how:
@@ -57,7 +57,9 @@ def apply(model: nn.Module, compressor: str | CompressionConfig | AutoSettings =
       here (``config.resolve``); the engine paths get a fixed configuration and, for
       ``"auto"``, the controller that chose it.
     - ``ranks_per_node``: ranks per node (default ``LOCAL_WORLD_SIZE``, else one node); an
-      explicit value emulates nodes on one machine.
+      explicit value emulates nodes on one machine. Resolved once, here
+      (``comm.topology.node_split``; the Trainer passes the ``NodeSplit`` it resolved), and
+      read from that everywhere below.
     - ``shard=False``: ``model`` is already ``fully_shard``-ed (over ``mesh["shard"]`` for
       HSDP). ``shard=True``: apply ``fully_shard`` to every decoder layer (``layer_cls``,
       default Hugging Face's ``_no_split_modules``) and the root, with ``fsdp_kwargs`` (e.g.
@@ -74,20 +76,14 @@ def apply(model: nn.Module, compressor: str | CompressionConfig | AutoSettings =
                            "(torchrun / accelerate launch, or dist.init_process_group)")
     ddp = isinstance(model, DistributedDataParallel)
     hsdp = not ddp and is_hsdp_mesh(fsdp_kwargs.get("mesh"))
-    try:
-        request: Request | ValueError = resolve(compressor)
-    except ValueError as err:
-        if ddp or hsdp:
-            raise
-        request = err        # FSDP2: every rank learns of it in the settings check
+    request, nodes = _resolved(compressor, ranks_per_node, raise_now=ddp or hsdp)
     if ddp:
-        return _apply_ddp(model, request, ranks_per_node, shard, fsdp_kwargs, meter)
+        return _apply_ddp(model, request, nodes, shard, fsdp_kwargs, meter)
     _fsdp2.require()       # FSDP2 from here on: its internals must be where we expect them
     if hsdp:
         mesh = fsdp_kwargs.pop("mesh")
-        return _apply_hsdp(model, request, ranks_per_node, shard, mesh, meter, layer_cls,
-                           fsdp_kwargs)
-    return _apply_fsdp(model, request, ranks_per_node, shard, meter, layer_cls, fsdp_kwargs)
+        return _apply_hsdp(model, request, nodes, shard, mesh, meter, layer_cls, fsdp_kwargs)
+    return _apply_fsdp(model, request, nodes, shard, meter, layer_cls, fsdp_kwargs)
 
 
 #: what hfcompress says to a DeepSpeed user (``apply`` on an engine, the Trainer under DeepSpeed)
@@ -122,6 +118,20 @@ def check_integration(config: Request, fsdp: bool) -> None:
                          f"Train with DDP (no fsdp), or pick an FSDP preset such as 'sdp4bit'")
 
 
+def _resolved(compressor: str | CompressionConfig | AutoSettings,
+              ranks_per_node: int | NodeSplit | None, raise_now: bool
+              ) -> tuple[Request | ValueError, NodeSplit | None]:
+    """The request and the node split, each resolved once; an invalid one raises
+    (``raise_now``) or comes back as the ValueError (FSDP2: every rank learns of it in the
+    settings check)."""
+    try:
+        return resolve(compressor), node_split(dist.get_world_size(), ranks_per_node)
+    except ValueError as err:
+        if raise_now:
+            raise
+        return err, None
+
+
 def _fixed(request: Request, probe: Callable[..., Any],
            rebuild: Callable[[CompressionConfig], Any] | None = None
            ) -> tuple[CompressionConfig, AutoController | None]:
@@ -135,7 +145,7 @@ def _fixed(request: Request, probe: Callable[..., Any],
 
 
 def _apply_ddp(model: DistributedDataParallel, request: Request,
-               ranks_per_node: int | None, shard: bool, fsdp_kwargs: dict[str, Any],
+               nodes: NodeSplit, shard: bool, fsdp_kwargs: dict[str, Any],
                meter: WireMeter | None) -> Compression:
     if shard or fsdp_kwargs:
         raise ValueError(f"apply() got a DistributedDataParallel model: it is replicated, not "
@@ -147,7 +157,7 @@ def _apply_ddp(model: DistributedDataParallel, request: Request,
     check_integration(request, fsdp=False)
     group = model.process_group
     # the DDP group and the node groups built from it time out as the world does
-    topology = Topology(ranks_per_node, user_timeout(group), group=group)
+    topology = Topology(nodes, user_timeout(group), group=group)
     config, auto = _fixed(request, lambda compute_s=None: choose_ddp(
         model.module, topology, dist.get_world_size(group), request, compute_s))
     state = register_ddp_hook(model, config, topology=topology, meter=meter)
@@ -156,7 +166,7 @@ def _apply_ddp(model: DistributedDataParallel, request: Request,
 
 
 def _apply_hsdp(model: nn.Module, request: Request,
-                ranks_per_node: int | None, shard: bool, mesh: DeviceMesh,
+                nodes: NodeSplit, shard: bool, mesh: DeviceMesh,
                 meter: WireMeter | None, layer_cls: tuple[type, ...] | None,
                 fsdp_kwargs: dict[str, Any]) -> Compression:
     if not isinstance(request, CompressionConfig):
@@ -175,7 +185,7 @@ def _apply_hsdp(model: nn.Module, request: Request,
                          f"mesh=mesh['dp_replicate', 'dp_shard']) on every layer and the root, "
                          f"then hfcompress.apply(model, preset)")
     # the mesh's groups (created without a timeout) and the node groups: the world's
-    topology = Topology(ranks_per_node, user_timeout(dist.group.WORLD, *mesh_groups(mesh)))
+    topology = Topology(nodes, user_timeout(dist.group.WORLD, *mesh_groups(mesh)))
     if shard:
         state = fully_shard_hsdp(model, mesh, config, layer_cls=layer_cls, topology=topology,
                                  meter=meter, **fsdp_kwargs)
@@ -186,18 +196,18 @@ def _apply_hsdp(model: nn.Module, request: Request,
     return Compression("hsdp", model, config, topology, state.meter, state).install()
 
 
-def _apply_fsdp(model: nn.Module, request: Request | ValueError,
-                ranks_per_node: int | None, shard: bool, meter: WireMeter | None,
-                layer_cls: tuple[type, ...] | None, fsdp_kwargs: dict[str, Any]) -> Compression:
+def _same_fsdp_settings(model: nn.Module, request: Request | ValueError,
+                        nodes: NodeSplit | None, shard: bool) -> list:
+    """Every rank's settings checked against the others' (a rank's own error raised on every
+    rank); the model's FSDP modules, as ``shard`` expects them."""
     try:
         if isinstance(request, ValueError):
             raise request
         check_integration(request, fsdp=True)
-        world = dist.get_world_size()
-        per_node = resolve_ranks_per_node(world, ranks_per_node)
         existing = fsdp_modules(model)
         settings: dict | BaseException = {
-            "config": request_dict(request), "world_size": world, "ranks_per_node": per_node,
+            "config": request_dict(request), "world_size": dist.get_world_size(),
+            "ranks_per_node": nodes.ranks_per_node,
             "shard": shard, "fsdp_modules": [n for n, _ in existing],
             "parameters": sum(p.numel() for p in model.parameters())}
     except ValueError as err:  # every rank learns about it, instead of waiting for this one
@@ -219,6 +229,13 @@ def _apply_fsdp(model: nn.Module, request: Request | ValueError,
     if not shard and not existing:
         raise ValueError("the model has no FSDP2 modules: call fully_shard on it first, or "
                          "pass shard=True")
+    return existing
+
+
+def _apply_fsdp(model: nn.Module, request: Request | ValueError,
+                nodes: NodeSplit | None, shard: bool, meter: WireMeter | None,
+                layer_cls: tuple[type, ...] | None, fsdp_kwargs: dict[str, Any]) -> Compression:
+    existing = _same_fsdp_settings(model, request, nodes, shard)
     hpz = isinstance(request, CompressionConfig) and request.hpz
     if not shard and (fsdp_kwargs or layer_cls is not None):
         raise ValueError("layer_cls and fully_shard keyword arguments need shard=True")
@@ -230,7 +247,7 @@ def _apply_fsdp(model: nn.Module, request: Request | ValueError,
     # them time out as the world does
     timeout = user_timeout(group, *mesh_groups(given_mesh if isinstance(given_mesh, DeviceMesh)
                                                else None))
-    topology = Topology(ranks_per_node, timeout, group=group)
+    topology = Topology(nodes, timeout, group=group)
     if shard:
         shard_model(model, topology.ranks_per_node, hpz, layer_cls, **fsdp_kwargs)
     modules = fsdp_modules(model)
@@ -243,7 +260,7 @@ def _apply_fsdp(model: nn.Module, request: Request | ValueError,
     meter = meter if meter is not None else WireMeter()
     replicas = replicate_group(modules)     # native HSDP: the replicas' group
     replica_topology = None if replicas is None else \
-        Topology(ranks_per_node, user_timeout(replicas), group=replicas)
+        Topology(nodes, user_timeout(replicas), group=replicas)
 
     def build(cfg: CompressionConfig) -> FSDPInstall | NativeHSDP:
         comms = {name: ModuleComms(name, m, model, cfg, topology, meter, i)

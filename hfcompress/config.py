@@ -19,7 +19,7 @@ import difflib
 import numbers
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
 
 from .compressors import Compressor, get_compressor
 from .compressors.base import ReferenceCoded
@@ -79,13 +79,17 @@ def describe(scheme: Scheme | None) -> str:
 @dataclass(frozen=True)
 class LoCoSettings:
     """LoCo error feedback (LoCo Alg. 1) around the gradient schemes of the hops that run
-    (:meth:`CompressionConfig.loco_hops`): the moving-average weight ``beta``, the reset
-    period ``reset_every`` (optimizer steps) and the 8-bit error's scale (``"group"``:
-    absmax per 128 values, or a fixed float)."""
+    (:meth:`CompressionConfig.loco_hops`): the moving-average weight ``beta`` of the new
+    error (Eq. (5); 1 = plain error feedback, Eq. (4)), the reset period ``reset_every`` T_c
+    in optimizer steps (Eq. (7); None: never) and the 8-bit error's scale (``"group"``:
+    absmax per 128 values, a fixed float s_e, or None: a float32 error). The defaults are
+    the authors' (DeepSpeed ``err_beta=0.8``, i.e. beta = 0.2; T_c = 512 as in LoCo 3.2);
+    the small-scale ablation of issue 39 (BENCHMARKS.md, "LoCo ablation") measures them
+    against plain feedback and no feedback."""
 
     beta: float = 0.2
-    reset_every: int = 512
-    error_scale: str | float = "group"
+    reset_every: int | None = 512
+    error_scale: str | float | None = "group"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -272,6 +276,13 @@ class CompressionConfig:
         for key in _SCHEMES:
             kw[key] = Scheme.from_dict(kw.get(key))
         return cls(**kw)
+
+
+def is_exact(name: str, numel: int, patterns: Sequence[str], min_numel: int) -> bool:
+    """A parameter whose name contains one of ``patterns``, or with fewer than ``min_numel``
+    values (its full, unsharded size), is communicated exactly (``exact_patterns`` /
+    ``min_numel`` of :class:`CompressionConfig`)."""
+    return numel < min_numel or any(p in name for p in patterns)
 
 
 def upgrade_dict(d: Mapping[str, Any]) -> dict[str, Any]:

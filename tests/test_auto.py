@@ -10,10 +10,11 @@ import pytest
 from dist_utils import run_distributed, run_jobs
 from hfcompress.auto import OPTIONS, Plan, candidates, parse_pins
 from hfcompress.auto.choose import _pick
-from hfcompress.auto.cost_model import (Layout, Unit, built, calibrate, ddp_cost, fsdp_cost,
+from hfcompress.auto.cost_model import (Layout, built, calibrate, ddp_cost, fsdp_cost,
                                         payload_bytes)
 from hfcompress.auto.probe import CodecRate, Fit, Links
 from hfcompress.config import PRESETS, AutoSettings, CompressionConfig, get_config, resolve
+from hfcompress.cost.units import Unit
 import auto_workers as aw
 
 

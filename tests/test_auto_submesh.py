@@ -21,7 +21,8 @@ import torch.distributed as dist
 from dist_utils import run_jobs
 from hfcompress.auto import Plan, candidates
 from hfcompress.auto.choose import hsdp_cost, replica_config
-from hfcompress.auto.cost_model import Layout, Unit, ddp_cost, fsdp_cost
+from hfcompress.auto.cost_model import Layout, ddp_cost, fsdp_cost
+from hfcompress.cost.units import Unit
 from hfcompress.auto.probe import CodecRate, Fit, Links
 from hfcompress.config import PRESETS, AutoSettings
 from hfcompress.integrations.ddp import all_reduce_compressor

@@ -23,7 +23,7 @@ from hfcompress.cost import (ENGINES, ClusterLayout, ClusterLinks, compute_from_
 from hfcompress.cost.codec_rates import GPU_RATES, PER_CALL_S, ROTATE, estimated
 from hfcompress.cost.collectives import Senders, unit_collectives
 from hfcompress.cost.step_model import _Pricer, engine_spec
-from hfcompress.integrations.fsdp import Unit
+from hfcompress.cost.units import Unit
 
 S = 1 << 20            # values per rank of a unit: a multiple of every group size here
 NODES = 16

@@ -16,7 +16,7 @@ from hfcompress.comm.topology import group_layout, subgroups_to_build
 from hfcompress.comm.traffic import sent
 from hfcompress.comm.two_hop import TwoHopReduceScatter, slice_order
 from hfcompress.compressors import get_compressor
-from hfcompress.integrations.fsdp import hpz_reshard
+from hfcompress.cost.units import hpz_reshard
 
 S = 4096
 

@@ -1,7 +1,7 @@
 """Compressor state at sharded-training memory, FSDP2 on 4 gloo ranks as 2 nodes x 2.
 
 - node-sharded qWD references give bit for bit the losses of SDP4Bit's full references;
-- per-rank compressor state = the estimate (``integrations/memory.py``), and <= 0.8 x the model's
+- per-rank compressor state = the estimate (``cost/state.py``), and <= 0.8 x the model's
   (bf16, gathered) parameter bytes for sdp4bit; the backward all-gather stays in the node;
 - each rank's checkpoint state holds its own references only; a state from another node
   layout is refused, naming both;

@@ -7,11 +7,12 @@ import torch
 
 import hfcompress
 from hfcompress.compressors import get_compressor
-from hfcompress.config import Scheme, get_config
+from hfcompress.config import Scheme, get_config, is_exact
 from hfcompress.integrations.consistency import differences, flatten, plain
-from hfcompress.integrations.exact_params import Segment, SlotLayout, is_exact
+from hfcompress.integrations.exact_params import Segment, SlotLayout
 from hfcompress.compressors.registry import build_compressor as build, stream_seed
-from hfcompress.integrations.fsdp import decoder_layers, hpz_reshard
+from hfcompress.cost.units import hpz_reshard
+from hfcompress.integrations.fsdp import decoder_layers
 from hfcompress.testing import llama
 
 

@@ -13,13 +13,14 @@ DOC = ROOT / "docs" / "architecture.md"
 
 #: top first; a module may import its own layer (no cycles) and the layers below it
 LAYERS = [
-    ("entry points", ("hfcompress", "hfcompress.cli", "hfcompress.demo")),
+    ("entry points", ("hfcompress", "hfcompress.cli", "hfcompress.commands",
+                      "hfcompress.demo")),
     ("evaluation", ("hfcompress.eval",)),
     ("trainer", ("hfcompress.trainer",)),
     ("apply", ("hfcompress.api",)),
     ("auto", ("hfcompress.auto",)),
-    ("cost", ("hfcompress.cost",)),
     ("integrations", ("hfcompress.integrations",)),
+    ("cost", ("hfcompress.cost",)),
     ("config", ("hfcompress.config",)),
     ("comm", ("hfcompress.comm",)),
     ("compressors", ("hfcompress.compressors",)),
@@ -108,6 +109,15 @@ def test_no_import_goes_up_a_layer():
           for a, targets in sorted(g.items()) for b in sorted(targets)
           if layer_of(b) < layer_of(a)]
     assert not up, "imports pointing up a layer:\n" + "\n".join(up)
+
+
+def test_cost_model_is_below_the_runtime():
+    """The cost model is arithmetic: it sits below, so imports nothing of, what runs
+    training (FSDP2, the Trainer, ``auto``'s controller, ``apply``), which build on its facts
+    (``test_no_import_goes_up_a_layer`` enforces it)."""
+    names = [n for n, _ in LAYERS]
+    runtime = ("integrations", "trainer", "auto", "apply")
+    assert all(names.index("cost") > names.index(n) for n in runtime)
 
 
 def test_no_import_cycles():

@@ -227,7 +227,7 @@ def _loco_worker(rank, world):
 
     from hfcompress.comm import Topology, TwoHopReduceScatter, WireMeter
     from hfcompress.config import LoCoSettings, get_config
-    from hfcompress.integrations import memory
+    from hfcompress.cost.state import estimate_state_bytes
     from hfcompress.integrations.fsdp import gradient_collective
 
     res = {}
@@ -248,7 +248,7 @@ def _loco_worker(rank, world):
     res["x2_errors"] = {hop: sum("error_codes" in s for s in st["streams"].values())
                         for hop, st in state.items()}    # a stream per destination row
     res["x2_state_bytes"] = c.state_bytes()["errors"]
-    res["x2_estimate"] = memory.estimate_state_bytes(new, [S], world, 2, torch.float32)["errors"]
+    res["x2_estimate"] = estimate_state_bytes(new, [S], world, 2, torch.float32)["errors"]
     again = build(new, two)
     again.load_state_dict(state)
     res["x2_resumed"] = [torch.equal(p, q)

@@ -8,10 +8,11 @@ import json
 import pytest
 
 from hfcompress import list_presets
-from hfcompress.cli import LOSS_KEEPING, main
+from hfcompress.cli import main
 from hfcompress.cost.calibrate import CalibrationError, fit_inter_node_gbps, load_runs
 from hfcompress.cost.cluster import ClusterLayout
 from hfcompress.cost.model_shape import ModelShape, ModelShapeError
+from hfcompress.cost.plan import LOSS_KEEPING
 
 # hand-written config.json dicts (the hub's, trimmed to the keys the planner reads)
 LLAMA2_7B = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,

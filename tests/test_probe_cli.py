@@ -15,10 +15,11 @@ import os
 
 import pytest
 
-from hfcompress.auto.links_file import (KEYS, LINKS_FILE_ENV, LinksFileError, load, save,
-                                        validate)
-from hfcompress.cli import LOSS_KEEPING, main
+from hfcompress.auto.links_file import LINKS_FILE_ENV
+from hfcompress.cli import main
 from hfcompress.cost.codec_rates import GPU_RATES
+from hfcompress.cost.links_file import KEYS, LinksFileError, load, save, validate
+from hfcompress.cost.plan import LOSS_KEEPING
 
 from dist_utils import run_distributed
 

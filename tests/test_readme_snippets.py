@@ -7,7 +7,7 @@ a fresh subprocess, offline, with this interpreter; only a free rendezvous port 
 parallel test runs do not collide. What the README promises next to a snippet is checked in
 its output (the Trainer's ``comm/*`` log keys, fewer bytes than the exact collectives).
 
-docs/checkpoints.md's checkpoint table (quoted in the README) has numbers that are ``integrations.memory.estimate_state_bytes`` of the model
+docs/checkpoints.md's checkpoint table (quoted in the README) has numbers that are ``cost.state.estimate_state_bytes`` of the model
 size it names (that estimate matched the saved state to 0.1%: docs/checkpoints.md).
 """
 
@@ -112,7 +112,7 @@ def test_sft_lora_snippet(tmp_path):
     for key in COMM_KEYS:
         assert len(logged(out, key)) == 2, (key, out[-3000:])      # steps 2 and 4
     assert min(logged(out, "comm/compression_ratio")) > 3, out[-3000:]
-    ckpt = tmp_path / "out" / "checkpoint-4"
+    ckpt = tmp_path / "out-sft" / "checkpoint-4"
     assert (ckpt / "adapter_model.safetensors").exists() and (ckpt / "hfcompress_rank0.pt").exists()
 
 
@@ -143,7 +143,7 @@ def test_checkpoint_table_is_the_estimate():
     q/v, fp32)."""
     import torch
 
-    from hfcompress.integrations.memory import estimate_state_bytes
+    from hfcompress.cost.state import estimate_state_bytes
 
     def total(preset, world, per_node):
         return sum(estimate_state_bytes(preset, [10**9 // world], world, per_node,

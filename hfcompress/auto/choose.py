@@ -34,7 +34,8 @@ from torch import nn
 
 from ..comm import Topology
 from ..config import AutoSettings, CompressionConfig
-from ..integrations.fsdp import Unit, fsdp_units
+from ..cost.units import Unit
+from ..integrations.fsdp import fsdp_units
 from .candidates import (DDP_KINDS, FSDP_KINDS, OPTIONS, PIN_ENV, Plan, candidates,
                          pins_from_env)
 from .cost_model import (Cost, Layout, built, calibrate, ddp_cost, ddp_needs, fsdp_cost,

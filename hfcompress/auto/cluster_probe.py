@@ -1,6 +1,6 @@
 """``hfcompress probe``: measure the links of a job's real data-parallel groups at
 its model's message sizes, and this device's codec rates, once, into the links file
-(``links_file.py``) that ``hfcompress plan --links`` and ``auto`` reuse.
+(``cost/links_file.py``) that ``hfcompress plan --links`` and ``auto`` reuse.
 
 Every rank of the world takes part (under torchrun / accelerate launch). The world is split
 as :class:`~hfcompress.cost.cluster.ClusterLayout` splits it: nodes of X ranks, TP innermost,
@@ -39,8 +39,8 @@ from ..cost.codec_rates import rate_key
 from ..cost.collectives import Senders, ddp_collectives, unit_collectives
 from ..cost.link_bytes import phase_bytes
 from ..cost.model_shape import ModelShape
-from ..integrations.fsdp import Unit
-from .links_file import VERSION
+from ..cost.units import Unit
+from ..cost.links_file import VERSION
 from .probe import SMALL_BYTES, Fit, agree, codec_rate, time_sizes
 
 STAND_IN_VALUES = 1 << 20   # without a model: one unit of this many values per rank

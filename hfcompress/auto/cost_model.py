@@ -42,7 +42,7 @@ from ..comm.traffic import Phase, payload_bytes  # noqa: F401 (payload_bytes: te
 from ..compressors import Compressor
 from ..compressors.registry import build_compressor
 from ..cost.collectives import Collective, Senders, ddp_collectives, unit_collectives
-from ..integrations.fsdp import Unit  # noqa: F401 (the FSDP units integrations computes)
+from ..cost.units import Unit
 from .candidates import OPTIONS, Plan
 from .probe import CodecRate, Links
 

@@ -15,7 +15,7 @@ import socket
 import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch.distributed as dist
 
@@ -47,11 +47,15 @@ SOURCES = ("ranks_per_node", "LOCAL_WORLD_SIZE", "world")
 SLURM_TASK_VARS = ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
 
 
-def node_split(world_size: int, ranks_per_node: int | None = None) -> NodeSplit:
+def node_split(world_size: int, ranks_per_node: int | NodeSplit | None = None) -> NodeSplit:
     """The node split of a world of ``world_size`` ranks from the value the user gave
     (None: ``LOCAL_WORLD_SIZE``, else one node); ValueError when X does not divide it. The
     one place that reads ``LOCAL_WORLD_SIZE``: pass the user's value on as given (None
-    stays None), so a split taken from the environment never turns explicit."""
+    stays None), so a split taken from the environment never turns explicit. A
+    ``NodeSplit`` (resolved once by ``apply`` / the Trainer) is checked and returned as is."""
+    if isinstance(ranks_per_node, NodeSplit):
+        _check_divides(world_size, ranks_per_node.ranks_per_node, ranks_per_node.source)
+        return ranks_per_node
     source = "ranks_per_node"
     if ranks_per_node is None:
         env = os.environ.get("LOCAL_WORLD_SIZE")
@@ -62,13 +66,17 @@ def node_split(world_size: int, ranks_per_node: int | None = None) -> NodeSplit:
             ranks_per_node = int(env)
         except ValueError:
             raise ValueError(f"LOCAL_WORLD_SIZE={env!r} is not an integer") from None
-    if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) \
-            or ranks_per_node <= 0 or world_size % ranks_per_node:
+    _check_divides(world_size, ranks_per_node, source)
+    return NodeSplit(ranks_per_node, explicit=source == "ranks_per_node", source=source)
+
+
+def _check_divides(world_size: int, x: Any, source: str) -> None:
+    """ValueError unless ``x`` (from ``source``) is a positive int dividing the world."""
+    if isinstance(x, bool) or not isinstance(x, int) or x <= 0 or world_size % x:
         raise ValueError(
-            f"world size {world_size} cannot be split into nodes of {source}={ranks_per_node!r} "
+            f"world size {world_size} cannot be split into nodes of {source}={x!r} "
             f"ranks; ranks_per_node must divide the world size: one of "
             f"{', '.join(map(str, divisors(world_size)))}")
-    return NodeSplit(ranks_per_node, explicit=source == "ranks_per_node", source=source)
 
 
 def resolve_ranks_per_node(world_size: int, ranks_per_node: int | None = None) -> int:
@@ -227,7 +235,8 @@ class Topology:
     """The node layout of a data-parallel group (default: the world) and its process groups.
 
     Every rank constructs it once, with the same ``ranks_per_node`` as the user gave it (None:
-    ``LOCAL_WORLD_SIZE``; :func:`node_split`): the world's X ranks per node. ``group``: the
+    ``LOCAL_WORLD_SIZE``) or as resolved once (a ``NodeSplit``; :func:`node_split`): the
+    world's X ranks per node. ``group``: the
     data-parallel group the collectives run on (FSDP2's shard group over a sub-mesh, e.g. the
     ``dp`` dim of a ``(dp, tp)`` mesh; None: the world). A member's node comes from its
     *global* rank (``global // X``, :meth:`node_of`); the group's own layout
@@ -245,7 +254,7 @@ class Topology:
     (:func:`check_node_layout`).
     """
 
-    def __init__(self, ranks_per_node: int | None = None,
+    def __init__(self, ranks_per_node: int | NodeSplit | None = None,
                  timeout: timedelta | None = None,
                  group: dist.ProcessGroup | None = None) -> None:
         if not dist.is_initialized():

@@ -2,7 +2,7 @@
 ``auto``'s cost model (on the probed links of the running job, ``auto/cost_model.py``) and by
 the planner (on a cluster's node links, ``cost/step_model.py``).
 
-Per FSDP unit (``integrations/fsdp.Unit``: ``numel`` compressible and ``exact_numel`` exactly
+Per FSDP unit (``cost/units.Unit``: ``numel`` compressible and ``exact_numel`` exactly
 sent values per DP rank), each :class:`Collective` is one call's :class:`Phase` s, as the
 collective class declares them in its ``traffic`` staticmethod (``comm/traffic.py``, checked
 against the WireMeter by ``tests/test_traffic.py``), with the codec work of that call:
@@ -14,7 +14,7 @@ against the WireMeter by ``tests/test_traffic.py``), with the codec work of that
   ``Unit.backward_gather``): the weights are unchanged since the forward (qWD rebuilds them
   from its references: an intra-node gather, no decode); with hpZ (ZeRO++ 3.3) an exact
   gather of the node's secondary partition over the intra-node group, none at all with one
-  rank per node (``integrations/fsdp.hpz_reshard``);
+  rank per node (``cost/units.hpz_reshard``);
 - ``grads``: the reduce-scatter: exact (torch's own, ring), 1-hop all-to-all
   (``QuantizedReduceScatter``) or 2-hop (``TwoHopReduceScatter``: ZeRO++ B.3, SDP4Bit Alg. 3);
   the codec: hop 1 compresses every row and decodes X payloads of Y rows, hop 2 the Y partial
@@ -42,7 +42,8 @@ from ..compressors import Compressor
 from ..compressors.base import ReferenceCoded
 from ..compressors.registry import build_compressor
 from ..config import CompressionConfig
-from ..integrations.fsdp import Unit, hpz_reshard
+from .hops import gradient_hops
+from .units import Unit, hpz_reshard
 
 BUCKET_BYTES = 25 << 20    # DDP's default bucket_cap_mb
 ROLES = ("weights", "grad_intra", "grad_inter", "all_reduce")
@@ -94,13 +95,12 @@ class Senders:
     def of(cls, config: CompressionConfig, world: int, ranks_per_node: int) -> Senders:
         try:
             built = {k: build_compressor(getattr(config, k), 0, num_peers=world)
-                     for k in ROLES}
+                     for k in ("weights", "all_reduce")}
+            grads = gradient_hops(config, ranks_per_node, num_peers=world)
         except ValueError as e:
             raise ValueError(f"preset {config.name!r} cannot run on a data-parallel group of "
                              f"{world} ranks: {e}") from e
-        built.update(config.with_loco({k: built[k] for k in ("grad_intra", "grad_inter")},
-                                      ranks_per_node))
-        return cls(config, world, ranks_per_node, **built)
+        return cls(config, world, ranks_per_node, **built, **grads)
 
     @property
     def ddp(self) -> bool:

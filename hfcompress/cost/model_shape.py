@@ -33,9 +33,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..integrations.exact_params import is_exact
-from ..integrations.fsdp import Unit
+from ..config import is_exact
 from .cluster import ClusterLayout
+from .units import Unit
 
 
 #: bytes of training state per parameter value (module doc)

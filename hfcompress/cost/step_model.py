@@ -54,14 +54,14 @@ import torch
 
 from ..comm.traffic import Phase
 from ..config import CompressionConfig, get_config
-from ..integrations.fsdp import Unit
-from ..integrations.memory import estimate_state_bytes, total
 from .cluster import ClusterLayout
 from .codec_rates import PER_CALL_S, default_rates, estimated, rate_key
 from .collectives import (ROLES, Collective, Senders, Work, ddp_collectives,
                           unit_collectives)
 from .link_bytes import phase_bytes
 from .links import ClusterLinks
+from .state import estimate_state_bytes, total
+from .units import Unit
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ from ..comm.all_reduce import group_size_check, stock_all_reduce_bytes
 from ..comm.futures import chain, completed, devices_of, inline, side_stream_call
 from ..compressors import Compressor
 from ..compressors.registry import build_compressor
-from ..config import CompressionConfig, Scheme, describe, get_config
+from ..config import CompressionConfig, Scheme, describe, get_config, is_exact
 from .consistency import check_same_settings
-from .exact_params import Segment, SlotLayout, is_exact
+from .exact_params import Segment, SlotLayout
 from .handle import step_error_feedback
 from .timeouts import group_timeout
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..compressors.runs import put, runs_of, take
+from ..config import is_exact
 from . import _fsdp2
 
 
@@ -28,12 +29,6 @@ class Segment:
     name: str
     numel: int
     exact: bool
-
-
-def is_exact(name: str, numel: int, patterns: Sequence[str], min_numel: int) -> bool:
-    """A parameter whose name contains one of ``patterns``, or with fewer than ``min_numel``
-    values (its full, unsharded size), is communicated exactly."""
-    return numel < min_numel or any(p in name for p in patterns)
 
 
 class SlotLayout:

@@ -21,7 +21,6 @@ need are in ``_fsdp2``).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
@@ -38,6 +37,8 @@ from ..compressors.base import FLOAT_DTYPES
 from ..compressors.registry import build_compressor
 from ..compressors.runs import put, view
 from ..config import CompressionConfig, upgrade_dict
+from ..cost.hops import gradient_hops
+from ..cost.units import Unit, hpz_reshard
 from . import _fsdp2
 from .consistency import differences
 from .exact_params import GroupLayouts, SlotLayout
@@ -50,10 +51,9 @@ ALL_GATHER, ALL_GATHER_BWD, REDUCE_SCATTER = "all_gather", "all_gather_bwd", "re
 # -- building the compressors ---------------------------------------------------------------
 def gradient_collective(config: CompressionConfig, topology: Topology, meter: WireMeter,
                         seed: int, rank: int, index: int):
-    """The reduce-scatter of one module: 1-hop or 2-hop, LoCo on the hops that run
-    (``CompressionConfig.loco_hops``)."""
-    hops = config.with_loco({k: build_compressor(getattr(config, k), seed, rank, index, k)
-                             for k in ("grad_intra", "grad_inter")}, topology.ranks_per_node)
+    """The reduce-scatter of one module: 1-hop or 2-hop, with the compressors of
+    ``cost/hops.gradient_hops``."""
+    hops = gradient_hops(config, topology.ranks_per_node, seed, (rank, index))
     intra, inter = hops["grad_intra"], hops["grad_inter"]
     if config.two_hop:
         return TwoHopReduceScatter(topology, intra, inter, meter=meter, tag=REDUCE_SCATTER)
@@ -279,18 +279,6 @@ class ModuleComms:
         self.module.set_custom_reduce_scatter(self._saved[1])
 
 
-@dataclass(frozen=True)
-class Unit:
-    """One FSDP unit as its collectives see it: values per rank (compressible ``numel``,
-    exactly sent ``exact_numel``) and whether backward gathers it again (not the root, nor
-    a unit sharded with ``reshard_after_forward=False``)."""
-
-    name: str
-    numel: int
-    exact_numel: int = 0
-    backward_gather: bool = True
-
-
 def fsdp_units(model: nn.Module, modules: list[tuple[str, FSDPModule]], patterns,
                min_numel: int) -> tuple[list[Unit], torch.dtype, torch.dtype, torch.device]:
     """The FSDP units of ``model`` (``exact_patterns`` / ``min_numel`` split as the
@@ -387,16 +375,6 @@ def decoder_layers(model: nn.Module, layer_cls: tuple[type, ...] | None = None) 
         names = set(getattr(model, "_no_split_modules", None) or ())
         return [m for m in model.modules() if type(m).__name__ in names and m is not model]
     return [m for m in model.modules() if isinstance(m, layer_cls) and m is not model]
-
-
-def hpz_reshard(ranks_per_node: int, world: int) -> bool | int:
-    """``reshard_after_forward`` for hpZ: the node's ranks hold the secondary partition
-    (one rank per node: keep the full weights; one node: the primary partition is the node).
-    ``ranks_per_node`` and ``world``: of the FSDP group (a DP group beside TP: its x and
-    size)."""
-    if ranks_per_node == 1:
-        return False
-    return True if ranks_per_node == world else ranks_per_node
 
 
 def shard_model(model: nn.Module, ranks_per_node: int, hpz: bool,

@@ -23,15 +23,11 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-try:
-    from transformers.trainer_jit_checkpoint import JITCheckpointCallback
-except ImportError:            # a transformers without --enable_jit_checkpoint
-    JITCheckpointCallback = None
-
+from ..comm.topology import NodeSplit
 from ..config import AutoSettings, CompressionConfig, request_dict
 from ..integrations.handle import Compression
 from ..optim import LoCoOptimizer, loco_optimizer_class
-from . import checkpoint
+from . import _hf, checkpoint
 from .accelerate_cpu import give_ddp_timeout, is_rank0
 from .install import install, memory_line, summary, uses_loco
 from .metrics import CommStats
@@ -63,11 +59,9 @@ class CommInstall:
 
 class CommCallback(TrainerCallback):
     def __init__(self, trainer: Any, config: CompressionConfig | AutoSettings,
-                 ranks_per_node: int | None,
-                 log_every: int, on_mismatch: str) -> None:
+                 nodes: NodeSplit, log_every: int, on_mismatch: str) -> None:
         self.trainer, self.config = trainer, config
-        self.ranks_per_node, self.log_every, self.on_mismatch = ranks_per_node, log_every, \
-            on_mismatch
+        self.nodes, self.log_every, self.on_mismatch = nodes, log_every, on_mismatch
         self.state = CommInstall()
         self.job_file: checkpoint.JobFile | None = None    # rank 0's, while training
 
@@ -84,8 +78,7 @@ class CommCallback(TrainerCallback):
             # the groups the model was sharded over (and so the node groups built from
             # them) time out after ddp_timeout, as the world does
             give_ddp_timeout(t.args)
-            # the value as given: a split from LOCAL_WORLD_SIZE is not an explicit one
-            st.handle, st.model = install(model, self.config, self.ranks_per_node), model
+            st.handle, st.model = install(model, self.config, self.nodes), model
             give_ddp_timeout(t.args)
             per_node = st.handle.topology.ranks_per_node
             st.stats = CommStats(st.handle.meter)
@@ -109,25 +102,16 @@ class CommCallback(TrainerCallback):
         request, ``on_pre_optimizer_step`` included: the weights before the step, the
         compressor state after its collectives. Such a save is skipped with the request left
         standing, so the ``on_step_end`` after the optimizer step saves (training stops there,
-        as the request asked)."""
-        if JITCheckpointCallback is None:
-            return
-        for cb in self.trainer.callback_handler.callbacks:
-            manager = cb.jit_manager if isinstance(cb, JITCheckpointCallback) else None
-            if manager is None or "execute_jit_checkpoint" in vars(manager):  # deferring
-                continue
-            execute = manager.execute_jit_checkpoint
+        as the request asked; the patch: ``_hf.defer_jit_checkpoint``)."""
+        def waiting() -> None:
+            if is_rank0():
+                logger.warning(f"hfcompress: SIGTERM checkpoint requested during step "
+                               f"{self.trainer.state.global_step + 1}, after its "
+                               f"communication: it is saved at the end of that step, so that "
+                               f"the compressor state and the weights are of one step")
 
-            def at_step_boundary(execute=execute) -> None:
-                if not checkpoint.mid_step(self.state.handle):
-                    execute()
-                elif is_rank0():
-                    logger.warning(f"hfcompress: SIGTERM checkpoint requested during step "
-                                   f"{self.trainer.state.global_step + 1}, after its "
-                                   f"communication: it is saved at the end of that step, so "
-                                   f"that the compressor state and the weights are of one step")
-
-            manager.execute_jit_checkpoint = at_step_boundary
+        _hf.defer_jit_checkpoint(self.trainer, lambda: checkpoint.mid_step(self.state.handle),
+                                 waiting)
 
     def _bind_loco_optimizer(self) -> None:
         opt = unwrap_optimizer(self.trainer.optimizer)

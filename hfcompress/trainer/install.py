@@ -14,10 +14,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..api import apply, check_integration  # noqa: F401 (the Trainer checks it early)
-from ..comm.topology import resolve_ranks_per_node
+from ..comm.topology import NodeSplit, group_layout
 from ..config import AutoSettings, CompressionConfig, describe
-from ..integrations.fsdp import check_group, fsdp_modules
+from ..integrations.fsdp import check_group, fsdp_modules, hpz_reshard
 from ..integrations.handle import Compression
+from .accelerate_cpu import sharded_by_transformers
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,44 @@ def uses_loco(request: Request) -> bool:
 def uses_hpz(request: Request) -> bool:
     """Whether layers must reshard to the node after forward (``auto`` never chooses hpZ)."""
     return isinstance(request, CompressionConfig) and request.hpz
+
+
+def shard_ranks(trainer: Any, model: Any) -> list[int]:
+    """Global ranks of the FSDP shard group this rank's layers shard (or will shard) over:
+    the group of a model transformers sharded at load time, else the last FSDP dim of
+    Accelerate's ``ParallelismConfig`` mesh, else the world."""
+    if sharded_by_transformers(model):
+        return dist.get_process_group_ranks(check_group(fsdp_modules(model)))
+    mesh = getattr(trainer.accelerator, "torch_device_mesh", None)
+    dims = getattr(trainer.accelerator.parallelism_config, "fsdp_dim_names", None)
+    if mesh is None or not dims:
+        return list(range(dist.get_world_size()))
+    return [int(r) for r in mesh[dims[-1]].mesh.flatten().tolist()]
+
+
+def hpz_choice(ranks: list[int], nodes: NodeSplit) -> tuple[bool | int, int]:
+    """hpZ's ``reshard_after_forward`` for the shard group of global ``ranks`` and the
+    group's x ranks per node: from the group's own layout (beside TP, x = X / tp), not the
+    world's."""
+    x = group_layout(ranks, nodes.ranks_per_node).ranks_per_node
+    return hpz_reshard(x, len(ranks)), x
+
+
+def reshard_loaded(model: Any, want: bool | int, x: int, name: str) -> None:
+    """hpZ on a model transformers sharded at load time (its layers reshard fully after
+    forward): keep the full weights (``want`` False: one shard-group rank per node) through
+    FSDP2's public setter; a node partition (an int) it cannot set, so ValueError with the
+    fix."""
+    if want is not False:
+        raise ValueError(
+            f"comm_compressor {name!r} uses hpZ: the layers must reshard to the node's {x} "
+            f"ranks after forward (reshard_after_forward={want}), but transformers sharded "
+            f"the model at load time (DistributedConfig), fully after forward, and FSDP2 "
+            f"can switch that only to True or False. Load the model without "
+            f"distributed_config and let the Trainer shard it (fsdp=True, "
+            f"fsdp_config={{'version': 2}}), or pick a preset without hpZ (e.g. 'sdp4bit')")
+    for _, module in fsdp_modules(model):
+        module.set_reshard_after_forward(False, recurse=False)
 
 
 def one_node_fallback(config: Request, ranks_per_node: int, world: int) -> str | None:
@@ -59,23 +98,22 @@ def one_node_fallback(config: Request, ranks_per_node: int, world: int) -> str |
             f". {hint}")
 
 
-def install(model: Any, config: Request, ranks_per_node: int | None) -> Compression:
+def install(model: Any, config: Request, nodes: NodeSplit) -> Compression:
     """``hfcompress.apply`` on the prepared DDP or FSDP2 model, given the Trainer's request and
-    ``ranks_per_node`` as the user gave them (None: ``LOCAL_WORLD_SIZE``; a one-node warning
-    first for a multi-node FSDP2 preset)."""
+    the node split it resolved once (a one-node warning first for a multi-node FSDP2
+    preset)."""
     if isinstance(model, DistributedDataParallel):
-        return apply(model, config, ranks_per_node)
+        return apply(model, config, nodes)
     if not fsdp_modules(model):
         raise ValueError(f"hfcompress.Trainer: the prepared model is a {type(model).__name__}, "
                          f"neither FSDP2 nor DDP; nothing to install comm_compressor "
                          f"{config.name!r} on")
     world = dist.get_world_size()
     dp = dist.get_world_size(check_group(fsdp_modules(model)))   # the shard group's size
-    fallback = one_node_fallback(config, resolve_ranks_per_node(world, ranks_per_node), world) \
-        if dp == world else None
+    fallback = one_node_fallback(config, nodes.ranks_per_node, world) if dp == world else None
     if fallback and dist.get_rank() == 0:
         warnings.warn(f"hfcompress: {fallback}", UserWarning, stacklevel=2)
-    return apply(model, config, ranks_per_node)
+    return apply(model, config, nodes)
 
 
 def summary(config: CompressionConfig, kind: str, world: int, ranks_per_node: int,

@@ -18,7 +18,7 @@ no merged arguments dataclass is needed. What the mixin adds: the collectives in
 the prepared FSDP2 / DDP model at ``on_train_begin`` (``callback``), LoCo's optimizer wrap
 (``create_optimizer``), the ``comm/*`` logs (``log``), ``nonfinite_losses`` in a training
 log whose window had NaN / Inf losses (which HF's ``logging_nan_inf_filter`` hides from
-``loss``), the compressor state in checkpoints (``_save_checkpoint``, restored by
+``loss``), the compressor state in checkpoints (``before_checkpoint``, restored by
 ``train(resume_from_checkpoint=...)``), ``ddp_timeout`` on a CPU launch's process group
 (``accelerate_cpu.apply_ddp_timeout``, for any ``TrainingArguments`` class) and on every group
 created with torch's default timeout: the device mesh's dims, the node groups
@@ -38,17 +38,17 @@ from typing import Any
 
 import torch
 import transformers
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..comm.topology import resolve_ranks_per_node
+from ..comm.topology import NodeSplit, node_split
 from ..config import AUTO, AutoSettings, CompressionConfig, resolve
-from ..integrations.fsdp import fsdp_modules, hpz_reshard
+from ..integrations.fsdp import fsdp_modules
 from ..optim import LoCoOptimizer, loco_optimizer_class
-from . import accelerate_cpu, checkpoint
+from . import _hf, accelerate_cpu, checkpoint
 from . import resume as resume_mod
 from .callback import CommCallback, unwrap_optimizer
 from ..api import DEEPSPEED_REFUSED
-from .install import check_integration, uses_hpz, uses_loco
+from .install import (check_integration, hpz_choice, reshard_loaded, shard_ranks, uses_hpz,
+                      uses_loco)
 from .signatures import show_trainer_signatures
 
 logger = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def check_settings(comm_compressor: Any = None, ranks_per_node: Any = None,
                          f"{', '.join(checkpoint.MISMATCH_CHOICES)}")
 
 
-class CompressionMixin:
+class CompressionMixin(_hf.TrainerHooks):
     """Compressed communication for a ``transformers.Trainer`` subclass (module docstring).
 
     ``comm_compressor`` (a preset name, ``"auto"`` or a ``CompressionConfig``) and the other
@@ -136,15 +136,16 @@ class CompressionMixin:
         if isinstance(self.comm_config, AutoSettings) and every:
             self.comm_config = dataclasses.replace(self.comm_config, reprobe_every=every)
         if self.comm_config is not None:
+            _hf.check_internals()
             _check_unsharded(model)
             warn_single_process(self.comm_config.name)
-        self.ranks_per_node = s["ranks_per_node"]
+        self.comm_nodes: NodeSplit | None = None     # resolved once, for several processes
         self.comm_callback: CommCallback | None = None
         self.resume_dir: str | None = None
         self._nonfinite_losses: torch.Tensor | None = None   # this logging window's count
         self._warned_nonfinite = False
         if args is not None:
-            if "_setup_devices" not in vars(args):   # arguments not set up yet: create the
+            if not _hf.devices_set_up(args):   # arguments not set up yet: create the
                 accelerate_cpu.init_process_group(args)   # CPU group with ddp_timeout
             _ = args.device          # sets up Accelerate's PartialState
             accelerate_cpu.apply_ddp_timeout(args)   # a group created without it
@@ -163,12 +164,14 @@ class CompressionMixin:
                           or accelerate_cpu.sharded_by_transformers(model))
         if uses_loco(self.comm_config):
             self._check_loco_optimizer()
-        if self.is_fsdp_enabled and uses_hpz(self.comm_config):
-            self._set_hpz_resharding()
-        if self.args.world_size > 1:      # one process: nothing to install (the warning said)
-            self.comm_callback = CommCallback(self, self.comm_config, self.ranks_per_node,
-                                              s["comm_log_every"], s["comm_state_mismatch"])
-            self.add_callback(self.comm_callback)
+        if self.args.world_size < 2:
+            return           # one process: nothing to install (the warning said)
+        self.comm_nodes = node_split(self.args.world_size, s["ranks_per_node"])
+        if uses_hpz(self.comm_config):
+            self._set_hpz_resharding(model)
+        self.comm_callback = CommCallback(self, self.comm_config, self.comm_nodes,
+                                          s["comm_log_every"], s["comm_state_mismatch"])
+        self.add_callback(self.comm_callback)
 
     @property
     def compression(self) -> Any:
@@ -177,19 +180,26 @@ class CompressionMixin:
         return self.comm_callback.state.handle if self.comm_callback is not None else None
 
     # -- set-up ----------------------------------------------------------------------------
-    def _set_hpz_resharding(self) -> None:
-        """hpZ (ZeRO++ 3.3): layers reshard to the node after forward. Accelerate's FSDP2
-        plugin takes a bool only; its ``fully_shard`` calls accept the int."""
-        world = self.args.world_size
-        per_node = resolve_ranks_per_node(world, self.ranks_per_node)
-        plugin = self.accelerator.state.fsdp_plugin
-        want = hpz_reshard(per_node, world)
-        if plugin.reshard_after_forward is True and want is not True:
+    def _set_hpz_resharding(self, model: Any) -> None:
+        """hpZ (ZeRO++ 3.3): layers reshard to the node after forward, as the FSDP shard
+        group is laid out on the nodes (beside TP: its x ranks per node, not the world's).
+        Accelerate's FSDP2 plugin takes a bool only; its ``fully_shard`` calls accept the
+        int. A model transformers sharded at load time: ``install.reshard_loaded``."""
+        loaded = accelerate_cpu.sharded_by_transformers(model)
+        if not (loaded or self.is_fsdp_enabled):
+            return       # DDP: hpZ is not used (the install summary says so)
+        want, per_node = hpz_choice(shard_ranks(self, model), self.comm_nodes)
+        plugin = None if loaded else self.accelerator.state.fsdp_plugin
+        if want is True or (plugin is not None and plugin.reshard_after_forward is not True):
+            return       # the default already, or the user's own choice
+        if loaded:
+            reshard_loaded(model, want, per_node, self.comm_config.name)
+        else:
             plugin.reshard_after_forward = want
-            if accelerate_cpu.is_rank0():
-                logger.warning(f"hfcompress: hpZ of {self.comm_config.name!r}: layers reshard "
-                               f"to reshard_after_forward={want!r} after forward ({per_node} ranks "
-                               f"per node)")
+        if accelerate_cpu.is_rank0():
+            logger.warning(f"hfcompress: hpZ of {self.comm_config.name!r}: layers reshard to "
+                           f"reshard_after_forward={want!r} after forward ({per_node} ranks of "
+                           f"the shard group per node)")
 
     def _check_loco_optimizer(self) -> None:
         """LoCo needs an optimizer it can wrap: fail at construction, not after sharding."""
@@ -295,19 +305,16 @@ class CompressionMixin:
             self.compression.meter.discard()
         return output
 
-    def _save_checkpoint(self, model, trial) -> None:
-        """The compressor state first, then HF's files: HF writes ``trainer_state.json``
-        last, so a folder that has it is complete (``resume.py``)."""
+    def before_checkpoint(self, trial: Any) -> None:
+        """The compressor state first, then HF's files (``_hf.TrainerHooks``): HF writes
+        ``trainer_state.json`` last, so a folder that has it is complete (``resume.py``)."""
         if self.compression is not None:
-            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             st = self.comm_callback.state
             st.stats.reduce(self.args.device)   # steps since the last log into the totals
-            checkpoint.save(self.compression, st.settings,
-                            os.path.join(self._get_output_dir(trial=trial), folder),
+            checkpoint.save(self.compression, st.settings, _hf.checkpoint_folder(self, trial),
                             self.args.process_index, st.stats, self.state.global_step)
             if torch.distributed.is_initialized():
                 torch.distributed.barrier()     # every rank's file is there before HF's
-        super()._save_checkpoint(model, trial)
 
 
 _warned_single_process = False

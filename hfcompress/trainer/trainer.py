@@ -36,19 +36,18 @@ more argument, ``comm_compressor`` (a preset name or a ``CompressionConfig``)::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import transformers
 
 from ..config import AUTO, list_presets
-from . import accelerate_cpu, checkpoint
+from . import _hf, accelerate_cpu, checkpoint
 from .mixin import CompressionMixin, check_settings, compressor_from_env, warn_single_process
 
 __all__ = ["Trainer", "TrainingArguments", "warn_single_process"]
 
 
 @dataclass
-class TrainingArguments(transformers.TrainingArguments):
+class TrainingArguments(_hf.ArgsHooks, transformers.TrainingArguments):
     """``transformers.TrainingArguments`` plus the communication settings of hfcompress."""
 
     comm_compressor: str | None = field(default=None, metadata={
@@ -78,13 +77,10 @@ class TrainingArguments(transformers.TrainingArguments):
         accelerate_cpu.default_use_cpu(self)
         super().__post_init__()
 
-    @cached_property
-    def _setup_devices(self):
-        """Accelerate's set-up, after creating a CPU launch's process group with
-        ``ddp_timeout`` (``accelerate_cpu.init_process_group``). The parent's through
-        ``super()``: ``transformers.TrainingArguments`` may be this class (substituted)."""
+    def before_device_setup(self) -> None:
+        """A CPU launch's process group, created with ``ddp_timeout`` before Accelerate sets
+        up the devices (``accelerate_cpu.init_process_group``; ``_hf.ArgsHooks``)."""
         accelerate_cpu.init_process_group(self)
-        return super()._setup_devices
 
 
 class Trainer(CompressionMixin, transformers.Trainer):

@@ -1,0 +1,111 @@
+"""``hfcompress list``: the presets' inter-node bits per parameter per step (the 2 nodes x 1
+rank table, or priced on a layout by the cost model) and the compressors' bits per value."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..compressors import get_compressor, list_compressors
+from ..compressors.base import ReferenceCoded
+from ..config import EXACT_GRAD_BITS, get_config, list_presets, preset_bits
+from ..cost import ClusterLayout, ClusterLinks, price_step
+from ..cost.model_shape import ModelShape
+
+
+def list_command_parser(subparsers) -> None:
+    p = subparsers.add_parser("list", help="presets with their inter-node bits per parameter "
+                              "per step, compressors with their bits per value and defaults")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="price the presets on this many nodes (cost model; default: the 2 "
+                   "nodes x 1 rank table)")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (with "
+                   "--nodes; default 1)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (inside a node)")
+    p.set_defaults(func=list_command, parser=p)
+
+
+def list_command(args: argparse.Namespace) -> None:
+    """The 2 nodes x 1 rank table and the compressors, or the presets on a layout."""
+    if args.nodes is not None or args.gpus_per_node is not None or args.tp != 1:
+        return _list_layout(args)
+    exact = {"FSDP2": preset_bits("none")["total"], "DDP": 2.0 * EXACT_GRAD_BITS}
+    print("Presets (comm_compressor=NAME, hfcompress.apply(model, NAME)): inter-node bits per "
+          "parameter per training step, steady state, 2 nodes x 1 rank, bf16 weights / fp32 "
+          "gradients when exact (hfcompress.config.preset_bits); x less: than the same engine "
+          f"exact (FSDP2 {exact['FSDP2']:.0f}, DDP fp32 all-reduce {exact['DDP']:.0f})")
+    print(f"  {'preset':<16}{'engine':>7}{'fwd AG':>8}{'bwd AG':>8}{'grads':>8}{'total':>8}"
+          f"{'x less':>8}{'frozen':>8}")
+    for name in list_presets():
+        b = preset_bits(name)
+        print(f"  {name:<16}{b['engine']:>7}{b['weights_fwd']:>8.2f}{b['weights_bwd']:>8.2f}"
+              f"{b['grads']:>8.2f}{b['total']:>8.2f}{exact[b['engine']] / b['total']:>8.2f}"
+              f"{_frozen_bits(name, b):>8.2f}")
+    print(f"  {'auto':<16}chosen per collective at start from a probe of the links and this "
+          f"device, among the loss-keeping schemes (HFCOMPRESS_AUTO pins a part)")
+    print("frozen: bits per frozen parameter (requires_grad=False: a LoRA base model) per "
+          "step; qWD sends them once, exactly, then never (hfcompress.comm.frozen); DDP never "
+          "sends weights")
+    print("Compressors (hfcompress.get_compressor(NAME, **params)): bits per value on the "
+          "wire, steady state (qwd: its first send is exact, 32), and defaults")
+    for name in list_compressors():
+        c = get_compressor(name)
+        print(f"  {name:<16}{c.steady_bits_per_value():7.3f} bits/value  "
+              f"{json.dumps(c.config())}")
+
+
+def _list_layout(args: argparse.Namespace) -> None:
+    """``list --nodes N --gpus-per-node G [--tp T]``: every preset's inter-node bits per
+    parameter per step on one node's link (one direction), by the cost model (``cost/``)."""
+    shape = ModelShape(hidden=4096, layers=32)      # LLaMA-2 7B's shape: a large model
+    try:
+        layout = ClusterLayout(args.nodes or 2, args.gpus_per_node or 1, tp=args.tp)
+        bits: dict[str, tuple | str] = {}
+        for name in list_presets():
+            cfg = get_config(name)
+            try:
+                units = shape.unit_counts(layout, cfg.exact_patterns, cfg.min_numel)
+                cost = price_step(cfg, units, layout, ClusterLinks(400.0, 2400.0),
+                                  compute_s=0.0)
+            except ValueError as e:      # a scheme that cannot serve this many ranks
+                bits[name] = str(e)
+                continue
+            parts = {"fwd": 0.0, "bwd": 0.0, "grads": 0.0}
+            for c in cost.collectives:
+                part = "fwd" if c.name.endswith("_fwd") else \
+                    "bwd" if c.name.endswith("_bwd") else "grads"
+                parts[part] += c.link_bytes_per_node * 8 / shape.params
+            bits[name] = (parts, "DDP" if cfg.all_reduce is not None else "FSDP2")
+    except ValueError as e:
+        args.parser.error(str(e))
+    print(f"Presets on {layout.nodes} nodes x {layout.gpus_per_node} GPUs (tp {layout.tp}: "
+          f"{layout.dp_per_node} DP ranks per node, {layout.groups_per_node} DP group(s) per "
+          f"node): inter-node bits per parameter per training step that one node's link "
+          f"carries, one direction, by the algorithm the backend runs (ring / direct / 2-hop; "
+          f"hfcompress.cost), steady state, a LLaMA-2 7B-shaped model, bf16 weights / fp32 "
+          f"gradients when exact; x less: than none (exact FSDP2). Without --nodes / "
+          f"--gpus-per-node: the 2 nodes x 1 rank table, counting both directions of its "
+          f"one boundary")
+    print(f"  {'preset':<16}{'engine':>7}{'fwd AG':>8}{'bwd AG':>8}{'grads':>8}{'total':>8}"
+          f"{'x less':>8}")
+    exact_total = sum(bits["none"][0].values())
+    for name, row in bits.items():
+        if isinstance(row, str):
+            print(f"  {name:<16}cannot run here: {row}")
+            continue
+        parts, engine = row
+        total = sum(parts.values())
+        less = f"{exact_total / total:>8.2f}" if total else f"{'inf':>8}"
+        print(f"  {name:<16}{engine:>7}{parts['fwd']:>8.2f}{parts['bwd']:>8.2f}"
+              f"{parts['grads']:>8.2f}{total:>8.2f}{less}")
+
+
+def _frozen_bits(name: str, bits: dict) -> float:
+    """Inter-node bits per frozen parameter per steady-state step: no gradient; the weight
+    all-gathers, except under a reference-coded scheme (qWD: the references already hold
+    them, ``comm/frozen.py``) and DDP (no gathers)."""
+    weights = get_config(name).weights
+    if bits["engine"] == "DDP" or (weights is not None
+                                   and isinstance(weights.build(), ReferenceCoded)):
+        return 0.0
+    return bits["weights_fwd"] + bits["weights_bwd"]
