@@ -141,7 +141,21 @@ def _quantize_tile(y, pid, base, n_groups, noise_ptr, noise_row, packed_ptr, sca
     # the unit of codes q + QMAX + 1: sum_k (q_k + QMAX + 1) << (BITS k) (mod 2**32, int32)
     LEVEL0: tl.constexpr = (QMAX + 1) * ((1 << (BITS * CPU)) - 1) // ((1 << BITS) - 1)
     word = q + (LEVEL0 - ((LEVEL0 >> 31) << 32))
-    # stored by the group's first thread, from the layout it was computed in
+    _store_tile(word, scale, pid, n_groups, packed_ptr, scale_ptr, gpr, row_words, GS,
+                BLOCK_G, L, U, CPU, BPU, ROWS)
+
+
+@triton.jit
+def _store_tile(word, scale, pid, n_groups, packed_ptr, scale_ptr, gpr, row_words,
+                GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr, U: tl.constexpr,
+                CPU: tl.constexpr, BPU: tl.constexpr, ROWS: tl.constexpr):
+    """Store a quantized tile: each group's scale by its first thread, the ``(BLOCK_G, L,
+    U)`` code units in 16-byte vectors of int32 words (``BPU == 4``) or ``BPU`` bytes each
+    (:func:`_quantize_tile`'s layouts)."""
+    r = tl.arange(0, BLOCK_G)[:, None, None]
+    g = pid * BLOCK_G + r
+    gmask = g < n_groups
+    lane = tl.arange(0, L)[None, :, None]
     if ROWS:
         row = (g // gpr).to(tl.int64)
         sidx = row * row_words + (g - row * gpr)
