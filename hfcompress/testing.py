@@ -112,24 +112,31 @@ def launch(module: str, function: str, args: tuple = (), *, nodes: int = 1,
             for log in logs:
                 if log is not None:
                     log.close()
-        results, errors = [], []
-        for rank in range(world):
-            out = Path(tmp) / f"rank{rank}.pkl"
-            if out.exists():
-                with open(out, "rb") as f:
-                    kind, value = pickle.load(f)
-                if kind == "ok":
-                    results.append(value)
-                    continue
-                errors.append(f"rank {rank} raised:\n{value}")
-            else:
-                log_path = logs_at / f"rank{rank}.log"
-                tail = log_path.read_text()[-3000:] if log_path.exists() else "(on the console)"
-                errors.append(f"rank {rank}: no result (killed or crashed); log tail:\n{tail}")
+        results, errors = _collect(Path(tmp), logs_at, world)
         if failed or errors:
             raise LaunchError(f"{module}.{function} on {nodes} x {ranks_per_node} ranks failed "
                               f"({failed or 'a rank raised'}):\n" + "\n".join(errors))
         return results
+
+
+def _collect(tmp: Path, logs_at: Path, world: int) -> tuple[list[Any], list[str]]:
+    """The ranks' return values and, for each rank that raised or left no result, what to
+    say (its traceback or its log's tail)."""
+    results, errors = [], []
+    for rank in range(world):
+        out = tmp / f"rank{rank}.pkl"
+        if out.exists():
+            with open(out, "rb") as f:
+                kind, value = pickle.load(f)
+            if kind == "ok":
+                results.append(value)
+                continue
+            errors.append(f"rank {rank} raised:\n{value}")
+        else:
+            log_path = logs_at / f"rank{rank}.log"
+            tail = log_path.read_text()[-3000:] if log_path.exists() else "(on the console)"
+            errors.append(f"rank {rank}: no result (killed or crashed); log tail:\n{tail}")
+    return results, errors
 
 
 def _wait(procs: list[subprocess.Popen], timeout: float) -> str | None:

@@ -154,15 +154,8 @@ def evaluate(model, tasks: list[str] | str, *, tokenizer=None, num_fewshot: int 
     path = _check_model(model, tokenizer, device, dtype)
     objs, tm = _tasks.load_tasks(names, include_path)  # raises EvalError without lm-eval
     import lm_eval
-    from lm_eval.utils import simple_parse_args_string
 
-    if isinstance(model_args, str):
-        model_args = simple_parse_args_string(model_args)
-    model_args = dict(model_args or {})
-    if "pretrained" in model_args:
-        raise EvalError("model_args: pass the model itself (a checkpoint, hub id, .gguf or "
-                        "short name) as the model, not pretrained=")
-
+    model_args = _model_args(model_args)
     was_training = getattr(model, "training", None)
     router_logits = None
     try:
@@ -189,6 +182,20 @@ def evaluate(model, tasks: list[str] | str, *, tokenizer=None, num_fewshot: int 
                    "gen_kwargs": gen_kwargs, "apply_chat_template": apply_chat_template,
                    "lm_eval_version": lm_eval.__version__},
     }
+
+
+def _model_args(model_args: dict | str | None) -> dict:
+    """lm-eval's ``model_args`` (``"k=v,..."`` or a dict) as a dict; ``pretrained=`` refused
+    (the model is given as the model)."""
+    from lm_eval.utils import simple_parse_args_string
+
+    if isinstance(model_args, str):
+        model_args = simple_parse_args_string(model_args)
+    model_args = dict(model_args or {})
+    if "pretrained" in model_args:
+        raise EvalError("model_args: pass the model itself (a checkpoint, hub id, .gguf or "
+                        "short name) as the model, not pretrained=")
+    return model_args
 
 
 def _no_router_logits(model):

@@ -320,30 +320,10 @@ def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
         raise ValueError(f"comm_state_mismatch={on_mismatch!r}; allowed: {MISMATCH_CHOICES}")
     path = state_path(checkpoint_dir, rank)
     _remove_stale_temporaries(path)
-    name = setting["config"].get("name", "custom")
-    saved, problem, run, weights = None, None, None, None
     if map_location is not None and torch.device(map_location).type == "cpu":
         map_location = "cpu"     # torch.load does not know Accelerate's "cpu:0"
-    if not os.path.exists(path):
-        problem = (f"checkpoint {checkpoint_dir!r} has no hfcompress compressor state for rank "
-                   f"{rank} (saved by a plain Trainer, with comm_compressor=None, or by fewer "
-                   f"ranks), but this run uses comm_compressor {name!r}")
-    else:
-        try:
-            record = _read(path, map_location)
-            diff = _differences(record["settings"], setting)
-            if diff:
-                problem = (f"checkpoint {checkpoint_dir!r} was saved with different compression "
-                           f"settings than this run's comm_compressor {name!r}:\n  "
-                           + "\n  ".join(diff))
-            else:
-                saved, problem = _verify(record, path, rank, step, map_location)
-                run = record["settings"]["run"] if record["format"] >= 3 else None
-                if saved is not None and record["format"] >= 4:
-                    weights = _other_weights(record["weights"], path, rank,
-                                             getattr(handle, "model", None))
-        except ValueError as e:
-            problem = str(e)
+    saved, problem, run, weights = _check_own(handle, setting, checkpoint_dir, path, rank, step,
+                                              map_location)
     found = _gather((problem, run, os.path.basename(path), weights))
     problems = list(dict.fromkeys(p for p, _, _, _ in found if p))   # settings differ alike
     # intact files (their weights are checked next): of one run?
@@ -367,6 +347,34 @@ def load(handle: Any, setting: dict[str, Any], checkpoint_dir: str, rank: int,
                   f"re-initialised from the loaded weights, new RNG streams)", UserWarning,
                   stacklevel=2)
     return None
+
+
+def _check_own(handle: Any, setting: dict[str, Any], checkpoint_dir: str, path: str,
+               rank: int, step: int | None, map_location: Any) -> tuple:
+    """This rank's own file, read and checked: ``(saved, problem, run, weights)``, the
+    loaded record (None unless intact), what is wrong with it, its run id and what differs
+    from the weights it resumes beside (see :func:`load`)."""
+    name = setting["config"].get("name", "custom")
+    if not os.path.exists(path):
+        return None, (f"checkpoint {checkpoint_dir!r} has no hfcompress compressor state for "
+                      f"rank {rank} (saved by a plain Trainer, with comm_compressor=None, or "
+                      f"by fewer ranks), but this run uses comm_compressor {name!r}"), None, None
+    try:
+        record = _read(path, map_location)
+        diff = _differences(record["settings"], setting)
+        if diff:
+            return None, (f"checkpoint {checkpoint_dir!r} was saved with different compression "
+                          f"settings than this run's comm_compressor {name!r}:\n  "
+                          + "\n  ".join(diff)), None, None
+        saved, problem = _verify(record, path, rank, step, map_location)
+        run = record["settings"]["run"] if record["format"] >= 3 else None
+        weights = None
+        if saved is not None and record["format"] >= 4:
+            weights = _other_weights(record["weights"], path, rank,
+                                     getattr(handle, "model", None))
+        return saved, problem, run, weights
+    except ValueError as e:
+        return None, str(e), None, None
 
 
 def _runs(checkpoint_dir: str, files: list[tuple[str | None, str]]) -> str | None:
