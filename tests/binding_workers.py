@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import glob
 import json
-import logging
 import os
 import shutil
 import socket
@@ -17,7 +16,7 @@ import warnings
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from trainer_workers import setup, train
+from trainer_workers import hfcompress_log, setup, train
 
 #: rank 0's file in output_dir while a job trains
 JOB_FILE = "hfcompress_job.json"
@@ -109,13 +108,7 @@ def _train_beside(rank: int, d: str, pid: int) -> list[str]:
         with open(os.path.join(d, JOB_FILE), "w") as f:
             json.dump(job, f)
     dist.barrier()
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    logging.getLogger("hfcompress").addHandler(handler)
-    try:
+    with hfcompress_log() as lines:
         train(d, "fsdp", "sdp4bit", steps=2, ranks_per_node=1)
-    finally:
-        logging.getLogger("hfcompress").removeHandler(handler)
     dist.barrier()
     return [line for line in lines if "another job" in line]

@@ -8,20 +8,14 @@ from __future__ import annotations
 
 import os
 
-import torch.distributed as dist
-
 from hfcompress.integrations import _fsdp2
 from hfcompress.integrations.fsdp import fsdp_modules
-from trainer_tp_workers import train
-from trainer_workers import losses, setup, tiny_llama
+from trainer_tp_workers import pretrained_folder, train
+from trainer_workers import losses
 
 
 def worker(rank: int, world: int, tmp: str) -> dict:
-    setup(rank, world)
-    folder = os.path.join(tmp, "tiny-llama")
-    if rank == 0:
-        tiny_llama().save_pretrained(folder)
-    dist.barrier()
+    folder = pretrained_folder(rank, world, tmp)
     base = train(os.path.join(tmp, "plain"), "tp", None, folder)
     t = train(os.path.join(tmp, "zeropp"), "tp", "zeropp", folder)
     h = t.compression

@@ -140,10 +140,17 @@ def run(tmp: str, mesh: str, folder: str) -> dict:
     return out
 
 
-def worker(rank: int, world: int, tmp: str) -> dict:
+def pretrained_folder(rank: int, world: int, tmp: str) -> str:
+    """Set up the rank's process group and the tiny LLaMA saved as a pretrained folder (TP
+    loads one: transformers shards it as it loads)."""
     setup(rank, world)
     folder = os.path.join(tmp, "tiny-llama")
     if rank == 0:
         tiny_llama().save_pretrained(folder)
     dist.barrier()
+    return folder
+
+
+def worker(rank: int, world: int, tmp: str) -> dict:
+    folder = pretrained_folder(rank, world, tmp)
     return {mesh: run(tmp, mesh, folder) for mesh in meshes()}

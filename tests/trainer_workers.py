@@ -9,10 +9,13 @@ process group (one spawn per test keeps the suite fast).
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import logging
 import os
 import shutil
 import warnings
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -20,6 +23,19 @@ from transformers import TrainerCallback
 
 SEQS, LENGTH = 24, 16
 LR = 3e-3
+
+
+@contextlib.contextmanager
+def hfcompress_log() -> Iterator[list[str]]:
+    """The messages hfcompress logs inside the block (a list filled as they come)."""
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("hfcompress").addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logging.getLogger("hfcompress").removeHandler(handler)
 
 
 def setup(rank: int, world: int) -> None:
@@ -185,21 +201,14 @@ def resume_true(rank: int, tmp: str, saved: str) -> dict:
     checkpoint-3 and checkpoint-6: checkpoint-6 cut short while saving (no
     ``trainer_state.json``) is skipped with a warning; with checkpoint-3's
     ``trainer_state.json`` it is taken, and its compressor state (of step 6) refused."""
-    import logging
     d = os.path.join(tmp, "fsdp-true")
     state = os.path.join(d, "checkpoint-6", "trainer_state.json")
     if rank == 0:
         shutil.copytree(saved, d)
         os.remove(state)
     dist.barrier()
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    logging.getLogger("hfcompress").addHandler(handler)
-    try:
+    with hfcompress_log() as lines:
         resumed, _ = train(d, "fsdp", "sdp4bit", steps=6, resume=True, ranks_per_node=1)
-    finally:
-        logging.getLogger("hfcompress").removeHandler(handler)
     if rank == 0:
         shutil.copy(os.path.join(d, "checkpoint-3", "trainer_state.json"), state)
     dist.barrier()
