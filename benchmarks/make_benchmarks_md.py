@@ -3,8 +3,9 @@
     python benchmarks/make_benchmarks_md.py [--results benchmarks/results] [--out BENCHMARKS.md]
 
 Every number in ``BENCHMARKS.md`` comes from a results file: ``kernels.csv``
-(``bench_kernels.py``, rendered here), and the fragments ``wire_volume.md``, ``memory.md``, ``slow_link.md``
-and ``loss.md`` that their benchmarks write together with their CSVs. Before reading
+(``bench_kernels.py``, rendered here), and the fragments ``wire_volume.md``, ``memory.md``, ``slow_link.md``,
+``loss.md`` and ``loco_ablation/loco_ablation.md`` that their benchmarks write together with
+their CSVs. Before reading
 ``loss.md`` it is re-made from the raw loss CSVs (``bench_loss.py --report-only``), so its
 wall-clock axis uses the slow-link step times if ``slow_link.csv`` appeared after the loss run
 (``--no-refresh`` skips this). A benchmark without results gets its command and "not run yet".
@@ -55,6 +56,13 @@ SECTIONS = [
      "Validation loss of a LLaMA pre-trained from scratch on Shakespeare with every preset, "
      "gap to `none` (SDP4Bit Table 1 style), curves, and loss against wall-clock time at "
      "1 Gbit/s (SDP4Bit Fig. 9 style)."),
+    ("loco_ablation", "LoCo ablation",
+     "python benchmarks/bench_loss.py --loco-ablation int4g128 int2g128 --corpus shakespeare "
+     "--seeds 0 1 2 3 --compute fp32_matmul --resume   # --corpus pystdlib: the second corpus",
+     "loco_ablation/loco_ablation.md, loco_ablation/<corpus>/loss_*.csv",
+     "44 runs of 2-4 min on 2 busy cores (~2 h) per corpus",
+     "LoCo Table 9's rows at small scale (issue 39): the same quantizer without feedback, plain "
+     "feedback, + moving average, + 8-bit error, + reset (`loco`), against `none`."),
     ("gpu_check", "GPU check (one GPU)",
      "bash benchmarks/gpu_run.sh OUTDIR   # --dry-run: the same steps on CPU",
      "gpu_check/<date>_<gpu>_run<N>/ (7 files)", "3 min on an H200",
@@ -334,6 +342,9 @@ def build(results: Path, out: Path) -> str:
             body = plan_papers_section(results, title)
         elif key == "kernel_isa":
             body = kernel_isa_section(results, title)
+        elif key == "loco_ablation":
+            frag = results / key / f"{key}.md"
+            body = frag.read_text().rstrip() if frag.exists() else None
         else:
             frag = results / f"{key}.md"
             body = relink(frag.read_text().rstrip(), results, out) if frag.exists() else None

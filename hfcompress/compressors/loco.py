@@ -1,29 +1,63 @@
 """LoCo error feedback around a gradient compressor (LoCo Alg. 1, sections 3.1-3.3).
 
-Per compress of a gradient g (on the sending rank)::
+Per compress of a gradient g (on the sending rank), audited against Alg. 1 line by line::
 
     h  = g + deq8(e)                         # Alg. 1 line 4, Eq. (2)
     send inner(h)                            # line 5, Eq. (3)
-    d  = deq(inner(h))                       # line 7
+    d  = deq(inner(h))                       # line 7 (what every receiver decodes)
     e~ = (1 - beta) deq8(e) + beta (h - d)   # line 8, Eq. (5): moving average of the error
     e  = Q8(e~)                              # line 12, Eq. (7): only the 8-bit e is stored
 
 ``step()`` (once per optimizer step) zeroes e after every iteration k with k % T_c == 0
-(lines 9-10), i.e. after iterations 0, T_c, 2 T_c, ...
+(lines 9-10, Eq. (7)), i.e. after iterations 0, T_c, 2 T_c, ...
+
+Audit (issue 39), what each term is here:
+
+- Compensated (Eq. (2)): the float32 gradient this instance sends plus the dequantized
+  stored error; nothing else (no learning rate, no optimizer state: LoCo 4.2, Eq. (10)).
+- beta (Eq. (5)): weights the *new* error h - d; 1 - beta weights the previous average.
+  beta = 1 is Eq. (4), plain error feedback (EFC); beta = 0 never updates e. Since
+  h - d = g + deq8(e) - d, Eq. (5) is e~ = deq8(e) + beta (g - d): the sent sum lags the
+  true sum by e~ / beta, so a smaller beta damps the error's fluctuation (Sec. 3.2) at the
+  price of a longer memory. The default 0.2 is the authors' DeepSpeed setting
+  (``loco_swizzled_quant_kernel``: ``err = err_beta * err + (1 - err_beta) * new_err``,
+  ``err_beta=0.8``, i.e. beta = 1 - err_beta); the paper gives no value.
+- The previous average e~_k of line 8 is ``deq8(e_k)``: Alg. 1 read literally keeps a
+  full-precision e~ beside the 8-bit e and resets only e (line 10), which would keep the
+  "out of date" history the reset is there to drop (Sec. 3.2) and store 4 more bytes per
+  value than the 8-bit e that Sec. 3.2 / Table 8 account for. Only e is kept, as in the
+  authors' DeepSpeed code (``p.intra_ef_buf`` / ``p.inter_ef_buf``), so a reset also
+  restarts the average (e~_{k+1} = 0).
+- 8-bit error (Eq. (7)): ``error_scale="group"`` (default) stores uint8 codes with an absmax
+  scale per group of 128 (the DeepSpeed code's symmetric 8-bit groups): the round trip is
+  within half a step, absmax / 254, of e~ (``tests/test_loco_audit.py``); a float s_e
+  stores int8 ``clamp(round(e~ * s_e), -127, 127)`` as Eq. (1) (s_e = 4s..6s, i.e. about
+  2^19..2^21 for the paper's s; values beyond 127 / s_e saturate); None keeps e~ in float32
+  (Table 9, LoCo4: no error compression).
+- Reset (Eq. (7)): counted in ``step()`` calls, i.e. optimizer steps, on every instance
+  of every rank (``Compression.step`` steps all of them), so all ranks reset after the
+  same step; ``steps`` is in ``state_dict()``, so a resumed run resets at the same steps.
+  An instance first used after step 0 (a stream that appears later) counts from its own
+  first step. ``reset_every=None`` never resets (Table 9, LoCo2 / LoCo3).
+- Gradient accumulation: Alg. 1's iteration is one compress. FSDP2 reduce-scatters each
+  micro-batch's gradient unless ``set_requires_gradient_sync(False)`` (then the summed
+  gradient once per step); DDP's hook runs once per step under ``no_sync``. Either way e
+  belongs to the gradient this instance compressed, and the sum sent over the k
+  iterations lags the sum compressed by e~ / beta (the Eq. (6) bound). T_c counts
+  optimizer steps, i.e. T_c x (micro-batches per step) compresses without ``no_sync``.
+- FSDP2 sharded gradients (Sec. 3.3): the reduce-scatter input is the unsharded gradient of
+  one FSDP unit on this rank; one instance per destination row (1-hop) or per hop part
+  (2-hop, ``comm/two_hop.py``: key (row, chunk)), so each e is the error of the values it
+  sends, over the whole local gradient, before any sum: the error of a node's partial sum
+  on the inter-node hop is that hop's own instance's (the authors' LoCo-Zero++ inter-node
+  buffer). The receivers hold no state.
 
 Choices the paper leaves open:
 
-- Since only the 8-bit e is kept (Sec. 3.2), the previous average e~_k of line 8 is
-  ``deq8(e_k)``, as in the authors' LoCo-ZeRO++ kernel in DeepSpeed.
-- beta: the paper gives no value; the default 0.2 is the authors' DeepSpeed setting
-  (``err_beta=0.8`` weights the old error there, i.e. beta = 1 - 0.8 for the new one).
 - inner: the paper uses a fixed scale s (2^17..2^19) and round-to-nearest into [-8, 7]. The
   default here is ``int`` 4 bit, absmax per group of 128, nearest rounding: no per-model scale
   to tune, an outlier only coarsens its own group, and error feedback is meant for biased
   (deterministic) compressors, so stochastic rounding would only add variance.
-- error_scale: ``"group"`` (default) stores e as uint8 codes with an absmax scale per group
-  of 128; a float s_e stores int8 ``clamp(round(e * s_e), -127, 127)`` like the paper
-  (s_e = 4s..6s, i.e. about 2^19..2^21 for the paper's s); values beyond 127 / s_e saturate.
 - Non-finite gradient entries make the payload non-finite (as the inner does) but store a zero
   error there, so one overflow step cannot poison e until the next reset.
 
@@ -65,19 +99,17 @@ class LoCo(Compressor):
     stateful = True
 
     def __init__(self, inner: Compressor | str | None = None, beta: float = 0.2,
-                 reset_every: int = 512, error_scale: str | float = "group") -> None:
+                 reset_every: int | None = 512,
+                 error_scale: str | float | None = "group") -> None:
         inner = resolve_inner("loco", inner, GroupQuantizer(bits=4, group_size=128,
                                                             rounding="nearest"))
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta <= 1.0:
             raise ValueError(f"loco: beta={beta!r} must be a number in [0, 1] (e.g. 0.2)")
-        if isinstance(reset_every, bool) or not isinstance(reset_every, int) or reset_every <= 0:
+        if reset_every is not None and (isinstance(reset_every, bool)
+                                        or not isinstance(reset_every, int) or reset_every <= 0):
             raise ValueError(f"loco: reset_every={reset_every!r} must be a positive int "
-                             f"(e.g. 512 or 1024)")
-        fixed = isinstance(error_scale, (int, float)) and not isinstance(error_scale, bool)
-        if error_scale != "group" and not (fixed and math.isfinite(error_scale)
-                                           and error_scale > 0):
-            raise ValueError(f"loco: error_scale={error_scale!r}; allowed: 'group' or a positive "
-                             f"float fixed scale such as 2**19")
+                             f"(e.g. 512 or 1024) or None (never)")
+        check_error_scale(error_scale)
         super().__init__(inner=inner, beta=beta, reset_every=reset_every, error_scale=error_scale)
         self.inner, self.beta, self.reset_every = inner, float(beta), reset_every
         self.error_scale = error_scale
@@ -118,16 +150,19 @@ class LoCo(Compressor):
         return Packed(packed.payload, x.shape, x.dtype, packed.meta)
 
     def step(self) -> None:
-        """End of optimizer step k: zero e if k % reset_every == 0 (Alg. 1 lines 9-10)."""
-        if self.steps % self.reset_every == 0:
+        """End of optimizer step k: zero e (and so the average e~, module docstring) if
+        k % T_c == 0 (Alg. 1 lines 9-10, Eq. (7)); never with ``reset_every=None``."""
+        if self.reset_every is not None and self.steps % self.reset_every == 0:
             self.error_codes = self.error_scales = None
         self.steps += 1
 
     def _error(self, like: torch.Tensor) -> torch.Tensor:
-        """deq8(e) as float32 of ``like``'s numel (zeros before the first compress and after
-        a reset)."""
+        """deq8(e) (Eq. (2)) as float32 of ``like``'s numel (zeros before the first compress
+        and after a reset); e~ itself with ``error_scale=None``."""
         if self.error_codes is None:
             return torch.zeros_like(like)
+        if self.error_scale is None:
+            return self.error_codes
         if self.error_scales is None:
             return self.error_codes.float() / self.error_scale
         out = kernels.dequantize_groups(self.error_codes, self.error_scales, ERROR_BITS,
@@ -135,8 +170,11 @@ class LoCo(Compressor):
         return out[:like.numel()]
 
     def _store(self, e: torch.Tensor) -> None:
+        """e = Q8(e~) (Eq. (7), "otherwise" branch): see ``error_scale``."""
         self.numel = e.numel()
-        if self.error_scale == "group":
+        if self.error_scale is None:
+            self.error_codes = e
+        elif self.error_scale == "group":
             self.error_codes, self.error_scales = kernels.quantize_groups(
                 pad_to(e, ERROR_GROUP), ERROR_BITS, ERROR_GROUP)
         else:
@@ -146,6 +184,8 @@ class LoCo(Compressor):
     # -- state ----------------------------------------------------------------------------
     def state_bytes_for(self, numel: int, dtype: torch.dtype) -> dict[str, int]:
         """The stored error of ``numel`` sent values, as :meth:`state_bytes` will count it."""
+        if self.error_scale is None:
+            return {"errors": 4 * numel}
         if self.error_scale != "group":
             return {"errors": numel}
         groups = -(-numel // ERROR_GROUP)
@@ -155,7 +195,8 @@ class LoCo(Compressor):
         """Bytes of the stored error e (kind "errors"): with ``error_scale="group"`` one uint8
         code per value (padded to groups of 128) plus a float32 scale per group, i.e.
         ~1.03 bytes per gradient value this instance sends (LoCo 3.2's 8-bit floor); int8
-        codes only with a fixed scale. Zero before the first compress and after a reset."""
+        codes only with a fixed scale; float32 with ``error_scale=None``. Zero before the
+        first compress and after a reset."""
         return {"errors": sum(t.numel() * t.element_size()
                               for t in (self.error_codes, self.error_scales) if t is not None)}
 
@@ -173,13 +214,33 @@ class LoCo(Compressor):
         unknown = set(state) - {"steps", "inner", "numel", "error_codes", "error_scales"}
         if unknown:
             raise ValueError(f"loco: unexpected state keys {sorted(unknown)}")
-        grouped = "error_scales" in state
-        if "error_codes" in state and grouped != (self.error_scale == "group"):
+        codes = state.get("error_codes")
+        if codes is not None and stored_kind(codes, "error_scales" in state) != \
+                stored_kind_of(self.error_scale):
             raise ValueError(f"loco: state was saved with a different error_scale than "
                              f"{self.error_scale!r}")
         self.inner.load_state_dict(state.get("inner", {}))
         self.steps = int(state.get("steps", 0))
         self.numel = state.get("numel")
-        codes, scales = state.get("error_codes"), state.get("error_scales")
+        scales = state.get("error_scales")
         self.error_codes = None if codes is None else codes.clone()
         self.error_scales = None if scales is None else scales.clone()
+
+
+def check_error_scale(error_scale: Any) -> None:
+    """``"group"``, a positive finite float s_e, or None (float32, no error compression)."""
+    fixed = isinstance(error_scale, (int, float)) and not isinstance(error_scale, bool)
+    if error_scale not in ("group", None) and not (fixed and math.isfinite(error_scale)
+                                                   and error_scale > 0):
+        raise ValueError(f"loco: error_scale={error_scale!r}; allowed: 'group', a positive "
+                         f"float fixed scale such as 2**19, or None (float32 error)")
+
+
+def stored_kind_of(error_scale: str | float | None) -> str:
+    """How ``error_scale`` stores e: "group", "fixed" or "float32"."""
+    return "float32" if error_scale is None else "group" if error_scale == "group" else "fixed"
+
+
+def stored_kind(codes: torch.Tensor, has_scales: bool) -> str:
+    """How a saved e was stored (see :func:`stored_kind_of`)."""
+    return "group" if has_scales else "float32" if codes.is_floating_point() else "fixed"
