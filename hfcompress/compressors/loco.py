@@ -144,7 +144,8 @@ class LoCo(Compressor):
         h = g + e
         packed = self.inner.compress(h.view(x.shape))
         d = self.inner.decompress(Packed(packed.payload, x.shape, torch.float32, packed.meta))
-        e_avg = (1.0 - self.beta) * e + self.beta * (h - d.reshape(-1))
+        # Eq. (5), (1 - beta) e + beta (h - d), as one lerp: e + beta ((h - d) - e)
+        e_avg = torch.lerp(e, h - d.reshape(-1), self.beta)
         # a zero error where e_avg is not finite (one kernel: finite values as they are)
         self._store(e_avg.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0))
         return Packed(packed.payload, x.shape, x.dtype, packed.meta)
