@@ -97,4 +97,4 @@ def test_a_moved_private_name_raises_a_clear_error(monkeypatch):
     with pytest.raises(_hf.HFInternalsError) as err:
         _hf.check_internals()
     message = str(err.value)
-    assert "Trainer._get_output_dir" in message and "checked against 5.24" in message
+    assert "Trainer._get_output_dir" in message and "checked against 5.17, 5.24" in message

@@ -25,8 +25,9 @@ try:
 except ImportError:            # a transformers without --enable_jit_checkpoint
     JITCheckpointCallback = None
 
-#: transformers releases whose private Trainer names this module was checked against
-CHECKED_TRANSFORMERS = ("5.24",)
+#: transformers releases whose private Trainer names this module was checked against (5.17:
+#: the GPU image's, by benchmarks/compat_venv.sh's Trainer tests)
+CHECKED_TRANSFORMERS = ("5.17", "5.24")
 #: Accelerate releases checked (this module reaches no Accelerate private name today)
 CHECKED_ACCELERATE = ("1.15",)
 
