@@ -38,8 +38,12 @@ class GroupQuantizer(BucketQuantizer):
     def unbiased(self) -> bool:  # type: ignore[override]
         return self.rounding == "stochastic"
 
+    def _keys(self, device: torch.device, rows: int | None = None) -> torch.Tensor | None:
+        """The next call's noise keys (``rows`` calls' row keys) when rounding stochastically."""
+        return self.rng.next_keys(device, rows) if self.rounding == "stochastic" else None
+
     def _quantize(self, flat: torch.Tensor, rows: int | None) -> tuple[torch.Tensor, ...]:
-        noise = self.rng.next_keys(flat.device, rows) if self.rounding == "stochastic" else None
+        noise = self._keys(flat.device, rows)
         return self._impl(flat).quantize(flat, self.bits, self.group_size, noise)
 
     def compress_rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -48,13 +52,13 @@ class GroupQuantizer(BucketQuantizer):
         check_float_input(self.name, x)
         rows = x.shape[0]
         flat = pad_rows(x.detach(), self.group_size)
-        noise = self.rng.next_keys(flat.device, rows) if self.rounding == "stochastic" else None
+        noise = self._keys(flat.device, rows)
         return self._impl(flat).quantize_rows(flat, rows, self.bits, self.group_size, noise)
 
     def compress_difference(self, x: torch.Tensor, ref: torch.Tensor) -> Packed:
         """``compress(x - ref)``, the subtraction and padding fused into the kernel."""
         check_float_input(self.name, x)
-        noise = self.rng.next_keys(x.device) if self.rounding == "stochastic" else None
+        noise = self._keys(x.device)
         codes, scales = self._impl(x).quantize_difference(x, ref, self.bits, self.group_size,
                                                           noise)
         return Packed({"codes": codes, "scales": scales}, x.shape, torch.float32)

@@ -161,7 +161,7 @@ class HadamardQuantizer(Compressor):
                   dtype: torch.dtype) -> Packed:
         """``hadamard_size=1`` is the 1x1 Hadamard matrix: plain group quantization."""
         flat = pad_to(x, self.group_size)
-        noise = self._q.rng.next_keys(flat.device) if self.rounding == "stochastic" else None
+        noise = self._q._keys(flat.device)
         codes, scales = self._impl(flat).quantize(flat, self.bits, self.group_size,
                                                   hadamard_size, noise)
         return Packed({"codes": codes, "scales": scales}, shape, dtype)
@@ -172,8 +172,7 @@ class HadamardQuantizer(Compressor):
         its ``Packed.flat()``) by the kernel itself on a GPU."""
         rows = x.shape[0]
         flat = pad_rows(x, self.group_size)
-        noise = self._q.rng.next_keys(flat.device, rows) if self.rounding == "stochastic" \
-            else None
+        noise = self._q._keys(flat.device, rows)
         return self._impl(flat).quantize_rows(flat, rows, self.bits, self.group_size,
                                               hadamard_size, noise)
 

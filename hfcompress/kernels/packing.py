@@ -41,6 +41,17 @@ def payload_buffers(nbytes: int, n_groups: int, device) -> tuple[torch.Tensor, t
     return buf[:nbytes], buf[nbytes:].view(torch.float32)
 
 
+def row_wire(rows: int, code_bytes: int, groups: int,
+             device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The wire ``[rows, nbytes]`` of ``rows`` payloads, each ``code_bytes`` of codes (a
+    multiple of 4) then ``groups`` float32 scales, for a kernel that writes it in place:
+    ``(wire, words, scales)``, ``words`` its int32 view ``[rows, nbytes / 4]`` and ``scales``
+    the flat float32 view from row 0's first scale (row r's at ``r * nbytes / 4``)."""
+    wire = torch.empty(rows, code_bytes + 4 * groups, dtype=torch.uint8, device=device)
+    words = wire.view(torch.int32)
+    return wire, words, words.view(torch.float32).view(-1)[code_bytes // 4:]
+
+
 def _steps(bits: int) -> list[tuple[int, int, int]]:
     """Lane-merging steps ``(shift, low, high)`` from 16-bit lanes up to the word: a lane
     whose two halves each hold a ``v``-bit value at their bottom becomes one ``2v``-bit

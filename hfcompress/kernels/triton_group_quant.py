@@ -32,7 +32,7 @@ import triton.language as tl
 
 from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
-from .packing import _UNIT, packed_nbytes, payload_buffers
+from .packing import _UNIT, packed_nbytes, payload_buffers, row_wire
 from .triton_noise import group_noise_at, noise_operand
 from .triton_tiles import per_program
 
@@ -360,11 +360,9 @@ def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int,
     if k["BPU"] != 4 or not n_groups:
         return _twin.join_rows(*_quantize(x, None, bits, group_size, noise), rows)
     gpr = n_groups // rows
-    code_words = packed_nbytes(gpr * group_size, bits) // 4
-    wire = torch.empty(rows, 4 * (code_words + gpr), dtype=torch.uint8, device=x.device)
-    words = wire.view(torch.int32)
-    _launch_quantize(x, None, noise, words, words.view(torch.float32).view(-1)[code_words:],
-                     n_groups, gpr, code_words + gpr, group_size, bits, k)
+    wire, words, scales = row_wire(rows, packed_nbytes(gpr * group_size, bits), gpr, x.device)
+    _launch_quantize(x, None, noise, words, scales, n_groups, gpr, words.shape[1], group_size,
+                     bits, k)
     return wire
 
 

@@ -30,7 +30,7 @@ import triton.language as tl
 from . import triton_dequantize_sum as _dsum
 from .group_quant import join_rows
 from .hadamard import inv_sqrt
-from .packing import packed_nbytes, payload_buffers
+from .packing import packed_nbytes, payload_buffers, row_wire
 from .triton_noise import group_noise_at, noise_operand
 from .triton_tiles import per_program
 
@@ -228,11 +228,8 @@ def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadama
     if not (k["WORDS"] and n_groups):
         return join_rows(*quantize(x, bits, group_size, hadamard_size, noise), rows)
     gpr = n_groups // rows
-    code_words = packed_nbytes(gpr * group_size, bits) // 4
-    wire = torch.empty(rows, 4 * (code_words + gpr), dtype=torch.uint8, device=x.device)
-    words = wire.view(torch.int32)
-    _launch_quantize(x, noise, words, words.view(torch.float32).view(-1)[code_words:],
-                     n_groups, gpr, code_words + gpr, group_size, k)
+    wire, words, scales = row_wire(rows, packed_nbytes(gpr * group_size, bits), gpr, x.device)
+    _launch_quantize(x, noise, words, scales, n_groups, gpr, words.shape[1], group_size, k)
     return wire
 
 
