@@ -186,7 +186,7 @@ class Compression:
     @property
     def state_estimate(self) -> dict[str, int] | None:
         """FSDP2: the compressor state per rank by kind, estimated before any was allocated
-        (``integrations/memory.py``; on CUDA, ``apply`` raised if it could not fit). None
+        (``cost/state.py``; on CUDA, ``apply`` raised if it could not fit: ``integrations/memory.py``). None
         for DDP."""
         return getattr(self.installed_parts, "state_estimate", None)
 

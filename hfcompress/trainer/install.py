@@ -16,7 +16,8 @@ from torch.nn.parallel import DistributedDataParallel
 from ..api import apply, check_integration  # noqa: F401 (the Trainer checks it early)
 from ..comm.topology import NodeSplit, group_layout
 from ..config import AutoSettings, CompressionConfig, describe
-from ..integrations.fsdp import check_group, fsdp_modules, hpz_reshard
+from ..cost.units import hpz_reshard
+from ..integrations.fsdp import check_group, fsdp_modules
 from ..integrations.handle import Compression
 from .accelerate_cpu import sharded_by_transformers
 
