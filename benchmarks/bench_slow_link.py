@@ -57,6 +57,8 @@ import _dist_common as dc  # noqa: E402
 import cpu_compute  # noqa: E402
 from netns import Netns, have_root  # noqa: E402
 
+from hfcompress.cost.plan import LOSS_KEEPING as LOSS_KEEPING_PRESETS  # noqa: E402
+
 # comm-bound on 2 CPU cores: ~12M parameters, 64 tokens per rank and step
 DIMS = {"hidden": 512, "intermediate": 1376, "layers": 3, "heads": 8, "vocab": 2048,
         "seq": 64, "batch": 1}
@@ -66,7 +68,7 @@ VARIANTS = ["fsdp2", *dc.FSDP_PRESETS, *dc.AUTO, "fsdp2_bf16_reduce", "ddp", "dd
 QUICK_VARIANTS = ["fsdp2", "none", "qwd", "tlq_hs", "sdp4bit", "zeropp", "auto",
                   "fsdp2_bf16_reduce", "ddp_fp16", "ddp_powersgd"]
 #: the FSDP variants whose loss the loss benchmark keeps within 1% of exact (auto's pool)
-LOSS_KEEPING = ["fsdp2", "none", "qwd", "tlq_hs", "sdp4bit", "loco"]
+LOSS_KEEPING = ["fsdp2", *LOSS_KEEPING_PRESETS]
 #: the auto plan each FSDP variant runs (its predicted step time is auto's table's row)
 PLAN_OF = {"fsdp2": "exact", "none": "exact", "qwd": "weights=qwd",
            "tlq_hs": "grad_intra=hs8 grad_inter=hs4", "sdp4bit":

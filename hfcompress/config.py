@@ -22,7 +22,6 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Mapping, Sequence
 
 from .compressors import Compressor, get_compressor
-from .compressors.base import ReferenceCoded
 from .compressors.registry import NOT_COMPRESSORS
 
 
@@ -84,8 +83,8 @@ class LoCoSettings:
     in optimizer steps (Eq. (7); None: never) and the 8-bit error's scale (``"group"``:
     absmax per 128 values, a fixed float s_e, or None: a float32 error). The defaults are
     the authors' (DeepSpeed ``err_beta=0.8``, i.e. beta = 0.2; T_c = 512 as in LoCo 3.2);
-    the small-scale ablation of issue 39 (BENCHMARKS.md, "LoCo ablation") measures them
-    against plain feedback and no feedback."""
+    BENCHMARKS.md, "LoCo ablation", measures them at small scale against plain feedback and
+    no feedback."""
 
     beta: float = 0.2
     reset_every: int | None = 512
@@ -148,7 +147,13 @@ class AutoSettings:
                 "overlap": self.overlap, "margin": self.margin, "reps": self.reps}
 
 
-_SCHEMES = ("weights", "grad_intra", "grad_inter", "all_reduce")
+#: the collective roles, each a :class:`CompressionConfig` field holding its Scheme: the
+#: FSDP2 weight all-gather, the reduce-scatter's intra- and inter-node hops (a 1-hop one runs
+#: ``grad_inter``), and the DDP / HSDP replica all-reduce
+GRAD_ROLES = ("grad_intra", "grad_inter")
+FSDP_ROLES = ("weights",) + GRAD_ROLES
+DDP_ROLES = ("all_reduce",)
+ROLES = FSDP_ROLES + DDP_ROLES
 
 
 @dataclass(frozen=True)
@@ -184,7 +189,7 @@ class CompressionConfig:
     name: str = "custom"
 
     def __post_init__(self) -> None:
-        for key in _SCHEMES:
+        for key in ROLES:
             value = getattr(self, key)
             if value is not None and not isinstance(value, Scheme):
                 raise TypeError(f"CompressionConfig.{key} must be a Scheme or None, got "
@@ -223,6 +228,13 @@ class CompressionConfig:
     def compresses_fsdp(self) -> bool:
         """Whether anything FSDP2 sends (all-gather, reduce-scatter) is compressed."""
         return bool(self.weights or self.grad_intra or self.grad_inter or self.loco)
+
+    def runs_two_hop(self, ranks_per_node: int) -> bool:
+        """Whether the reduce-scatter runs as the 2-hop all-to-all at ``ranks_per_node``. A
+        2-hop config whose intra-node hop is exact (QSDP 5.1's hierarchical reduce-scatter:
+        exact inside the node, compressed across) is the 1-hop all-to-all at one rank per
+        node, with its numbers."""
+        return self.two_hop and (ranks_per_node > 1 or self.grad_intra is not None)
 
     def loco_hop(self, ranks_per_node: int) -> str:
         """The gradient scheme LoCo's error feedback wraps: that of the hop that leaves the
@@ -273,7 +285,7 @@ class CompressionConfig:
             raise ValueError("this dict describes the 'auto' request, not a configuration; "
                              "use AutoSettings(**d['auto'])")
         kw = dict(d)
-        for key in _SCHEMES:
+        for key in ROLES:
             kw[key] = Scheme.from_dict(kw.get(key))
         return cls(**kw)
 
@@ -324,11 +336,13 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "sdp4bit": {"weights": _QWD, "grad_intra": _HS8, "grad_inter": _HS4, "two_hop": True},
     "zeropp": {"weights": _INT8_W, "hpz": True, "grad_intra": _INT4_G, "grad_inter": _INT4_G,
                "two_hop": True},
+    # QSDP 5.1: hierarchical reduce-scatter (exact inside the node, compressed across)
     "qsdp": {"weights": Scheme("random_shift", {"bits": 8, "bucket_size": 1024}),
-             "grad_inter": Scheme("qsgd", {"bits": 8, "bucket_size": 1024}), "min_numel": 1024},
+             "grad_inter": Scheme("qsgd", {"bits": 8, "bucket_size": 1024}), "two_hop": True,
+             "min_numel": 1024},
     "qsdp_learned": {"weights": Scheme("learned", {"bits": 5, "bucket_size": 1024}),
                      "grad_inter": Scheme("learned", {"bits": 4, "bucket_size": 1024}),
-                     "min_numel": 1024},
+                     "two_hop": True, "min_numel": 1024},
     "global_qsgd": {"all_reduce": Scheme("global_qsgd", {"bits": 8})},
     "global_qsgd_exp": {"all_reduce": Scheme("global_qsgd_exp", {"bits": 8})},
     "loco": {"grad_intra": _INT4_N, "grad_inter": _INT4_N, "two_hop": True, "loco": _LOCO},
@@ -350,40 +364,6 @@ def list_presets() -> list[str]:
     """The fixed presets ``comm_compressor=`` / ``hfcompress.apply(model, name)`` take
     (``get_config``); ``"auto"`` (:data:`AUTO`) is accepted too and chooses among them."""
     return list(PRESETS)
-
-
-EXACT_WEIGHT_BITS, EXACT_GRAD_BITS = 16, 32   # bf16 weights, fp32 gradient reduction
-
-
-def preset_bits(preset: str | CompressionConfig) -> dict[str, Any]:
-    """Inter-node bits per parameter per training step, steady state, ZeRO++ Table 5 style.
-
-    For 2 nodes x 1 rank (each value crosses the node boundary once per collective), a large
-    model (every parameter in a decoder layer FSDP re-gathers in backward; the exactly sent
-    norms and biases a negligible share), bf16 weights and fp32 gradient reduction when
-    exact, and steady state (qWD after its first, exact send). Keys: ``engine`` ("FSDP2",
-    or "DDP" for the all-reduce presets), ``weights_fwd`` / ``weights_bwd`` (the forward /
-    backward all-gather: hpZ keeps the backward one inside the node, qWD sends a flag only),
-    ``grads`` (reduce-scatter, or DDP's all-reduce = reduce-scatter + all-gather), ``total``.
-    Measured values for a small model: BENCHMARKS.md "Wire volume".
-    """
-    cfg = get_config(preset)
-
-    def bits(scheme: Scheme | None, exact: float) -> float:
-        return exact if scheme is None else scheme.build().steady_bits_per_value()
-
-    if cfg.all_reduce is not None:
-        row = {"engine": "DDP", "weights_fwd": 0.0, "weights_bwd": 0.0,
-               "grads": 2 * bits(cfg.all_reduce, EXACT_GRAD_BITS)}
-    else:
-        fwd = bits(cfg.weights, EXACT_WEIGHT_BITS)
-        # a reference-coded scheme (qWD) rebuilds the backward gather from its references
-        rebuilt = cfg.weights is not None and isinstance(cfg.weights.build(), ReferenceCoded)
-        row = {"engine": "FSDP2", "weights_fwd": fwd,
-               "weights_bwd": 0.0 if cfg.hpz or rebuilt else fwd,
-               "grads": bits(cfg.grad_inter, EXACT_GRAD_BITS)}
-    row["total"] = row["weights_fwd"] + row["weights_bwd"] + row["grads"]
-    return row
 
 
 def get_config(preset: str | CompressionConfig) -> CompressionConfig:

@@ -1,4 +1,5 @@
-"""hfcompress.comm.all_reduce across real gloo processes (2 and 4 ranks).
+"""hfcompress.comm.all_reduce across real gloo processes (2 and 4 ranks), one rank per node
+(the flat algorithms; ``test_hierarchical_all_reduce.py``: several ranks per node).
 
 One spawned job per world size runs every check. Each rank regenerates every rank's input
 and replays every rank's compressor (seeded by rank) locally, so the references are the
@@ -362,14 +363,15 @@ def check_subgroup(rank, world, topo):
 def worker(rank, world):
     os.environ["HFCOMPRESS_COMPILE"] = "0"     # eager kernels: same numbers, no compile time
     topo = Topology(ranks_per_node=max(1, world // 2))   # 2 emulated nodes
+    flat = Topology(ranks_per_node=1)   # one rank per node: the flat algorithms
     meter = WireMeter()
     check_uncompressed(rank, world, topo, meter)
-    check_linear(rank, world, topo, meter)
-    check_linear_unbiased(rank, world, topo)
-    check_exponential(rank, world, topo, meter)
-    check_blocks(rank, world, topo, meter)
-    check_group_schemes(rank, world, topo, meter)
-    check_loco(rank, world, topo)
+    check_linear(rank, world, flat, meter)
+    check_linear_unbiased(rank, world, flat)
+    check_exponential(rank, world, flat, meter)
+    check_blocks(rank, world, flat, meter)
+    check_group_schemes(rank, world, flat, meter)
+    check_loco(rank, world, flat)
     check_subgroup(rank, world, topo)
     return "ok"
 

@@ -10,9 +10,9 @@ import pytest
 from dist_utils import run_distributed, run_jobs
 from hfcompress.auto import OPTIONS, Plan, candidates, parse_pins
 from hfcompress.auto.choose import _pick
-from hfcompress.auto.cost_model import (Layout, built, calibrate, ddp_cost, fsdp_cost,
-                                        payload_bytes)
-from hfcompress.auto.probe import CodecRate, Fit, Links
+from hfcompress.auto.cost_model import (GroupLayout, built, collective_codec_seconds, ddp_cost,
+                                        fsdp_cost, payload_bytes)
+from hfcompress.auto.probe import CodecSeconds, Fit, ProbedLinks
 from hfcompress.config import PRESETS, AutoSettings, CompressionConfig, get_config, resolve
 from hfcompress.cost.units import Unit
 import auto_workers as aw
@@ -88,8 +88,8 @@ def test_fit_recovers_latency_and_bandwidth():
     assert jitter.latency_s == 2e-3 and math.isclose(jitter.bytes_per_s, (4 << 20) / 1.9e-3)
 
 
-def links(inter_bw: float, intra_bw: float = 1e10, latency: float = 0.0) -> Links:
-    out = Links()
+def links(inter_bw: float, intra_bw: float = 1e10, latency: float = 0.0) -> ProbedLinks:
+    out = ProbedLinks()
     for prim in ("all_gather", "reduce_scatter", "all_to_all", "all_reduce"):
         out.fits[f"{prim}@world"] = Fit(latency, inter_bw)
         out.fits[f"{prim}@inter"] = Fit(latency, inter_bw)
@@ -97,7 +97,7 @@ def links(inter_bw: float, intra_bw: float = 1e10, latency: float = 0.0) -> Link
     return out
 
 
-CODECS = {k: CodecRate(1e-9, 1e-9) for k in ("qwd", "hs8", "hs4", "global_qsgd_exp",
+CODECS = {k: CodecSeconds(1e-9, 1e-9) for k in ("qwd", "hs8", "hs4", "global_qsgd_exp",
                                               "global_qsgd_block")}
 
 
@@ -107,8 +107,8 @@ def test_cost_model_bytes_are_the_collectives_bytes():
     reduce-scatter input; qWD sends its 4-bit payload once; the root unit gathers once."""
     s = 1 << 16
     units = [Unit("layer", s), Unit("root", s, backward_gather=False)]
-    lay = Layout(world=2, ranks_per_node=1)
-    free = {k: CodecRate(0.0, 0.0) for k in CODECS}
+    lay = GroupLayout(world=2, ranks_per_node=1)
+    free = {k: CodecSeconds(0.0, 0.0) for k in CODECS}
     exact = fsdp_cost(Plan(), units, lay, links(1.0), free)
     assert exact.wire == (2 * s * 2 + s * 2) + 2 * (2 * s * 4)
     qwd = fsdp_cost(Plan(weights="qwd"), units, lay, links(1.0), free)
@@ -125,18 +125,18 @@ def test_cost_model_picks_compression_on_slow_links_only():
     100 GB/s links and a codec costing 5 ns per value, exact; DDP at 1 Gbit/s picks a
     Global-QSGD all-reduce."""
     units = [Unit(f"l{i}", 3_000_000 // 4) for i in range(4)]
-    lay = Layout(world=4, ranks_per_node=2)
+    lay = GroupLayout(world=4, ranks_per_node=2)
     for intra, best in ((1e10, "weights=qwd grad_inter=hs4"),
                         (125e6, "grad_intra=hs8 grad_inter=hs4")):
         slow = {p.label: fsdp_cost(p, units, lay, links(125e6, intra), CODECS).exposed()
                 for p in candidates("fsdp2", 2, 2)}
         assert min(slow, key=slow.get) == best, slow
-    costly = {k: CodecRate(5e-9, 5e-9) for k in CODECS}
+    costly = {k: CodecSeconds(5e-9, 5e-9) for k in CODECS}
     fast = {p.label: fsdp_cost(p, units, lay, links(1e11, 1e11), costly).exposed()
             for p in candidates("fsdp2", 2, 2)}
     assert min(fast, key=fast.get) == "exact", fast
-    ddp = {p.label: ddp_cost(p, 12_000_000, Layout(4, 2), links(125e6), CODECS).exposed()
-           for p in candidates("ddp", 2, 2)}
+    ddp = {p.label: ddp_cost(p, 12_000_000, GroupLayout(4, 2), links(125e6),
+                             CODECS).exposed() for p in candidates("ddp", 2, 2)}
     assert min(ddp, key=ddp.get) != "exact", ddp
 
 
@@ -144,11 +144,12 @@ def test_calibrate_takes_what_the_wire_does_not_explain():
     """A whole-collective time = its predicted wire time + 3 ms at 1000 values gives 3 us per
     value of codec; a time below the wire's gives the kernels' own rate (the floor); the
     calibrated rate then replaces the kernel rates in the plan's cost."""
-    lay, n = Layout(world=2, ranks_per_node=1), 1000
+    lay, n = GroupLayout(world=2, ranks_per_node=1), 1000
     net = links(1e6, latency=1e-4)
     unit = [Unit("probe", n, backward_gather=False)]
     wire = fsdp_cost(Plan(grad_inter="hs4"), unit, lay, net, CODECS).parts["grads"][0]
-    got = calibrate({"grads:exact+hs4": wire + 3e-3, "weights:qwd": 0.0}, n, lay, net, CODECS)
+    got = collective_codec_seconds({"grads:exact+hs4": wire + 3e-3, "weights:qwd": 0.0}, n, lay,
+                                   net, CODECS)
     assert math.isclose(got["grads:exact+hs4"], 3e-6, rel_tol=1e-9)
     kernels = fsdp_cost(Plan(weights="qwd"), unit, lay, net, CODECS).parts["weights"][1]
     assert math.isclose(got["weights:qwd"], kernels / n)

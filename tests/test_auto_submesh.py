@@ -21,9 +21,9 @@ import torch.distributed as dist
 from dist_utils import run_jobs
 from hfcompress.auto import Plan, candidates
 from hfcompress.auto.choose import hsdp_cost, replica_config
-from hfcompress.auto.cost_model import Layout, ddp_cost, fsdp_cost
+from hfcompress.auto.cost_model import GroupLayout, ddp_cost, fsdp_cost
 from hfcompress.cost.units import Unit
-from hfcompress.auto.probe import CodecRate, Fit, Links
+from hfcompress.auto.probe import CodecSeconds, Fit, ProbedLinks
 from hfcompress.config import PRESETS, AutoSettings
 from hfcompress.integrations.ddp import all_reduce_compressor
 
@@ -32,8 +32,8 @@ HSDP_PIN = "all_reduce=global_qsgd_exp"      # the compressed replica all-reduce
 
 
 # -- without processes: the replica all-reduce under auto --------------------------------------
-def links(bandwidth: float) -> Links:
-    return Links({f"{p}@{g}": Fit(1e-5, bandwidth)
+def links(bandwidth: float) -> ProbedLinks:
+    return ProbedLinks({f"{p}@{g}": Fit(1e-5, bandwidth)
                   for p in ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
                   for g in ("world", "intra", "inter")})
 
@@ -43,8 +43,8 @@ def test_hsdp_cost_adds_the_replica_all_reduce_per_unit():
     unit (its exact values in an exact one); on a slow replica link the compressed
     all-reduce wins, so auto compresses the inter-node traffic HSDP puts on the replicas."""
     units = [Unit(f"l{i}", 750_000, exact_numel=128) for i in range(4)]
-    shard, replica = Layout(2, 2), Layout(2, 1)
-    codecs = {k: CodecRate(1e-9, 1e-9) for k in ("qwd", "hs8", "hs4", "global_qsgd_exp",
+    shard, replica = GroupLayout(2, 2), GroupLayout(2, 1)
+    codecs = {k: CodecSeconds(1e-9, 1e-9) for k in ("qwd", "hs8", "hs4", "global_qsgd_exp",
                                                   "global_qsgd_block")}
     fast, slow = links(1e10), links(125e6)
     plan = Plan(weights="qwd", all_reduce="global_qsgd_exp")

@@ -8,7 +8,8 @@ import pytest
 import hfcompress
 from hfcompress import get_compressor, list_compressors, list_presets
 from hfcompress.cli import main
-from hfcompress.config import get_config, preset_bits
+from hfcompress.commands.list import pair_bits
+from hfcompress.config import get_config
 from hfcompress.demo import compression_table
 
 
@@ -36,15 +37,16 @@ def test_list_prints_presets_with_bits_per_parameter_and_compressors(capsys):
     assert bits["int"] == pytest.approx(4.25)
 
 
-def test_preset_bits_follow_the_schemes():
-    for name in list_presets():
-        b = preset_bits(name)
-        assert b["total"] == pytest.approx(b["weights_fwd"] + b["weights_bwd"] + b["grads"])
-    assert preset_bits("zeropp")["weights_bwd"] == 0.0          # hpZ: inside the node
-    assert preset_bits("qw")["weights_bwd"] == preset_bits("qw")["weights_fwd"]
-    assert preset_bits(get_config("tlq_hs")) == preset_bits("tlq_hs")
-    with pytest.raises(ValueError, match="Did you mean 'sdp4bit'"):
-        preset_bits("sdp4bt")
+def test_list_bits_follow_the_schemes():
+    """The 2 nodes x 1 rank table is the cost model's: each collective at its scheme's bits
+    per value (a 1 Mi-value shard), hpZ's backward gather inside the node, qWD's rebuilt."""
+    pair = {name: pair_bits(get_config(name)) for name in list_presets()}
+    assert pair["zeropp"]["bwd"] == pair["qwd"]["bwd"] == 0.0
+    assert pair["qw"]["bwd"] == pair["qw"]["fwd"] == \
+        get_config("qw").weights.build().steady_bits_per_value()
+    assert pair["tlq_hs"]["grads"] == get_config("tlq_hs").grad_inter.build().bits_per_value()
+    assert pair["none"] == {"fwd": 16.0, "bwd": 16.0, "grads": 32.0}
+    assert sum(pair_bits(get_config("global_qsgd"), exact=True).values()) == 64.0
 
 
 def test_a_preset_name_given_as_compressor_says_how_to_use_it():

@@ -26,9 +26,14 @@ def test_node_split_keeps_where_the_value_came_from(monkeypatch):
     assert node_split(8, 2) == NodeSplit(2, explicit=True)
 
 
-def test_node_major_hosts_pass():
-    check_node_layout(["a", "a", "b", "b"], 2, explicit=False)
-    check_node_layout(["a"] * 4, 4, explicit=False)
+def test_node_major_hosts_pass_silently(caplog):
+    """Nodes of consecutive ranks on one host each (or one host, one node): no error, no
+    warning, no log line."""
+    with warnings.catch_warnings(), caplog.at_level(logging.DEBUG):
+        warnings.simplefilter("error")
+        assert check_node_layout(["a", "a", "b", "b"], 2, explicit=False) is None
+        assert check_node_layout(["a"] * 4, 4, explicit=False) is None
+    assert caplog.records == []
 
 
 def test_cyclic_placement_raises_naming_the_fix():

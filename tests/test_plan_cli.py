@@ -369,5 +369,7 @@ def test_list_prices_the_presets_on_any_layout(capsys):
     # a ring all-gather of bf16 weights over 128 ranks: one edge leaves each node, 127 of
     # the 128 shards cross it
     assert float(rows["none"][2]) == pytest.approx(16 * 127 / 128, abs=0.02)
-    assert "cannot run here" in " ".join(rows["global_qsgd"])    # int8 sums of 128 peers
+    # hierarchical: int8 codes summed over the 16 nodes, twice across (reduce + gather)
+    assert float(rows["global_qsgd"][4]) == pytest.approx(2 * 8 * 15 / 16, abs=0.1)
+    assert "cannot run here" not in " ".join(rows["global_qsgd"])
     assert float(rows["sdp4bit"][5]) < float(rows["none"][5]) / 4

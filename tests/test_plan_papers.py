@@ -1,6 +1,7 @@
 """The papers' transcribed measurements (``benchmarks/data/plan_papers/``) and the benchmark
 that feeds them to the planner (``benchmarks/bench_plan_papers.py``): every row parses, cites
-a line of its paper that holds its number, and pairs with a baseline of the same setting; the
+a line of its paper that holds its number (the cited lines are in ``cited_lines.json``
+there), and pairs with a baseline of the same setting; the
 benchmark's main runs on one paper's rows; its rows are ``hfcompress plan --calibrate`` runs
 (the bandwidth it fits is the one the CLI fits to them)."""
 
@@ -13,9 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# the papers' text sits beside the checkout (../shared/papers), not in the repository
-PAPERS_DIR = next((d for d in (REPO / "shared" / "papers", REPO.parent / "shared" / "papers")
-                   if d.is_dir()), None)
+DATA = REPO / "benchmarks" / "data" / "plan_papers"
 
 
 @pytest.fixture(scope="module")
@@ -61,15 +60,12 @@ def test_rows_parse_and_pair_with_a_baseline(bench, paper):
 
 @pytest.mark.parametrize("paper", PAPERS)
 def test_every_row_cites_the_line_holding_its_number(bench, paper):
-    if PAPERS_DIR is None:
-        pytest.skip("the papers' text (../shared/papers/*.txt) is not beside this checkout")
-    lines = (PAPERS_DIR / f"{paper}.txt").read_text().splitlines()
+    cited = json.loads((DATA / "cited_lines.json").read_text())[paper]["lines"]
     for r in bench.load_rows(paper):
-        line = int(r["line"])
-        assert 1 <= line <= len(lines), r["row_id"]
-        assert r["value"] in lines[line - 1].split(), (r["row_id"], lines[line - 1])
+        line = cited[str(int(r["line"]))]
+        assert r["value"] in line.split(), (r["row_id"], line)
         for setup in r["setup_lines"].split(";"):
-            assert 1 <= int(setup) <= len(lines), r["row_id"]
+            assert cited[str(int(setup))].strip(), (r["row_id"], setup)
 
 
 def test_main_runs_on_one_paper(bench, tmp_path):

@@ -35,7 +35,7 @@ def probe_worker(rank: int, world: int, out_dir: str) -> dict:
     import torch.distributed as dist
 
     from hfcompress.auto.cluster_probe import probe_cluster
-    from hfcompress.auto.cost_model import Layout, fsdp_needs
+    from hfcompress.auto.cost_model import GroupLayout, fsdp_needs
     from hfcompress.auto.probe import probe_links
     from hfcompress.comm import Topology
     from hfcompress.cost.model_shape import ModelShape
@@ -53,7 +53,7 @@ def probe_worker(rank: int, world: int, out_dir: str) -> dict:
           "--ranks-per-node", "2", "--max-mib", "0.25", "--reps", "1"])
     dist.barrier()                               # the files are written
     topology = Topology(2)
-    needed = fsdp_needs(Layout(4, 2)) + [("all_reduce", "world")]
+    needed = fsdp_needs(GroupLayout(4, 2)) + [("all_reduce", "world")]
     for name in ("tp1", "tp2"):                  # tp2's file: another layout, not used
         os.environ[LINKS_FILE_ENV] = os.path.join(out_dir, f"{name}.json")
         links = probe_links(topology, needed, cpu, reps=1)

@@ -18,12 +18,15 @@ def shell_commands() -> list[str]:
     return [line.strip() for b in blocks for line in b.splitlines() if line.strip()]
 
 
+#: the README is the entry page, read in one sitting: 10% above its length when this cap was
+#: set (237 lines), so growth is a choice; details belong in docs/, linked from it
+README_MAX_LINES = 260
+
+
 def test_readme_is_short_and_links_resolve():
-    # 180 until the Quick start's snippets became runnable files (tests/test_readme_snippets.py)
-    # and the checkpoint-size table was added (208); the Plan and Scale sections (224); the
-    # no-code switch, DeepSpeed and the cluster / API links (issue 38: 233); the rank files'
-    # weight fingerprint (234). Details go to docs/: the cap keeps a few lines of room only
-    assert len(README.splitlines()) <= 240
+    lines = len(README.splitlines())
+    assert lines <= README_MAX_LINES, (f"README.md has {lines} lines, over {README_MAX_LINES}: "
+                                       f"move details to docs/ and link them")
     for link in re.findall(r"\]\(([^)#]+)\)", README):
         if not link.startswith("http"):
             assert (ROOT / link).exists(), link

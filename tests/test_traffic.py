@@ -9,7 +9,7 @@ import torch.distributed as dist
 from dist_utils import run_distributed
 from hfcompress.comm import WireMeter
 from hfcompress.comm.all_gather import QuantizedAllGather
-from hfcompress.comm.all_reduce import QuantizedAllReduce
+from hfcompress.comm.all_reduce import QuantizedAllReduce, summing_peers
 from hfcompress.comm.reduce_scatter import QuantizedReduceScatter
 from hfcompress.comm.topology import Topology
 from hfcompress.comm.traffic import sent
@@ -52,10 +52,11 @@ def _cases(rank: int, world: int, x: int, topo: Topology):
         yield f"two_hop {intra} {inter} chunks={chunks}", declared, \
             lambda m, a=intra, b=inter, k=chunks: TwoHopReduceScatter(topo, a, b, k, m)(
                 torch.empty(S), grads)
-    for c in (None, int8(), get_compressor("global_qsgd", num_peers=world, seed=rank),
-              get_compressor("global_qsgd", num_peers=world, block_size=256, seed=rank),
-              get_compressor("global_qsgd_exp", num_peers=world, seed=rank),
-              get_compressor("global_qsgd_exp", num_peers=world, block_size=256, seed=rank)):
+    peers = summing_peers(x, y)      # hierarchical at x > 1 on y > 1 nodes: the nodes
+    for c in (None, int8(), get_compressor("global_qsgd", num_peers=peers, seed=rank),
+              get_compressor("global_qsgd", num_peers=peers, block_size=256, seed=rank),
+              get_compressor("global_qsgd_exp", num_peers=peers, seed=rank),
+              get_compressor("global_qsgd_exp", num_peers=peers, block_size=256, seed=rank)):
         yield f"all_reduce {c}", QuantizedAllReduce.traffic(world * S - 5, x, y, c, 4), \
             lambda m, c=c: QuantizedAllReduce(c, topo, m)(grads[5:].clone())
 

@@ -17,7 +17,7 @@ import dataclasses
 import os
 from dataclasses import asdict, dataclass
 
-from ..config import PRESETS, CompressionConfig, Scheme
+from ..config import DDP_ROLES, FSDP_ROLES, PRESETS, CompressionConfig, Scheme
 
 #: Environment variable that pins (part of) the choice, e.g. ``weights=qwd,grad_inter=hs4``
 #: or ``weights=exact``; unpinned collectives are still chosen by the cost model.
@@ -51,8 +51,6 @@ OPTIONS: dict[str, dict[str, tuple[Scheme | None, str]]] = {
                               "(seed 0, lr 1e-3)"),
     },
 }
-FSDP_KINDS = ("weights", "grad_intra", "grad_inter")
-DDP_KINDS = ("all_reduce",)
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,7 @@ def candidates(kind: str, ranks_per_node: int, num_nodes: int,
     this layout (no intra-node hop with one rank per node, no inter-node hop on one node),
     restricted to ``pins``."""
     pins = pins or {}
-    kinds = FSDP_KINDS if kind == "fsdp2" else DDP_KINDS
+    kinds = FSDP_ROLES if kind == "fsdp2" else DDP_ROLES
     choices = {k: ([pins[k]] if k in pins else list(OPTIONS[k])) for k in kinds}
     if kind == "fsdp2":
         if ranks_per_node == 1 and "grad_intra" not in pins:

@@ -2,16 +2,16 @@
 
 Every rank probes (``probe.py``: the links on the real groups, the codecs on this device,
 the compressed collectives as a whole at a capped size, whose time beyond the wire is the
-model's codec cost: ``cost_model.calibrate``); over a sub-mesh (FSDP2 x TP, native HSDP)
-each rank probes its own data-parallel group, every group at once (world barriers: the k
-groups of a node share its link as in training). The measurements are agreed over the world
-(the slowest rank's), world rank 0 predicts each candidate's exposed communication time per
-step (``cost_model.py``) and picks, and its choice and table are broadcast over the world, so
-every rank of every DP group installs the same collectives (one config: checkpoints, the
-cross-rank settings check, the meter). Native HSDP prices its replica all-reduce too
-(``hsdp_cost``): the plan chooses its ``all_reduce`` option beside the shard group's
-collectives. Pins (``AutoSettings.pins``, ``HFCOMPRESS_AUTO``) fix some collective kinds;
-the others are still chosen.
+model's codec cost: ``cost_model.collective_codec_seconds``); over a sub-mesh (FSDP2 x TP,
+native HSDP) each rank probes its own data-parallel group, every group at once (world
+barriers: the k groups of a node share its link as in training). The measurements are agreed
+over the world (the slowest rank's), world rank 0 predicts each candidate's exposed
+communication time per step (``cost_model.py``) and picks, and its choice and table are
+broadcast over the world, so every rank of every DP group installs the same collectives (one
+config: checkpoints, the cross-rank settings check, the meter). Native HSDP prices its
+replica all-reduce too (``hsdp_cost``): the plan chooses its ``all_reduce`` option beside
+the shard group's collectives. Pins (``AutoSettings.pins``, ``HFCOMPRESS_AUTO``) fix some
+collective kinds; the others are still chosen.
 
 Rule: the cheapest predicted plan, except that a plan compressing more collective kinds must
 be predicted more than ``margin`` (default 5%) faster than one compressing fewer: when links
@@ -33,14 +33,14 @@ import torch.distributed as dist
 from torch import nn
 
 from ..comm import Topology
-from ..config import AutoSettings, CompressionConfig
+from ..config import DDP_ROLES, FSDP_ROLES, AutoSettings, CompressionConfig
 from ..cost.units import Unit
 from ..integrations.fsdp import fsdp_units
-from .candidates import (DDP_KINDS, FSDP_KINDS, OPTIONS, PIN_ENV, Plan, candidates,
-                         pins_from_env)
-from .cost_model import (Cost, Layout, built, calibrate, ddp_cost, ddp_needs, fsdp_cost,
-                         fsdp_needs)
-from .probe import CodecRate, Links, agree, codec_rate, probe_collectives, probe_links
+from .candidates import OPTIONS, PIN_ENV, Plan, candidates, pins_from_env
+from .cost_model import (Cost, GroupLayout, built, collective_codec_seconds, ddp_cost,
+                         ddp_needs, fsdp_cost, fsdp_needs)
+from .probe import (CodecSeconds, ProbedLinks, agree, codec_rate, probe_collectives,
+                    probe_links)
 
 logger = logging.getLogger(__name__)
 CODEC_CAP = 1 << 22   # values timed per scheme at most (the rate per value is what counts)
@@ -125,12 +125,12 @@ def _settings(settings: AutoSettings, kinds: tuple[str, ...]) -> dict[str, str]:
 
 
 def _codecs(needed: dict[str, tuple[str, int, torch.dtype]], world: int,
-            device: torch.device, reps: int) -> dict[str, CodecRate]:
+            device: torch.device, reps: int) -> dict[str, CodecSeconds]:
     """Codec rates of the options in ``needed`` (option -> (kind, numel, dtype)), agreed."""
     rates = {opt: codec_rate(built(kind, opt, world), min(n, CODEC_CAP), dtype, device, reps)
              for opt, (kind, n, dtype) in needed.items()}
     flat = agree([v for r in rates.values() for v in (r.compress_s, r.decompress_s)], device)
-    return {opt: CodecRate(flat[2 * i], flat[2 * i + 1]) for i, opt in enumerate(rates)}
+    return {opt: CodecSeconds(flat[2 * i], flat[2 * i + 1]) for i, opt in enumerate(rates)}
 
 
 def _pick(rows: list[dict[str, Any]], margin: float) -> str:
@@ -168,9 +168,9 @@ def choose_fsdp(model: nn.Module, modules: list[tuple[str, nn.Module]], topology
     t0 = time.perf_counter()
     units, wdt, gdt, device = fsdp_units(model, modules, exact_patterns, min_numel)
     x, y, w = topology.ranks_per_node, topology.num_nodes, topology.world_size
-    layout = Layout(w, x, wdt.itemsize, gdt.itemsize)
+    layout = GroupLayout(w, x, wdt.itemsize, gdt.itemsize)
     check_same_layout(topology, *([replicas] if replicas else []))
-    pins = _settings(settings, FSDP_KINDS + (DDP_KINDS if replicas else ()))
+    pins = _settings(settings, FSDP_ROLES + (DDP_ROLES if replicas else ()))
     plans = candidates("fsdp2", x, y, pins)
     links = probe_links(topology, fsdp_needs(layout), device, settings.reps)
     s = max(u.numel for u in units)
@@ -183,13 +183,13 @@ def choose_fsdp(model: nn.Module, modules: list[tuple[str, nn.Module]], topology
     grads = {f"{p.grad_intra}+{p.grad_inter}": (fresh("grad_intra", p.grad_intra),
                                                 fresh("grad_inter", p.grad_inter))
              for p in plans if (p.grad_intra, p.grad_inter) != ("exact", "exact")}
-    measured = calibrate(probe_collectives(topology, weights, grads, n, wdt, gdt, device,
-                                           settings.reps), n, layout, links, codecs)
+    timed = probe_collectives(topology, weights, grads, n, wdt, gdt, device, settings.reps)
+    measured = collective_codec_seconds(timed, n, layout, links, codecs)
 
     kind, facts, shape = "fsdp2", links.to_dict(), {}
     if replicas is not None:
-        kind, replica = "hsdp", Layout(replicas.world_size, replicas.ranks_per_node,
-                                       wdt.itemsize, gdt.itemsize)
+        kind, replica = "hsdp", GroupLayout(replicas.world_size, replicas.ranks_per_node,
+                                            wdt.itemsize, gdt.itemsize)
         plans = [dataclasses.replace(p, all_reduce=a.all_reduce) for p in plans
                  for a in candidates("hsdp", replica.ranks_per_node, replica.nodes, pins)]
         rlinks = probe_links(replicas, ddp_needs(replica), device, settings.reps,
@@ -215,8 +215,9 @@ def choose_fsdp(model: nn.Module, modules: list[tuple[str, nn.Module]], topology
                   pins, probe_s, settings.overlap)
 
 
-def hsdp_cost(plan: Plan, units: list[Unit], layout: Layout, links: Links, replica: Layout,
-              rlinks: Links, codecs: dict[str, CodecRate], measured: dict[str, float]) -> Cost:
+def hsdp_cost(plan: Plan, units: list[Unit], layout: GroupLayout, links: ProbedLinks,
+              replica: GroupLayout, rlinks: ProbedLinks, codecs: dict[str, CodecSeconds],
+              measured: dict[str, float]) -> Cost:
     """Seconds per step of native HSDP under ``plan``: the shard group's FSDP2 collectives
     (:func:`~.cost_model.fsdp_cost`) and, per unit, the replica all-reduce of its gradient
     shard (FSDP2's all-reduce hook: one call per unit, its exact values exactly) on the
@@ -247,8 +248,8 @@ def choose_ddp(model: nn.Module, topology: Topology, group_size: int,
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device if params else torch.device("cpu")
     numel = sum(p.numel() for p in params)
-    layout = Layout(group_size, topology.ranks_per_node, 4, 4)
-    pins = _settings(settings, DDP_KINDS)
+    layout = GroupLayout(group_size, topology.ranks_per_node, 4, 4)
+    pins = _settings(settings, DDP_ROLES)
     plans = candidates("ddp", topology.ranks_per_node, topology.num_nodes, pins)
     links = probe_links(topology, ddp_needs(layout), device, settings.reps)
     needed = {p.all_reduce: ("all_reduce", numel, torch.float32) for p in plans
@@ -268,7 +269,7 @@ def fresh(kind: str, option: str):
     return None if scheme is None else scheme.build()
 
 
-def _codec_dict(codecs: dict[str, CodecRate]) -> dict[str, Any]:
+def _codec_dict(codecs: dict[str, CodecSeconds]) -> dict[str, Any]:
     return {k: {"compress_ns_per_value": 1e9 * r.compress_s,
                 "decompress_ns_per_value": 1e9 * r.decompress_s} for k, r in codecs.items()}
 

@@ -10,7 +10,7 @@ probed link of its primitive and group in the running job (``probe.py``: ``laten
 buffer / bandwidth``, fitted with every rank of a node sending at once, so the ring / direct
 algorithm and the node's shared link are in the measurement), and the codec at this
 device's measured kernel rates, or at the compressed collective's measured cost per value
-(``calibrate``):
+(``collective_codec_seconds``):
 
 - weights: the forward all-gather (qWD: node-sharded references, ``comm/reference_gather.py``)
   and, unless the unit stays gathered, the backward one (the weights unchanged); the codec:
@@ -41,14 +41,18 @@ from dataclasses import dataclass, field
 from ..comm.traffic import Phase, payload_bytes  # noqa: F401 (payload_bytes: tests)
 from ..compressors import Compressor
 from ..compressors.registry import build_compressor
-from ..cost.collectives import Collective, Senders, ddp_collectives, unit_collectives
+from ..cost.collectives import (BUCKET_BYTES, Collective, Senders, ddp_collectives,
+                                unit_collectives)
 from ..cost.units import Unit
 from .candidates import OPTIONS, Plan
-from .probe import CodecRate, Links
+from .probe import CodecSeconds, ProbedLinks
 
 
 @dataclass(frozen=True)
-class Layout:
+class GroupLayout:
+    """The running job's DP group: ``world`` ranks, ``ranks_per_node`` on each node, and the
+    bytes per value of its exact collectives."""
+
     world: int
     ranks_per_node: int
     weight_bytes: int = 2     # the all-gather dtype (bf16 under mixed precision)
@@ -91,7 +95,8 @@ def built(kind: str, option: str, world: int) -> Compressor | None:
     return None if c is None else c.steady()
 
 
-def wire_seconds(phases: list[Phase], layout: Layout, links: Links, calls: int = 1) -> float:
+def wire_seconds(phases: list[Phase], layout: GroupLayout, links: ProbedLinks,
+                 calls: int = 1) -> float:
     """Seconds of ``calls`` calls of a collective declaring ``phases``, each phase on the
     probed link of its primitive and group (``intra`` / ``inter`` probed only when both
     hops exist: else the one non-trivial hop runs over the world group)."""
@@ -100,7 +105,7 @@ def wire_seconds(phases: list[Phase], layout: Layout, links: Links, calls: int =
                              calls) for p in phases)
 
 
-def fsdp_needs(layout: Layout) -> list[tuple[str, str]]:
+def fsdp_needs(layout: GroupLayout) -> list[tuple[str, str]]:
     """The ``(primitive, group)`` pairs an FSDP plan can use on this layout."""
     x, y = layout.ranks_per_node, layout.nodes
     need = [("all_gather", "world"), ("reduce_scatter", "world")]
@@ -112,12 +117,13 @@ def fsdp_needs(layout: Layout) -> list[tuple[str, str]]:
     return need
 
 
-def ddp_needs(layout: Layout) -> list[tuple[str, str]]:
+def ddp_needs(layout: GroupLayout) -> list[tuple[str, str]]:
     return [("all_reduce", "world"), ("all_to_all", "world"), ("all_gather", "world")]
 
 
-def _price(cost: Cost, plan: Plan, collectives: list[Collective], layout: Layout,
-           links: Links, codecs: dict[str, CodecRate], measured: dict[str, float]) -> None:
+def _price(cost: Cost, plan: Plan, collectives: list[Collective], layout: GroupLayout,
+           links: ProbedLinks, codecs: dict[str, CodecSeconds],
+           measured: dict[str, float]) -> None:
     """Add each collective's wire and codec seconds to ``cost`` under its part. ``measured``:
     codec seconds per value of a compressed collective as a whole (``weights:<option>``,
     ``grads:<intra>+<inter>``), used instead of its kernels' rates."""
@@ -133,8 +139,9 @@ def _price(cost: Cost, plan: Plan, collectives: list[Collective], layout: Layout
         cost.add(c.part, wire=wire_seconds(list(c.phases), layout, links, c.calls), codec=codec)
 
 
-def fsdp_cost(plan: Plan, units: list[Unit], layout: Layout, links: Links,
-              codecs: dict[str, CodecRate], measured: dict[str, float] | None = None) -> Cost:
+def fsdp_cost(plan: Plan, units: list[Unit], layout: GroupLayout, links: ProbedLinks,
+              codecs: dict[str, CodecSeconds],
+              measured: dict[str, float] | None = None) -> Cost:
     """Seconds per training step of the FSDP2 collectives under ``plan`` (module doc):
     the collectives ``cost/collectives.unit_collectives`` enumerates, on the probed links."""
     senders = Senders.of(plan.config(), layout.world, layout.ranks_per_node)
@@ -146,8 +153,9 @@ def fsdp_cost(plan: Plan, units: list[Unit], layout: Layout, links: Links,
     return cost
 
 
-def calibrate(times: dict[str, float], numel: int, layout: Layout, links: Links,
-              codecs: dict[str, CodecRate]) -> dict[str, float]:
+def collective_codec_seconds(times: dict[str, float], numel: int, layout: GroupLayout,
+                             links: ProbedLinks,
+                             codecs: dict[str, CodecSeconds]) -> dict[str, float]:
     """Codec seconds per value of each compressed collective timed as a whole
     (``probe_collectives`` at ``numel`` values per rank): its time minus the wire time the
     links predict for it, at least what its kernels alone cost."""
@@ -163,8 +171,8 @@ def calibrate(times: dict[str, float], numel: int, layout: Layout, links: Links,
     return out
 
 
-def ddp_cost(plan: Plan, numel: int, layout: Layout, links: Links,
-             codecs: dict[str, CodecRate], bucket_bytes: int = 25 << 20) -> Cost:
+def ddp_cost(plan: Plan, numel: int, layout: GroupLayout, links: ProbedLinks,
+             codecs: dict[str, CodecSeconds], bucket_bytes: int = BUCKET_BYTES) -> Cost:
     """Seconds per training step of the DDP all-reduce of ``numel`` gradients (fp32 buckets
     of ``bucket_bytes``) under ``plan``."""
     senders = Senders.of(plan.config(), layout.world, layout.ranks_per_node)

@@ -64,7 +64,7 @@ class Fit:
 
 
 @dataclass
-class Links:
+class ProbedLinks:
     """Fitted primitives, keyed ``"all_gather@inter"`` etc. (group: world, intra, inter)."""
 
     fits: dict[str, Fit] = field(default_factory=dict)
@@ -155,7 +155,7 @@ def time_sizes(needed: list[tuple[str, dist.ProcessGroup, tuple[int, ...]]],
 
 
 def probe_links(topology: Topology, needed: list[tuple[str, str]], device: torch.device,
-                reps: int = 3, links_file: bool = True) -> Links:
+                reps: int = 3, links_file: bool = True) -> ProbedLinks:
     """Fit every ``(primitive, group)`` in ``needed`` on the real groups of this rank's DP
     group, all DP groups at once (see module doc); the fits a links file
     (``HFCOMPRESS_LINKS_FILE``, ``links_file.py``) holds for this layout are taken from it
@@ -163,7 +163,7 @@ def probe_links(topology: Topology, needed: list[tuple[str, str]], device: torch
     ``links_file=False``: probe them all, for groups a links file does not describe)."""
     known: list = [known_fits(topology) if links_file else {}]
     dist.broadcast_object_list(known, src=0)
-    links = Links({k: Fit(*v) for k, v in known[0].items()})
+    links = ProbedLinks({k: Fit(*v) for k, v in known[0].items()})
     todo = [(p, g) for p, g in needed if f"{p}@{g}" not in links.fits]
     groups = groups_of(topology)
     raw = time_sizes([(p, groups[g], SIZES) for p, g in todo], device, reps, dist.group.WORLD)
@@ -173,7 +173,7 @@ def probe_links(topology: Topology, needed: list[tuple[str, str]], device: torch
 
 
 @dataclass
-class CodecRate:
+class CodecSeconds:
     """Seconds per value to compress and to decompress with one scheme on this device."""
 
     compress_s: float
@@ -184,7 +184,7 @@ class CodecRate:
 
 
 def codec_rate(compressor: Compressor, numel: int, dtype: torch.dtype, device: torch.device,
-               reps: int = 3) -> CodecRate:
+               reps: int = 3) -> CodecSeconds:
     """Time ``compress`` and ``decompress`` of ``numel`` values of ``dtype`` (the fastest of
     ``reps`` after one untimed call, which compiles the kernels for this size)."""
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -195,7 +195,7 @@ def codec_rate(compressor: Compressor, numel: int, dtype: torch.dtype, device: t
     def fastest(fn: Callable[[], object]) -> float:   # the kernel's own cost, least noise
         return min(_times(fn, reps, device)) / numel
 
-    return CodecRate(fastest(lambda: compressor.compress(x)),
+    return CodecSeconds(fastest(lambda: compressor.compress(x)),
                      fastest(lambda: compressor.decompress(packed)))
 
 

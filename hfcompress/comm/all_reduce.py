@@ -23,6 +23,15 @@ declared capability (``compressors/base.py``):
   LoCo error feedback applies to the local gradient before it is sent, and to the owner's
   reduced chunk.
 
+Hierarchical (a topology of X > 1 ranks on each of Y > 1 nodes; QSDP 5.1's "hierarchical
+versions of the algorithms", SDP4Bit 3.2 / ZeRO++ B.3's node-local first hop): an exact
+reduce-scatter inside the node (an all-to-all of X chunks of the tensor, each summed in
+float32 by its owner: same bytes as torch's, and gloo's has no future), the compressed all-reduce above of
+this rank's chunk across the Y nodes (its inter-node group: ``num_peers`` = Y for
+Global-QSGD), an exact all-gather inside the node. Each node link carries the compressed
+tensor once, not X times. At X = 1 or Y = 1 the flat path above runs unchanged (on one node
+it compresses between the node's GPUs, as Global-QSGD's PCIe experiments do).
+
 Wire meter (what each rank sends, direct sends): a stock all-reduce, the codes' SUM and the
 scales' MAX alike (one float32, or one per block), counts as reduce-scatter + all-gather of
 near-equal chunks: 2 (n - 1) times its bytes over the group of n ranks.
@@ -49,13 +58,16 @@ from .wire_meter import WireMeter, peer_is_remote
 _STOCK_SUM_BITS = (8, 32)   # gloo and NCCL have no int16 SUM
 
 
-def group_size_check(compressor: Compressor, world: int) -> None:
-    """Global-QSGD payloads sum in the compressed domain: ``num_peers`` must be the group size
-    (fewer overflows the wire integer, more wastes levels)."""
-    if isinstance(compressor, GloballyScaled) and compressor.num_peers != world:
+def group_size_check(compressor: Compressor, peers: int, nodes: bool = False) -> None:
+    """Global-QSGD payloads sum in the compressed domain: ``num_peers`` must be the number of
+    payloads summed, ``peers`` (fewer overflows the wire integer, more wastes levels): the
+    group's ranks, or its nodes when the all-reduce is hierarchical (``nodes``)."""
+    if isinstance(compressor, GloballyScaled) and compressor.num_peers != peers:
+        what = f"{peers} nodes (hierarchical: one payload per node)" if nodes \
+            else f"{peers} ranks"
         raise ValueError(f"{compressor.name}: num_peers={compressor.num_peers} but the all-reduce "
-                         f"group has {world} ranks; build it with num_peers={world} (the level "
-                         f"count must leave room for the sum of {world} peers, Global-QSGD 4.2)")
+                         f"group has {what}; build it with num_peers={peers} (the level "
+                         f"count must leave room for the sum of {peers} peers, Global-QSGD 4.2)")
 
 
 class QuantizedAllReduce(StreamOwner):
@@ -102,20 +114,15 @@ class QuantizedAllReduce(StreamOwner):
             self._record(stock_all_reduce_bytes(flat.numel(), flat.element_size(), world, me),
                          group, me)
             fut = dist.all_reduce(flat, op=op, group=group, async_op=True).get_future()
+        elif hierarchical(*node_layout(self.topology, world)):
+            fut = self._hierarchical(flat, op, dev)
         else:
             group_size_check(self.compressor, world)
-            streams = self.streams["all_reduce"]
-            streams.check_layout((world, flat.numel()))
-            if isinstance(self.compressor, TreeCombined):
-                total = self._exponential(flat, group, world, me, dev)
-            elif isinstance(self.compressor, GloballyScaled):
-                total = self._linear(flat, group, world, me, dev)
-            else:
-                total = self._chunked(flat, streams, group, world, me, dev)
+            self.streams["all_reduce"].check_layout((world, flat.numel()))
 
             def average(t: torch.Tensor) -> torch.Tensor:
                 return flat.copy_(t / world if op == dist.ReduceOp.AVG else t)
-            fut = chain(total, average, dev)
+            fut = chain(self._compressed(flat, group, world, me, dev), average, dev)
 
         def write_back(_: Any) -> torch.Tensor:
             if flat.data_ptr() != tensor.data_ptr():
@@ -128,22 +135,59 @@ class QuantizedAllReduce(StreamOwner):
                 itemsize: int) -> list[Phase]:
         """One call over the world of ``numel`` values of ``itemsize`` bytes (``traffic.py``):
         by the compressor's capability, as :meth:`launch` runs it."""
-        c, w = compressor, ranks_per_node * nodes
+        c, x, y = compressor, ranks_per_node, nodes
         if c is None:
-            return [stock_all_reduce("world", w, numel * itemsize)]
-        if w == 1 or numel == 0:
+            return [stock_all_reduce("world", x * y, numel * itemsize)]
+        if x * y == 1 or numel == 0:
             return []
-        width = -(-numel // w)
-        if isinstance(c, GloballyScaled):
-            tree = isinstance(c, TreeCombined)
-            scales = w * c.num_scales(width) if tree and c.block_size is not None \
-                else c.num_scales(numel)
-            codes = _codes_bytes(c, width if tree else numel)
-            return [stock_all_reduce("world", w, 4 * scales)] + (
-                [exchange("world", w, codes), gather("world", codes)] if tree
-                else [stock_all_reduce("world", w, codes)])
-        return [exchange("world", w, payload_bytes(c, width, itemsize)),
-                gather("world", payload_bytes(c, width, 4))]
+        if not hierarchical(x, y):
+            return _compressed_phases("world", x * y, numel, c, itemsize)
+        width = -(-numel // x)
+        part = width * itemsize
+        return [Phase("reduce_scatter", "intra", x * part, part)] \
+            + _compressed_phases("inter", y, width, c, itemsize) + [gather("intra", part)]
+
+    def _compressed(self, flat, group, world, me, dev) -> Future:
+        """A future of the float32 sum of ``flat`` over ``group``, by the compressor's
+        capability (module docstring)."""
+        if isinstance(self.compressor, TreeCombined):
+            return self._exponential(flat, group, world, me, dev)
+        if isinstance(self.compressor, GloballyScaled):
+            return self._linear(flat, group, world, me, dev)
+        return self._chunked(flat, self.streams["all_reduce"], group, world, me, dev)
+
+    def _hierarchical(self, flat: torch.Tensor, op: Any, dev) -> Future:
+        """Exact sum in the node (an all-to-all of the X chunks, summed in float32), the
+        compressed sum of this rank's chunk across the nodes, exact all-gather in the node
+        (module docstring); a future of ``flat`` holding the result (divided by the world
+        size for AVG in float32, then cast)."""
+        topo = self.topology
+        x, y = topo.ranks_per_node, topo.num_nodes
+        group_size_check(self.compressor, y, nodes=True)
+        rows = _rows(flat, x)
+        width, itemsize = rows.shape[1], flat.element_size()
+        self.streams["all_reduce"].check_layout(("nodes", y, width))
+        self._record([2 * width * itemsize * (k != topo.local_rank) for k in range(x)],
+                     topo.intra_group, topo.local_rank)   # the all-to-all and all-gather
+        recv = torch.empty_like(rows)
+        fut = dist.all_to_all_single(recv, rows, group=topo.intra_group,
+                                     async_op=True).get_future()
+
+        def across(_: Any) -> Future:
+            part = recv.float().sum(0)
+            return self._compressed(part, topo.inter_group, y, topo.node, dev)
+
+        def gather(total: torch.Tensor) -> Future:
+            mine = (total / (x * y) if op == dist.ReduceOp.AVG else total).to(flat.dtype)
+            recv[0] = mine      # kept alive until the all-gather is done
+            return all_gather_single(rows.reshape(-1), recv[0], group=topo.intra_group,
+                                     async_op=True).get_future()
+
+        def unpad(_: Any) -> torch.Tensor:
+            if rows.data_ptr() != flat.data_ptr():
+                flat.copy_(rows.reshape(-1)[:flat.numel()])
+            return flat
+        return chain(chain(chain(fut, across, dev), gather, dev), unpad, dev)
 
     # -- Global-QSGD ----------------------------------------------------------------------
     def _global_scale(self, scale: torch.Tensor, group: dist.ProcessGroup, world: int,
@@ -235,12 +279,48 @@ class QuantizedAllReduce(StreamOwner):
             self.meter.record_sends(self.tag, per_peer, peer_is_remote(group, self.topology), me)
 
 
+def node_layout(topology: Topology | None, world: int) -> tuple[int, int]:
+    """(X ranks per node, Y nodes) of an all-reduce over ``world`` ranks: the topology's
+    when its group is that size, else one node."""
+    if topology is not None and topology.world_size == world:
+        return topology.ranks_per_node, topology.num_nodes
+    return world, 1
+
+
+def hierarchical(ranks_per_node: int, nodes: int) -> bool:
+    """A compressed all-reduce runs hierarchically on X > 1 ranks of each of Y > 1 nodes
+    (module docstring)."""
+    return ranks_per_node > 1 and nodes > 1
+
+
+def summing_peers(ranks_per_node: int, nodes: int) -> int:
+    """How many payloads a compressed all-reduce sums (Global-QSGD's ``num_peers``): the
+    nodes when it runs hierarchically, else the ranks."""
+    return nodes if hierarchical(ranks_per_node, nodes) else ranks_per_node * nodes
+
+
 def _rows(flat: torch.Tensor, world: int) -> torch.Tensor:
     """``flat`` zero-padded to ``world`` equal chunks, as ``[world, ceil(numel / world)]``."""
     width = -(-flat.numel() // world)
     pad = world * width - flat.numel()
     return torch.nn.functional.pad(flat, (0, pad)).view(world, width) if pad \
         else flat.view(world, width)
+
+
+def _compressed_phases(group: str, w: int, numel: int, c: Compressor,
+                       itemsize: int) -> list[Phase]:
+    """The phases of the compressed sum of ``numel`` values over ``w`` ranks of ``group``."""
+    width = -(-numel // w)
+    if isinstance(c, GloballyScaled):
+        tree = isinstance(c, TreeCombined)
+        scales = w * c.num_scales(width) if tree and c.block_size is not None \
+            else c.num_scales(numel)
+        codes = _codes_bytes(c, width if tree else numel)
+        return [stock_all_reduce(group, w, 4 * scales)] + (
+            [exchange(group, w, codes), gather(group, codes)] if tree
+            else [stock_all_reduce(group, w, codes)])
+    return [exchange(group, w, payload_bytes(c, width, itemsize)),
+            gather(group, payload_bytes(c, width, 4))]
 
 
 def _codes_bytes(c: GloballyScaled, numel: int) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..cost.links import DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS
 from ..cost.plan import LOSS_KEEPING, plan
 from ..cost.report import render_text
 from ..cost.step_model import DTYPE_BYTES, ENGINES
@@ -64,12 +65,13 @@ def _add_cluster_arguments(c) -> None:
     c.add_argument("--cp", type=int, default=1, help="context-parallel size, inside a node (1)")
     c.add_argument("--inter-node-gbps", type=float, help="effective Gbit/s of "
                    "one node's network link, all its NICs, one direction; wins over --links "
-                   "(default: the --links file's, else 400: about what "
+                   f"(default: the --links file's, else {DEFAULT_INTER_GBPS:g}: about what "
                    "SDP4Bit's H800 nodes, 8 x 400 Gbit/s NICs, gave their data-parallel "
-                   "collectives, 0.13-0.16 of the sum; fit yours: --calibrate)")
+                   "collectives, 0.13-0.14 of the sum; fit yours: --calibrate)")
     c.add_argument("--intra-node-gbps", type=float, help="effective Gbit/s per GPU inside a "
-                   "node; wins over --links (default: the --links file's, else 2400: two "
-                   "thirds of H100 NVLink's 450 GB/s a direction)")
+                   "node; wins over --links (default: the --links file's, else "
+                   f"{DEFAULT_INTRA_GBPS:g}: two thirds of H100 NVLink's 450 GB/s a "
+                   "direction)")
     c.add_argument("--links", metavar="FILE", help="the JSON of hfcompress probe: the "
                    "measured effective bandwidths and latencies (per node link / per GPU, so "
                    "usable on another layout than the one it was measured on) and codec "

@@ -11,7 +11,7 @@ Per compress of a gradient g (on the sending rank), audited against Alg. 1 line 
 ``step()`` (once per optimizer step) zeroes e after every iteration k with k % T_c == 0
 (lines 9-10, Eq. (7)), i.e. after iterations 0, T_c, 2 T_c, ...
 
-Audit (issue 39), what each term is here:
+What each term of the paper is here:
 
 - Compensated (Eq. (2)): the float32 gradient this instance sends plus the dequantized
   stored error; nothing else (no learning rate, no optimizer state: LoCo 4.2, Eq. (10)).

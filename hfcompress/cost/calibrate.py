@@ -1,9 +1,10 @@
 """Fit a cluster's effective inter-node bandwidth to training steps measured on it
 (``hfcompress plan --calibrate FILE``), under the planner's own byte model.
 
-Stated link rates mislead (SDP4Bit's H800 cluster behaved like 0.13-0.16 of its 3.2 Tbit/s per
-node, its A100 cluster like 1.1-1.7x of 100 Gbit/s; docs/DESIGN "Cost at cluster scale"); one
-bandwidth fitted to a few measured runs of one cluster predicts the next run there.
+Stated link rates mislead (SDP4Bit's H800 cluster behaved like 0.13-0.14 of its 3.2 Tbit/s per
+node, its A100 cluster like 1.1-1.7x of 100 Gbit/s: BENCHMARKS.md, "Planner vs the papers'
+clusters"); one bandwidth fitted to a few measured runs of one cluster predicts the next run
+there.
 
 A run is a JSON object with ``hidden``, ``layers``, ``seq_len``, ``micro_batch``, ``nodes``,
 ``gpus_per_node``, ``tp``, ``pp``, ``preset`` and ``step_s`` (measured seconds per optimizer

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..comm.topology import divisors
+
 
 @dataclass(frozen=True)
 class ClusterLayout:
@@ -36,11 +38,11 @@ class ClusterLayout:
             raise ValueError(
                 f"tp x cp = {self.tp} x {self.cp} = {inner} must divide gpus_per_node="
                 f"{self.gpus_per_node} (TP and CP stay inside a node): choose tp*cp among "
-                f"{_divisors(self.gpus_per_node)}")
+                f"{divisors(self.gpus_per_node)}")
         if self.nodes % self.pp:
             raise ValueError(
                 f"pp={self.pp} must divide nodes={self.nodes} (each pipeline stage takes whole "
-                f"nodes): choose pp among {_divisors(self.nodes)} or change --nodes")
+                f"nodes): choose pp among {divisors(self.nodes)} or change --nodes")
 
     @property
     def dp_per_node(self) -> int:
@@ -61,7 +63,3 @@ class ClusterLayout:
     def dp(self) -> int:
         """The data-parallel group size x * y."""
         return self.dp_per_node * self.dp_nodes
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]

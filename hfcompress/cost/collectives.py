@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 
 from ..comm.all_gather import QuantizedAllGather
-from ..comm.all_reduce import QuantizedAllReduce
+from ..comm.all_reduce import QuantizedAllReduce, summing_peers
 from ..comm.reduce_scatter import QuantizedReduceScatter
 from ..comm.reference_gather import ShardedReferences
 from ..comm.traffic import Phase, gather
@@ -41,18 +41,17 @@ from ..comm.two_hop import TwoHopReduceScatter
 from ..compressors import Compressor
 from ..compressors.base import ReferenceCoded
 from ..compressors.registry import build_compressor
-from ..config import CompressionConfig
+from ..config import DDP_ROLES, CompressionConfig
 from .hops import gradient_hops
 from .units import Unit, hpz_reshard
 
 BUCKET_BYTES = 25 << 20    # DDP's default bucket_cap_mb
-ROLES = ("weights", "grad_intra", "grad_inter", "all_reduce")
 
 
 @dataclass(frozen=True)
 class Work:
     """Codec work of one call: ``compressed`` values compressed, ``decompressed`` values
-    decoded (and summed) with the scheme of ``role`` (a :data:`ROLES` field)."""
+    decoded (and summed) with the scheme of ``role`` (``config.ROLES``)."""
 
     role: str
     compressed: float
@@ -94,8 +93,9 @@ class Senders:
     @classmethod
     def of(cls, config: CompressionConfig, world: int, ranks_per_node: int) -> Senders:
         try:
-            built = {k: build_compressor(getattr(config, k), 0, num_peers=world)
-                     for k in ("weights", "all_reduce")}
+            peers = summing_peers(ranks_per_node, world // ranks_per_node)
+            built = {k: build_compressor(getattr(config, k), 0, num_peers=peers)
+                     for k in ("weights", *DDP_ROLES)}
             grads = gradient_hops(config, ranks_per_node, num_peers=world)
         except ValueError as e:
             raise ValueError(f"preset {config.name!r} cannot run on a data-parallel group of "
@@ -151,7 +151,7 @@ def unit_collectives(s: Senders, unit: Unit, nodes: int, weight_bytes: int = 2,
     if not s.grads_compressed:
         out += _call("grads", QuantizedReduceScatter.traffic(n + e, x, y, None, gb), n + e)
         return out
-    if s.config.two_hop:
+    if s.config.runs_two_hop(x):
         work = []
         if x > 1 and s.grad_intra is not None:   # hop 1: every row; X payloads of Y rows
             work.append(Work("grad_intra", w * n, w * n))

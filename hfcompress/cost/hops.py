@@ -8,9 +8,7 @@ from typing import Any
 
 from ..compressors import Compressor
 from ..compressors.registry import build_compressor
-from ..config import CompressionConfig
-
-GRAD_HOPS = ("grad_intra", "grad_inter")
+from ..config import GRAD_ROLES, CompressionConfig
 
 
 def gradient_hops(config: CompressionConfig, ranks_per_node: int, seed: int = 0,
@@ -20,4 +18,4 @@ def gradient_hops(config: CompressionConfig, ranks_per_node: int, seed: int = 0,
     :meth:`CompressionConfig.loco_hops` names. A 1-hop reduce-scatter runs ``grad_inter``
     only; a 2-hop one runs both."""
     return config.with_loco({k: build_compressor(getattr(config, k), seed, *key, k, **defaults)
-                             for k in GRAD_HOPS}, ranks_per_node)
+                             for k in GRAD_ROLES}, ranks_per_node)

@@ -1,15 +1,21 @@
 """The links of a cluster one has not measured yet, as effective bandwidths (the planner's
-counterpart of ``auto/probe.py``'s fitted :class:`~hfcompress.auto.probe.Links`).
+counterpart of ``auto/probe.py``'s fitted :class:`~hfcompress.auto.probe.ProbedLinks`).
 
-Effective, not nominal: what a node's data-parallel collectives really get. The issue-31
-study of the papers' clusters found 0.13-0.16 of the stated NIC bandwidth on an H800
-cluster; measure it (``hfcompress probe``) or fit it to a few measured steps
-(``cost/calibrate.py``) rather than typing the data sheet's number.
+Effective, not nominal: what a node's data-parallel collectives really get. Fitted to the
+papers' published runs, SDP4Bit's H800 cluster gave 0.13-0.14 of its stated 3.2 Tbit/s per
+node (BENCHMARKS.md, "Planner vs the papers' clusters"); measure it (``hfcompress probe``)
+or fit it to a few measured steps (``cost/calibrate.py``) rather than typing the data
+sheet's number.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+#: Gbit/s when neither the user nor a links file gives them: per node link, about what
+#: SDP4Bit's H800 nodes (8 x 400 Gbit/s NICs) gave their data-parallel collectives; per GPU
+#: inside a node, two thirds of H100 NVLink's 450 GB/s a direction
+DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS = 400.0, 2400.0
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ One JSON object, ``version`` 1:
 - ``fits``: per ``primitive@group`` (group: the DP group ``world``, its ``intra`` / ``inter``
   node subgroups, or ``node``: all ranks of a node, measured for the intra-node bandwidth
   when the DP group has no intra-node traffic) ``latency_us`` and ``MB_per_s`` (send buffer
-  bytes per second, as ``auto/probe.Links``), the ``sizes_bytes`` and ``seconds`` they were
-  fitted to, ``steps`` (latency steps) and, per node, ``node_link_gbps`` / ``gpu_intra_gbps``: what
-  a node's network link / a GPU's intra-node link carried per second (``cost/link_bytes.py``);
+  bytes per second, as ``auto/probe.ProbedLinks``), the ``sizes_bytes`` and ``seconds`` they
+  were fitted to, ``steps`` (latency steps) and, per node, ``node_link_gbps`` /
+  ``gpu_intra_gbps``: what a node's network link / a GPU's intra-node link carried per
+  second (``cost/link_bytes.py``);
 - ``inter_node_gbps`` / ``intra_node_gbps`` (null: nothing on this layout crosses nodes /
   stays in a node) and ``inter_latency_us`` / ``intra_latency_us`` per latency step: the
   fields of ``ClusterLinks``;

@@ -9,7 +9,7 @@ from typing import Any
 from ..config import get_config
 from .calibrate import fit_inter_node_gbps, load_runs
 from .cluster import ClusterLayout
-from .links import ClusterLinks
+from .links import DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS, ClusterLinks
 from .links_file import cluster_links, codec_rates, describe_layout, load
 from .model_shape import ModelShape
 from .report import plan_report
@@ -19,7 +19,6 @@ from .step_model import DTYPE_BYTES, compute_from_baseline
 #: kept", at both learning rates): not ``zeropp`` (int4 gradients, +3.6% at lr 3e-3,
 #: auto/candidates.py), ``qw`` (4-bit weights, +1.7%) nor the DDP presets (another engine)
 LOSS_KEEPING = ("none", "qwd", "tlq_hs", "sdp4bit", "loco")
-DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS = 400.0, 2400.0
 
 
 def plan(shape: ModelShape, presets: list[str], *, nodes: int, gpus_per_node: int = 8,

@@ -53,11 +53,10 @@ from typing import Sequence
 import torch
 
 from ..comm.traffic import Phase
-from ..config import CompressionConfig, get_config
+from ..config import ROLES, CompressionConfig, get_config
 from .cluster import ClusterLayout
 from .codec_rates import PER_CALL_S, default_rates, estimated, rate_key
-from .collectives import (ROLES, Collective, Senders, Work, ddp_collectives,
-                          unit_collectives)
+from .collectives import Collective, Senders, Work, ddp_collectives, unit_collectives
 from .link_bytes import phase_bytes
 from .links import ClusterLinks
 from .state import estimate_state_bytes, total

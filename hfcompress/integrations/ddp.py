@@ -10,7 +10,9 @@ hook with one line"), int8 / int4 group quantization, LoCo error feedback (LoCo 
 
 DDP has no weight all-gather: a preset's all-reduce is its ``all_reduce`` scheme, else its
 gradient scheme ``grad_inter`` (e.g. ``sdp4bit`` all-reduces with the 4-bit Hadamard
-scheme); weight schemes, hpZ and the 2-hop layout need FSDP2.
+scheme); weight schemes, hpZ and the 2-hop layout need FSDP2. With a topology of X > 1 ranks
+on each of Y > 1 nodes the compressed all-reduce is hierarchical (exact inside the node,
+compressed across the nodes on 1/X of the bucket: ``comm/all_reduce.py``).
 
 Each bucket gets its own ``QuantizedAllReduce`` (LoCo keeps its error per bucket index; DDP
 rebuilds its buckets once after the first iteration, which starts fresh streams for the
@@ -32,7 +34,7 @@ from torch import nn
 from torch.futures import Future
 
 from ..comm import QuantizedAllReduce, Topology, WireMeter
-from ..comm.all_reduce import group_size_check, stock_all_reduce_bytes
+from ..comm.all_reduce import group_size_check, node_layout, stock_all_reduce_bytes, summing_peers
 from ..comm.futures import chain, completed, devices_of, inline, side_stream_call
 from ..compressors import Compressor
 from ..compressors.registry import build_compressor
@@ -63,7 +65,8 @@ def all_reduce_compressor(config: CompressionConfig, group_size: int,
                           *key: Any) -> Optional[Compressor]:
     """The all-reduce scheme of ``config`` (``all_reduce``, else the gradient scheme
     ``grad_inter``), LoCo-wrapped if ``config.loco``; None = exact. A globally scaled scheme
-    gets ``num_peers = group_size`` unless given (then it must match); a seeded scheme gets a
+    gets ``num_peers = group_size`` (the payloads it sums: ``comm.all_reduce.summing_peers``)
+    unless given (then it must match); a seeded scheme gets a
     seed per ``key`` (include the rank: peers must not share rounding noise) from its own
     ``seed`` or ``config.seed``."""
     scheme = config.all_reduce or config.grad_inter
@@ -115,9 +118,10 @@ class AllReduceState:
                  meter: WireMeter | None = None, tag: str = "all_reduce") -> None:
         self.group = group or dist.group.WORLD
         self.size = dist.get_world_size(self.group)
+        self.peers = summing_peers(*node_layout(topology, self.size))  # hierarchical: nodes
         self.topology, self.meter, self.tag = topology, meter or WireMeter(), tag
         if isinstance(config, Compressor):
-            group_size_check(config, self.size)
+            group_size_check(config, self.peers, nodes=self.peers != self.size)
             self.config, self.prototype = CompressionConfig(exact_patterns=()), config
             settings = _without_seeds(config.config())
         else:
@@ -234,7 +238,7 @@ class AllReduceState:
     def _compressor(self, key: Hashable) -> Compressor | None:
         if self.prototype is not None:
             return self.prototype.fresh() if self.prototype.stateful else self.prototype
-        return all_reduce_compressor(self.config, self.size, dist.get_rank(), key)
+        return all_reduce_compressor(self.config, self.peers, dist.get_rank(), key)
 
     def compressors(self) -> list[Compressor]:
         return [c for s in self.streams.values() for c in s.compressed.compressors()]

@@ -55,7 +55,7 @@ def gradient_collective(config: CompressionConfig, topology: Topology, meter: Wi
     ``cost/hops.gradient_hops``."""
     hops = gradient_hops(config, topology.ranks_per_node, seed, (rank, index))
     intra, inter = hops["grad_intra"], hops["grad_inter"]
-    if config.two_hop:
+    if config.runs_two_hop(topology.ranks_per_node):
         return TwoHopReduceScatter(topology, intra, inter, meter=meter, tag=REDUCE_SCATTER)
     if inter is not None:
         return QuantizedReduceScatter(inter, topology, meter, REDUCE_SCATTER)

@@ -31,9 +31,8 @@ from ..comm.streams import StreamOwner
 from ..comm.wire_meter import node_traffic
 from ..compressors.base import Compressor, ErrorFeedback, ReferenceCoded
 from ..config import CompressionConfig
+from ..cost.state import KINDS as STATE_KINDS   # of persistent compressor state
 
-#: kinds of persistent compressor state (``Compressor.state_bytes``)
-STATE_KINDS = ("references", "errors", "buffers")
 KINDS = ("fsdp2", "ddp", "hsdp")
 
 

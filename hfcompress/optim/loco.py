@@ -10,13 +10,13 @@ buffers every T_c *optimizer steps*, so each ``step()`` that really updates the 
     handle = hfcompress.apply(model, "loco", shard=True)
     opt = LoCoAdamW(model.parameters(), compression=handle, lr=1e-4)
 
-Audit (issue 39): the optimizer sees only g~_k, the average of the decoded compensated
-gradients (Alg. 1 lines 15-16): its moments (Adam's m and v, Adafactor's factored v), any
-gradient clipping and weight decay act on g~_k, never on the local g or on e, so the error
-buffers are the only LoCo state and neither wrap changes the update rule. The clock advances
-only in a ``step()`` that reached the optimizer: a step a gradient scaler skips (non-finite
-gradients) compressed without advancing it (its non-finite error entries were stored as
-zeros), so T_c counts the optimizer's real updates on every rank alike.
+The optimizer sees only g~_k, the average of the decoded compensated gradients (Alg. 1 lines
+15-16): its moments (Adam's m and v, Adafactor's factored v), any gradient clipping and
+weight decay act on g~_k, never on the local g or on e, so the error buffers are the only
+LoCo state and neither wrap changes the update rule. The clock advances only in a ``step()``
+that reached the optimizer: a step a gradient scaler skips (non-finite gradients) compressed
+without advancing it (its non-finite error entries were stored as zeros), so T_c counts the
+optimizer's real updates on every rank alike.
 
 ``compression`` may be bound later (``opt.compression = handle``), e.g. when the optimizer is
 built before the model is sharded, as ``hfcompress.Trainer`` does.

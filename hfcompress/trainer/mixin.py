@@ -318,9 +318,9 @@ class CompressionMixin(_hf.TrainerHooks):
 
 
 _warned_single_process = False
-#: seconds the first steps of finetune_llama.py (sdp4bit, FSDP2, 2 processes) spent compiling
-#: the CPU kernels with a cold Inductor cache on a 2-core AVX2 machine: communication warm-up
-#: 93.7 s, against 2.7 s with HFCOMPRESS_COMPILE=0 (2026-11-24, machine shared, load ~9)
+#: seconds the first steps spend compiling the CPU kernels with a cold Inductor cache on a
+#: 2-core AVX2 machine (``trainer_examples/finetune_llama.py``, sdp4bit, FSDP2, 2 processes:
+#: 93.7 s of communication warm-up, 2.7 s with HFCOMPRESS_COMPILE=0)
 COMPILE_SECONDS = 90
 _noticed_compile = False
 
