@@ -202,8 +202,10 @@ def test_plan_gpu_memory_marks_presets_that_do_not_fit(capsys):
     never recommended; too little memory even for none says what to do."""
     args = [*LLAMA70B_DIMS, *CLUSTER_16X8, "--gpu-tflops", "400", "--presets",
             "sdp4bit,loco"]
-    free = plan_json(capsys, *args)["presets"]
-    assert "fits_gpu_memory" not in free["loco"]
+    default = plan_json(capsys, *args)     # no --gpu / --gpu-memory-gb: 80 GB, said so
+    assert default["gpu_memory_gb"] == 80 and "assumed" in default["gpu_memory_source"]
+    assert not default["presets"]["loco"]["fits_gpu_memory"]
+    assert default["recommendation"]["preset"] != "loco"
     report = plan_json(capsys, *args, "--gpu-memory-gb", "80")
     presets = report["presets"]
     train = report["train_state_bytes_per_gpu"]
@@ -224,6 +226,7 @@ def test_plan_gpu_memory_marks_presets_that_do_not_fit(capsys):
     main(["plan", *args, "--gpu-memory-gb", "80"])
     out = capsys.readouterr().out
     assert "loco!" in out and "never recommended" in out and "memory GB/GPU" in out
+    assert "! loco does not fit: 89.7 GB per GPU" in out
     assert "shard it over more GPUs" in plan_json(capsys, *args, "--gpu-memory-gb",
                                                   "5")["memory_warning"]
 

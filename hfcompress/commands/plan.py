@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..cost.gpus import DEFAULT_MEMORY_GB, GPUS, MEASURED_ON
 from ..cost.links import DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS
 from ..cost.plan import LOSS_KEEPING, plan
 from ..cost.report import render_text
@@ -87,11 +88,19 @@ def _add_cluster_arguments(c) -> None:
     c.add_argument("--reduce-dtype", choices=DTYPE_BYTES, default="fp32", help="dtype of the "
                    "exact gradient reduction (fp32: FSDP2's reduce_dtype; bf16 / fp16: "
                    "DeepSpeed ZeRO-3, Megatron's default)")
-    c.add_argument("--gpu-memory-gb", type=float, metavar="GB", help="GPU memory: a preset "
-                   "whose compressor state plus the model's sharded training state (18 B per "
+    c.add_argument("--gpu", choices=GPUS, type=str.lower, help="the GPU: its memory (see "
+                   "--gpu-memory-gb) and its HBM bandwidth, which scales the codec rates "
+                   f"measured on an {MEASURED_ON.upper()} (memory-bound kernels; without it: "
+                   "the H200's rates)")
+    c.add_argument("--gpu-memory-gb", type=float, metavar="GB", help="GPU memory (default: "
+                   f"the --gpu's, else {DEFAULT_MEMORY_GB:g}, as printed): a preset whose "
+                   "compressor state plus the model's sharded training state (18 B per "
                    "parameter a GPU holds: bf16 + fp32 master + 2 fp32 Adam moments + fp32 "
-                   "gradient; activations not counted) exceeds it is marked ! and not "
-                   "recommended")
+                   "gradient; activations not counted) exceeds it does not fit (marked !) and "
+                   "is never recommended")
+    c.add_argument("--hbm-gbps", type=float, metavar="GB/S", help="the GPU's memory "
+                   "bandwidth in GB/s, instead of the --gpu's: codec rates = the H200's x "
+                   "this / 4800")
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
@@ -102,7 +111,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
                           "or --gpu-tflops T (compute from 6 x params x tokens)" +
                           (", not both" if args.step_time is not None else ""))
     for flag in ("seq_len", "micro_batch", "grad_accum", "step_time", "gpu_tflops",
-                 "inter_node_gbps", "intra_node_gbps", "gpu_memory_gb"):
+                 "inter_node_gbps", "intra_node_gbps", "gpu_memory_gb", "hbm_gbps"):
         value = getattr(args, flag)
         if value is not None and not value > 0:
             args.parser.error(f"--{flag.replace('_', '-')} {value:g} must be > 0")
@@ -120,7 +129,8 @@ def plan_command(args: argparse.Namespace) -> None:
             gather_dtype=args.gather_dtype, reduce_dtype=args.reduce_dtype,
             step_time=args.step_time, gpu_tflops=args.gpu_tflops,
             inter_node_gbps=args.inter_node_gbps, intra_node_gbps=args.intra_node_gbps,
-            links_file=args.links, calibrate=args.calibrate, gpu_memory_gb=args.gpu_memory_gb)
+            links_file=args.links, calibrate=args.calibrate, gpu=args.gpu,
+            gpu_memory_gb=args.gpu_memory_gb, hbm_gbps=args.hbm_gbps)
     except ValueError as e:     # ModelShapeError, LinksFileError, CalibrationError, layout
         args.parser.error(str(e))
     report = {"inputs": {k: v for k, v in vars(args).items() if k not in ("func", "parser")},

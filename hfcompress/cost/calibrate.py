@@ -139,8 +139,9 @@ class StepPredictor:
 
     def __init__(self, runs: list[MeasuredRun], *, intra_node_gbps: float,
                  engine: str | Engine = "fsdp2", gpu_tflops: float | None = None,
-                 weight_bytes: int = 2, grad_bytes: int = 4) -> None:
+                 weight_bytes: int = 2, grad_bytes: int = 4, codec_scale: float = 1.0) -> None:
         self.intra_node_gbps, self.engine, self.gpu_tflops = intra_node_gbps, engine, gpu_tflops
+        self.codec_scale = codec_scale
         self.weight_bytes, self.grad_bytes = weight_bytes, grad_bytes
         self.baselines: dict[tuple, list[float]] = {}
         for r in runs:
@@ -186,18 +187,47 @@ class StepPredictor:
             units = run.shape.unit_counts(run.layout, config.exact_patterns, config.min_numel)
             self._costs[key] = price_step(config, units, run.layout, links,
                                           compute_s=self.compute(run, links),
-                                          **self._kwargs(run))
+                                          codec_scale=self.codec_scale, **self._kwargs(run))
         return self._costs[key]
 
 
-def fit_inter_node_gbps(runs: list[dict] | list[MeasuredRun], *, intra_node_gbps: float,
-                        engine: str | Engine = "fsdp2", gpu_tflops: float | None = None,
-                        weight_bytes: int = 2, grad_bytes: int = 4,
-                        predict: Predict | None = None) -> float:
+@dataclass(frozen=True)
+class Fit:
+    """A fitted inter-node bandwidth and whether the runs determine it: ``bound`` says
+    which search bound it ended on (the runs only say the links are at most / at least
+    that), ``flat`` that every bandwidth predicts the same steps (nothing to fit)."""
+
+    gbps: float
+    bound: str | None = None
+    flat: bool = False
+
+    @property
+    def problem(self) -> str | None:
+        """Why the fit should not be trusted, or None."""
+        if self.flat:
+            return ("the runs predict the same step at every bandwidth (their communication "
+                    "is hidden or absent): they cannot identify it; add runs where "
+                    "communication shows (more nodes, a slower link, a larger model)")
+        if self.bound == "low":
+            return (f"the fit ended on the search's lower bound, {LOW_GBPS:g} Gbit/s: the "
+                    f"measured steps are slower than any bandwidth explains (compute of the "
+                    f"'none' run too low? other overheads?)")
+        if self.bound == "high":
+            return (f"the fit ended on the search's upper bound, {HIGH_GBPS:g} Gbit/s: the "
+                    f"measured steps are faster than the model allows at any bandwidth (a "
+                    f"'none' baseline from a slower setting? more overlap than modelled?)")
+        return None
+
+
+def fit_inter_node(runs: list[dict] | list[MeasuredRun], *, intra_node_gbps: float,
+                   engine: str | Engine = "fsdp2", gpu_tflops: float | None = None,
+                   weight_bytes: int = 2, grad_bytes: int = 4, codec_scale: float = 1.0,
+                   predict: Predict | None = None) -> Fit:
     """The effective inter-node Gbit/s per node minimizing the squared log error of the
-    predicted vs measured step seconds of ``runs`` (module doc). ``predict`` replaces the
-    planner's prediction: a :class:`StepPredictor` of more runs (its memo shared between
-    fits: leave-one-out), or a test's."""
+    predicted vs measured step seconds of ``runs`` (module doc), with whether it is
+    determined (:class:`Fit`). ``predict`` replaces the planner's prediction: a
+    :class:`StepPredictor` of more runs (its memo shared between fits: leave-one-out), or a
+    test's."""
     if not runs or not all(isinstance(r, MeasuredRun) for r in runs):
         runs = parse_runs(runs)
     if all(r.is_baseline for r in runs):
@@ -207,13 +237,25 @@ def fit_inter_node_gbps(runs: list[dict] | list[MeasuredRun], *, intra_node_gbps
                                "'none' run, or any with --gpu-tflops)")
     predict = predict or StepPredictor(runs, intra_node_gbps=intra_node_gbps, engine=engine,
                                        gpu_tflops=gpu_tflops, weight_bytes=weight_bytes,
-                                       grad_bytes=grad_bytes)
+                                       grad_bytes=grad_bytes, codec_scale=codec_scale)
 
     def loss(log_gbps: float) -> float:
         gbps = math.exp(log_gbps)
         return sum(math.log(max(predict(r, gbps), 1e-12) / r.step_s) ** 2 for r in runs)
 
-    return math.exp(minimize_1d(loss, math.log(LOW_GBPS), math.log(HIGH_GBPS)))
+    low, high = math.log(LOW_GBPS), math.log(HIGH_GBPS)
+    best = minimize_1d(loss, low, high)
+    ends = (loss(low), loss(high))
+    flat = max(ends) - min(ends) <= 1e-12 * max(1.0, max(ends)) \
+        and abs(loss(best) - ends[0]) <= 1e-12 * max(1.0, ends[0])
+    edge = (high - low) * 1e-3
+    bound = "low" if best <= low + edge else "high" if best >= high - edge else None
+    return Fit(math.exp(best), None if flat else bound, flat)
+
+
+def fit_inter_node_gbps(runs: list[dict] | list[MeasuredRun], **kw) -> float:
+    """:func:`fit_inter_node`'s bandwidth alone (Gbit/s per node)."""
+    return fit_inter_node(runs, **kw).gbps
 
 
 def minimize_1d(f: Callable[[float], float], low: float, high: float, grid: int = 41,

@@ -7,8 +7,9 @@ import dataclasses
 from typing import Any
 
 from ..config import get_config
-from .calibrate import fit_inter_node_gbps, load_runs
+from .calibrate import fit_inter_node, load_runs
 from .cluster import ClusterLayout
+from .gpus import assume_gpu
 from .links import DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS, ClusterLinks
 from .links_file import cluster_links, codec_rates, describe_layout, load
 from .model_shape import ModelShape
@@ -27,22 +28,25 @@ def plan(shape: ModelShape, presets: list[str], *, nodes: int, gpus_per_node: in
          reduce_dtype: str = "fp32", step_time: float | None = None,
          gpu_tflops: float | None = None, inter_node_gbps: float | None = None,
          intra_node_gbps: float | None = None, links_file: str | None = None,
-         calibrate: str | None = None, gpu_memory_gb: float | None = None) -> dict[str, Any]:
+         calibrate: str | None = None, gpu: str | None = None,
+         gpu_memory_gb: float | None = None, hbm_gbps: float | None = None) -> dict[str, Any]:
     """The plan report: ``presets`` (``none`` always) priced on this layout. Links: the
     given Gbit/s, else the ``links_file``'s, else the defaults; the inter-node one fitted to
     the ``calibrate`` runs when given. Compute: the measured ``step_time`` of ``none``, else
-    ``gpu_tflops`` (exactly one)."""
+    ``gpu_tflops`` (exactly one). GPU memory and codec rates: ``cost/gpus.assume_gpu``."""
     for name in presets:
         get_config(name)
+    assumed = assume_gpu(gpu, gpu_memory_gb, hbm_gbps)
     layout = ClusterLayout(nodes, gpus_per_node, tp=tp, pp=pp, cp=cp)
     measured = load(links_file) if links_file else None
     links = _links(measured, inter_node_gbps, intra_node_gbps)
     dtypes = dict(weight_bytes=DTYPE_BYTES[gather_dtype], grad_bytes=DTYPE_BYTES[reduce_dtype])
     runs = load_runs(calibrate) if calibrate else None
-    if runs is not None:
-        links = dataclasses.replace(links, inter_node_gbps=fit_inter_node_gbps(
-            runs, intra_node_gbps=links.intra_node_gbps, engine=engine, gpu_tflops=gpu_tflops,
-            **dtypes))
+    fit = None if runs is None else fit_inter_node(
+        runs, intra_node_gbps=links.intra_node_gbps, engine=engine, gpu_tflops=gpu_tflops,
+        codec_scale=assumed.codec_scale, **dtypes)
+    if fit is not None:
+        links = dataclasses.replace(links, inter_node_gbps=fit.gbps)
     if step_time is not None:
         compute = _compute_from_step(step_time, shape, layout, links, engine, grad_accum,
                                      dtypes)
@@ -53,17 +57,20 @@ def plan(shape: ModelShape, presets: list[str], *, nodes: int, gpus_per_node: in
     report = plan_report(shape, layout, links, presets=presets, compute_s=compute,
                          compute_source=source, engine=engine, seq_len=seq_len,
                          micro_batch=micro_batch, grad_accum=grad_accum,
-                         gpu_memory_gb=gpu_memory_gb, loss_keeping=LOSS_KEEPING,
+                         gpu=assumed, loss_keeping=LOSS_KEEPING,
                          codec_rates=None if measured is None else codec_rates(measured),
                          **dtypes)
     report["links"].update(_sources(measured, links_file, inter_node_gbps, intra_node_gbps))
     if measured is not None:
         report["links"]["measured_layout"] = measured["layout"]
         report["codec"]["source"] = f"measured by hfcompress probe on {measured['device']}"
-    if runs is not None:
+    if fit is not None:
         report["links"]["source"] = f"fitted to {len(runs)} runs of {calibrate}"
-        report["fitted_inter_node_gbps"] = links.inter_node_gbps
+        report["fitted_inter_node_gbps"] = fit.gbps
         report["calibration_runs"] = len(runs)
+        report["calibration_problem"] = fit.problem      # None: the runs determine it
+        if fit.problem:
+            report["recommendation"]["why"] += " (on a calibration the runs do not determine)"
     if step_time is not None and report["presets"]["none"]["step_s"] > step_time * 1.01:
         report["warning"] = (f"on these links none's step would take "
                              f"{report['presets']['none']['step_s']:.4g} s, more than the "

@@ -11,7 +11,8 @@ same collectives (direct sends to every peer), the figure the benchmarks report.
 Memory per GPU: the compressor's state (qWD references, LoCo errors, ...) plus the model's
 sharded training state (``ModelShape.train_state_bytes``: 18 bytes per parameter value a GPU
 holds, bf16 parameter + fp32 master + two fp32 Adam moments + fp32 gradient; activations not
-counted). With ``gpu_memory_gb``, a preset whose sum exceeds it is marked and never
+counted). A GPU memory is always assumed (``cost/gpus.py``: the ``--gpu``'s, the given
+GB, else 80 GB, said so): a preset whose sum exceeds it is marked "does not fit" and never
 recommended.
 """
 
@@ -24,6 +25,7 @@ from ..config import get_config
 from .cluster import ClusterLayout
 from .links import ClusterLinks
 from .codec_rates import PER_CALL_S
+from .gpus import GpuAssumption, assume_gpu
 from .model_shape import ModelShape
 from .step_model import StepCost, price_step
 
@@ -33,7 +35,7 @@ GB = 1e9
 
 
 def preset_entry(cost: StepCost, baseline_step_s: float, train_state_bytes: int,
-                 gpu_memory_gb: float | None) -> dict[str, Any]:
+                 gpu_memory_gb: float) -> dict[str, Any]:
     """A preset's seconds, bytes, memory and speedup over ``none``'s ``baseline_step_s``."""
     collectives = [asdict(c) for c in cost.collectives]
     memory = train_state_bytes + cost.state_bytes_per_gpu
@@ -47,9 +49,8 @@ def preset_entry(cost: StepCost, baseline_step_s: float, train_state_bytes: int,
         "link_bytes_per_node": sum(c["link_bytes_per_node"] for c in collectives),
         "meter_bytes_per_node": sum(c["meter_bytes_per_node"] for c in collectives),
         "collectives": collectives,
+        "fits_gpu_memory": memory <= gpu_memory_gb * GB,
     }
-    if gpu_memory_gb is not None:
-        entry["fits_gpu_memory"] = memory <= gpu_memory_gb * GB
     return entry
 
 
@@ -59,11 +60,11 @@ def recommend(presets: dict[str, dict[str, Any]], loss_keeping: tuple[str, ...]
     compress") when none of them beats it by more than :data:`MARGIN`, with the reason."""
     base = presets["none"]
     rivals = {k: v for k, v in presets.items() if k != "none" and k in loss_keeping
-              and v.get("fits_gpu_memory", True)}
+              and v["fits_gpu_memory"]}
     if not rivals:
         return {"preset": "none", "why": "no loss-keeping compressed preset was priced" +
                 (" that fits the GPU's memory" if any(
-                    k in loss_keeping and not v.get("fits_gpu_memory", True)
+                    k in loss_keeping and not v["fits_gpu_memory"]
                     for k, v in presets.items()) else "")}
     best = max(rivals, key=lambda k: rivals[k]["speedup"])
     gain = rivals[best]["speedup"] - 1.0
@@ -92,14 +93,16 @@ def recommend(presets: dict[str, dict[str, Any]], loss_keeping: tuple[str, ...]
 def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *,
                 presets: list[str], compute_s: float, compute_source: str, engine: str,
                 seq_len: int, micro_batch: int, grad_accum: int = 1, weight_bytes: int = 2,
-                grad_bytes: int = 4, gpu_memory_gb: float | None = None,
+                grad_bytes: int = 4, gpu: GpuAssumption | None = None,
                 loss_keeping: tuple[str, ...] = (),
                 codec_rates: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every preset of ``presets`` (``none`` first, added if missing: the baseline) priced
     for ``shape`` on ``layout`` / ``links`` with ``compute_s`` seconds of compute per
     optimizer step of ``grad_accum`` micro-batches, the exact collectives at
     ``weight_bytes`` / ``grad_bytes`` per value, the codecs at ``codec_rates``
-    (``price_step``'s; None: the H200's), as one JSON-ready dict (module doc)."""
+    (``price_step``'s; None: the H200's, scaled to ``gpu``), on ``gpu`` (None: the
+    default assumption, ``cost/gpus.assume_gpu``), as one JSON-ready dict (module doc)."""
+    gpu = gpu or assume_gpu()
     names = ["none"] + [p for p in presets if p != "none"]
     costs, unavailable = {}, {}
     for name in names:
@@ -109,13 +112,13 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
             costs[name] = price_step(config, units, layout, links, compute_s=compute_s,
                                      engine=engine, grad_accum=grad_accum,
                                      weight_bytes=weight_bytes, grad_bytes=grad_bytes,
-                                     codec_rates=codec_rates)
+                                     codec_rates=codec_rates, codec_scale=gpu.codec_scale)
         except ValueError as e:   # a scheme that cannot serve this layout (none always can)
             if name == "none":
                 raise
             unavailable[name] = str(e)
     train_state = shape.train_state_bytes(layout)
-    entries = {name: {**preset_entry(cost, costs["none"].step_s, train_state, gpu_memory_gb),
+    entries = {name: {**preset_entry(cost, costs["none"].step_s, train_state, gpu.memory_gb),
                       "loss_keeping": name in loss_keeping} for name, cost in costs.items()}
     report = {
         "model": {"description": shape.describe(), "params": shape.params,
@@ -135,19 +138,20 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
         "weight_bytes": weight_bytes, "grad_bytes": grad_bytes,
         "compute_s": compute_s, "compute_source": compute_source,
         "tokens_per_step": layout.dp * micro_batch * seq_len * grad_accum,
-        "train_state_bytes_per_gpu": train_state, "gpu_memory_gb": gpu_memory_gb,
+        "train_state_bytes_per_gpu": train_state, "gpu": gpu.name,
+        "gpu_memory_gb": gpu.memory_gb, "gpu_memory_source": gpu.memory_source,
         "presets": entries, "unavailable": unavailable,
         "recommendation": recommend(entries, loss_keeping),
-        "codec": {"source": "given (codec_rates)" if codec_rates else
-                  "an H200's Triton kernels, median of 3 runs (cost/codec_rates.py)",
+        "codec": {"source": "given (codec_rates)" if codec_rates else gpu.codec_source,
+                  "scale": gpu.codec_scale,
                   "per_call_s": PER_CALL_S,
                   "estimated": {k: v for c in costs.values()
                                 for k, v in c.estimated_rates.items()}},
     }
-    if gpu_memory_gb is not None and not entries["none"]["fits_gpu_memory"]:
+    if not entries["none"]["fits_gpu_memory"]:
         report["memory_warning"] = (
             f"the model's training state alone, {train_state / GB:.4g} GB per GPU, exceeds "
-            f"{gpu_memory_gb:g} GB: shard it over more GPUs (--tp, --pp, --nodes)")
+            f"{gpu.memory_gb:g} GB: shard it over more GPUs (--tp, --pp, --nodes)")
     return report
 
 
@@ -169,6 +173,8 @@ def _header(report: dict[str, Any]) -> list[str]:
             f"{links['intra_node_gbps']:.4g} Gbit/s per GPU inside a node"
             f"{' (' + links['intra_source'] + ')' if links.get('intra_source') else ''}; engine "
             f"{report['engine']}",
+            f"gpu: {report['gpu'] + ', ' if report['gpu'] else ''}{report['gpu_memory_gb']:g} GB "
+            f"per GPU ({report['gpu_memory_source']})",
             f"compute: {report['compute_s']:.4g} s per step of {report['grad_accum']} "
             f"micro-batch(es) ({report['compute_source']}); {report['tokens_per_step']} tokens "
             f"per step over the cluster; exact collectives: weights {report['weight_bytes']} B, "
@@ -176,35 +182,40 @@ def _header(report: dict[str, Any]) -> list[str]:
             ""]
 
 
+def _memory_lines(report: dict[str, Any]) -> list[str]:
+    """The memory footnote, and a "does not fit" line with its bytes per preset over."""
+    presets, limit = report["presets"], report["gpu_memory_gb"]
+    over = {k: p for k, p in presets.items() if not p["fits_gpu_memory"]}
+    lines = [f"memory: compressor state + the model's sharded training state, "
+             f"{_gb(report['train_state_bytes_per_gpu'])} GB per GPU (18 B per parameter: bf16 "
+             f"+ fp32 master + 2 fp32 Adam moments + fp32 gradient; activations not counted), "
+             f"against {limit:g} GB per GPU ({report['gpu_memory_source']})" +
+             (", all within it" if not over else "")]
+    lines += [f"! {name} does not fit: {_gb(p['memory_bytes_per_gpu'])} GB per GPU "
+              f"({_gb(p['state_bytes_per_gpu'])} GB of compressor state) > {limit:g} GB "
+              f"(never recommended)" for name, p in over.items()]
+    return lines
+
+
 def render_text(report: dict[str, Any]) -> str:
     """The report as the table ``hfcompress plan`` prints."""
     presets = report["presets"]
     lines = _header(report)
-    memory = report["gpu_memory_gb"] is not None
     w = max(len(name) for name in presets) + 3
     head = (f"{'preset':<{w}}{'step s':>10}{'speedup':>9}{'comm s':>10}{'exposed s':>11}"
-            f"{'codec s':>10}{'overlap-limit s':>17}{'state GB/GPU':>14}"
-            + (f"{'memory GB/GPU':>15}" if memory else "")
-            + f"{'link GB/node':>14}{'meter GB/node':>15}")
+            f"{'codec s':>10}{'overlap-limit s':>17}{'state GB/GPU':>14}{'memory GB/GPU':>15}"
+            f"{'link GB/node':>14}{'meter GB/node':>15}")
     lines.append(head)
     for name, p in presets.items():
-        mark = ("" if p["loss_keeping"] else "*") + ("" if p.get("fits_gpu_memory", True)
-                                                     else "!")
-        mem = f"{_gb(p['memory_bytes_per_gpu']):>15}" if memory else ""
+        mark = ("" if p["loss_keeping"] else "*") + ("" if p["fits_gpu_memory"] else "!")
+        mem = f"{_gb(p['memory_bytes_per_gpu']):>15}"
         lines.append(f"{name + mark:<{w}}{p['step_s']:>10.4g}{p['speedup']:>8.3f}x"
                      f"{p['wire_s']:>10.4g}{p['exposed_s']:>11.4g}{p['codec_s']:>10.4g}"
                      f"{p['full_overlap_s']:>17.4g}{_gb(p['state_bytes_per_gpu']):>14}{mem}"
                      f"{_gb(p['link_bytes_per_node']):>14}{_gb(p['meter_bytes_per_node']):>15}")
     if not all(p["loss_keeping"] for p in presets.values()):
         lines.append("* not among the loss-keeping presets (never recommended)")
-    if memory:
-        lines.append(f"memory: compressor state + the model's sharded training state, "
-                     f"{_gb(report['train_state_bytes_per_gpu'])} GB per GPU (18 B per "
-                     f"parameter: bf16 + fp32 master + 2 fp32 Adam moments + fp32 gradient; "
-                     f"activations not counted)" +
-                     (f"; ! over --gpu-memory-gb {report['gpu_memory_gb']:g} (never "
-                      f"recommended)" if not all(p["fits_gpu_memory"] for p in presets.values())
-                      else f", all within {report['gpu_memory_gb']:g} GB"))
+    lines += _memory_lines(report)
     if "memory_warning" in report:
         lines.append(f"warning: {report['memory_warning']}")
     for name, why in report["unavailable"].items():
@@ -233,4 +244,8 @@ def render_text(report: dict[str, Any]) -> str:
     if "fitted_inter_node_gbps" in report:
         lines.append(f"calibration: {report['fitted_inter_node_gbps']:.4g} Gbit/s effective "
                      f"inter-node bandwidth fitted to {report['calibration_runs']} measured runs")
+        if report.get("calibration_problem"):
+            lines.append(f"warning: calibration not determined: "
+                         f"{report['calibration_problem']}; the numbers above use it anyway: "
+                         f"give --inter-node-gbps instead, or better runs")
     return "\n".join(lines)

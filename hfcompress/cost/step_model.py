@@ -140,7 +140,8 @@ class _Pricer:
     """Seconds and bytes of collectives on one layout's links (cached per unit shape)."""
 
     def __init__(self, config: CompressionConfig, layout: ClusterLayout, links: ClusterLinks,
-                 codec_rates: dict[str, float | tuple[float, float]] | None) -> None:
+                 codec_rates: dict[str, float | tuple[float, float]] | None,
+                 codec_scale: float = 1.0) -> None:
         self.x, self.y, self.k = layout.dp_per_node, layout.dp_nodes, layout.groups_per_node
         self.links = links
         loco = config.loco_hops(self.x) if config.loco is not None else ()
@@ -158,7 +159,7 @@ class _Pricer:
             elif rate:
                 self.rates[role] = (rate, rate, rate)
             else:
-                self.rates[role] = default_rates(key)
+                self.rates[role] = tuple(codec_scale * r for r in default_rates(key))
                 if (note := estimated(key)) is not None:
                     self.estimated[key] = note
 
@@ -240,7 +241,7 @@ def price_step(config: CompressionConfig | str, units: Units, layout: ClusterLay
                links: ClusterLinks, *, compute_s: float, engine: str | Engine = "fsdp2",
                grad_accum: int = 1,
                codec_rates: dict[str, float | tuple[float, float]] | None = None,
-               weight_bytes: int = 2, grad_bytes: int = 4) -> StepCost:
+               codec_scale: float = 1.0, weight_bytes: int = 2, grad_bytes: int = 4) -> StepCost:
     """One optimizer step of ``grad_accum`` micro-batches of ``units`` (values per DP rank,
     forward order; units or ``(unit, count)`` pairs) under ``config`` (a preset name or a
     :class:`CompressionConfig`; DDP presets: the all-reduce of every gradient) on ``layout``
@@ -250,7 +251,7 @@ def price_step(config: CompressionConfig | str, units: Units, layout: ClusterLay
     reductions (bf16 / fp16: 2, fp32: 4). ``codec_rates``: values/s per rate key
     (``cost/codec_rates.rate_key``) or scheme name, for compress and decompress alike or
     a measured (compress, decompress) pair (``hfcompress probe``'s); a scheme without
-    one: the H200's measured rates."""
+    one: the H200's measured rates times ``codec_scale`` (``cost/gpus.py``)."""
     spec = engine_spec(engine)
     if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
         raise ValueError(f"grad_accum={grad_accum!r} must be an int >= 1 (micro-batches per "
@@ -260,7 +261,7 @@ def price_step(config: CompressionConfig | str, units: Units, layout: ClusterLay
     if not spec.backward_gather:     # parameters gathered once per step (module docstring)
         units = [(dataclasses.replace(u, backward_gather=False), n) for u, n in units]
     senders = Senders.of(config, layout.dp, layout.dp_per_node)
-    pricer = _Pricer(config, layout, links, codec_rates)
+    pricer = _Pricer(config, layout, links, codec_rates, codec_scale)
     rows: dict[str, dict] = {}
     first_hops: tuple[float, float] | None = None     # of the unit backward reduces first
     for count, first, colls in _collectives(senders, units, layout.dp_nodes, weight_bytes,
