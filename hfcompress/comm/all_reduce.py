@@ -26,9 +26,9 @@ declared capability (``compressors/base.py``):
 Hierarchical (a topology of X > 1 ranks on each of Y > 1 nodes; QSDP 5.1's "hierarchical
 versions of the algorithms", SDP4Bit 3.2 / ZeRO++ B.3's node-local first hop): an exact
 reduce-scatter inside the node (an all-to-all of X chunks of the tensor, each summed in
-float32 by its owner: same bytes as torch's, and gloo's has no future), the compressed all-reduce above of
-this rank's chunk across the Y nodes (its inter-node group: ``num_peers`` = Y for
-Global-QSGD), an exact all-gather inside the node. Each node link carries the compressed
+float32 by its owner: same bytes as torch's, and gloo's has no future), the compressed
+all-reduce above of this rank's chunk across the Y nodes (its inter-node group:
+``num_peers`` = Y for Global-QSGD), an exact all-gather inside the node. Each node link carries the compressed
 tensor once, not X times. At X = 1 or Y = 1 the flat path above runs unchanged (on one node
 it compresses between the node's GPUs, as Global-QSGD's PCIe experiments do).
 

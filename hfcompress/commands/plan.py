@@ -7,7 +7,7 @@ import argparse
 import json
 
 from ..cost.gpus import DEFAULT_MEMORY_GB, GPUS, MEASURED_ON
-from ..cost.links import DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS
+from ..cost.links import DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS, NOMINAL_EFFICIENCY
 from ..cost.plan import LOSS_KEEPING, plan
 from ..cost.report import render_text
 from ..cost.step_model import DTYPE_BYTES, ENGINES
@@ -69,6 +69,11 @@ def _add_cluster_arguments(c) -> None:
                    f"(default: the --links file's, else {DEFAULT_INTER_GBPS:g}: about what "
                    "SDP4Bit's H800 nodes, 8 x 400 Gbit/s NICs, gave their data-parallel "
                    "collectives, 0.13-0.14 of the sum; fit yours: --calibrate)")
+    c.add_argument("--nominal-inter-node-gbps", type=float, metavar="GBPS", help="instead "
+                   "of --inter-node-gbps when you know only the data sheet's (NICs x rate): "
+                   f"priced at x {NOMINAL_EFFICIENCY[1]:g}, the median effective / stated of "
+                   "the papers' fitted clusters, with the answers at their extremes "
+                   f"(x {NOMINAL_EFFICIENCY[0]:g} .. x {NOMINAL_EFFICIENCY[2]:g}) printed")
     c.add_argument("--intra-node-gbps", type=float, help="effective Gbit/s per GPU inside a "
                    "node; wins over --links (default: the --links file's, else "
                    f"{DEFAULT_INTRA_GBPS:g}: two thirds of H100 NVLink's 450 GB/s a "
@@ -111,7 +116,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
                           "or --gpu-tflops T (compute from 6 x params x tokens)" +
                           (", not both" if args.step_time is not None else ""))
     for flag in ("seq_len", "micro_batch", "grad_accum", "step_time", "gpu_tflops",
-                 "inter_node_gbps", "intra_node_gbps", "gpu_memory_gb", "hbm_gbps"):
+                 "inter_node_gbps", "nominal_inter_node_gbps", "intra_node_gbps",
+                 "gpu_memory_gb", "hbm_gbps"):
         value = getattr(args, flag)
         if value is not None and not value > 0:
             args.parser.error(f"--{flag.replace('_', '-')} {value:g} must be > 0")
@@ -128,7 +134,9 @@ def plan_command(args: argparse.Namespace) -> None:
             micro_batch=args.micro_batch, grad_accum=args.grad_accum,
             gather_dtype=args.gather_dtype, reduce_dtype=args.reduce_dtype,
             step_time=args.step_time, gpu_tflops=args.gpu_tflops,
-            inter_node_gbps=args.inter_node_gbps, intra_node_gbps=args.intra_node_gbps,
+            inter_node_gbps=args.inter_node_gbps,
+            nominal_inter_node_gbps=args.nominal_inter_node_gbps,
+            intra_node_gbps=args.intra_node_gbps,
             links_file=args.links, calibrate=args.calibrate, gpu=args.gpu,
             gpu_memory_gb=args.gpu_memory_gb, hbm_gbps=args.hbm_gbps)
     except ValueError as e:     # ModelShapeError, LinksFileError, CalibrationError, layout

@@ -17,6 +17,13 @@ from dataclasses import dataclass
 #: inside a node, two thirds of H100 NVLink's 450 GB/s a direction
 DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS = 400.0, 2400.0
 
+#: effective / stated inter-node bandwidth of the papers' clusters whose bandwidth is stated,
+#: as fitted (``benchmarks/results/plan_papers/plan_papers_fits.csv``, fitted_over_stated:
+#: ZeRO++'s V100 / A100 InfiniBand, SDP4Bit's A100 Slingshot and H800 InfiniBand): the
+#: lowest, the median and the highest. ``plan --nominal-inter-node-gbps`` prices at the
+#: median and shows the answers at both ends.
+NOMINAL_EFFICIENCY = (0.134, 1.11, 2.57)
+
 
 @dataclass(frozen=True)
 class ClusterLinks:

@@ -7,10 +7,10 @@ import dataclasses
 from typing import Any
 
 from ..config import get_config
-from .calibrate import fit_inter_node, load_runs
+from .calibrate import Fit, fit_inter_node, load_runs
 from .cluster import ClusterLayout
-from .gpus import assume_gpu
-from .links import DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS, ClusterLinks
+from .gpus import GpuAssumption, assume_gpu
+from .links import DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS, NOMINAL_EFFICIENCY, ClusterLinks
 from .links_file import cluster_links, codec_rates, describe_layout, load
 from .model_shape import ModelShape
 from .report import plan_report
@@ -27,19 +27,26 @@ def plan(shape: ModelShape, presets: list[str], *, nodes: int, gpus_per_node: in
          micro_batch: int = 1, grad_accum: int = 1, gather_dtype: str = "bf16",
          reduce_dtype: str = "fp32", step_time: float | None = None,
          gpu_tflops: float | None = None, inter_node_gbps: float | None = None,
-         intra_node_gbps: float | None = None, links_file: str | None = None,
-         calibrate: str | None = None, gpu: str | None = None,
+         nominal_inter_node_gbps: float | None = None, intra_node_gbps: float | None = None,
+         links_file: str | None = None, calibrate: str | None = None, gpu: str | None = None,
          gpu_memory_gb: float | None = None, hbm_gbps: float | None = None) -> dict[str, Any]:
     """The plan report: ``presets`` (``none`` always) priced on this layout. Links: the
-    given Gbit/s, else the ``links_file``'s, else the defaults; the inter-node one fitted to
-    the ``calibrate`` runs when given. Compute: the measured ``step_time`` of ``none``, else
-    ``gpu_tflops`` (exactly one). GPU memory and codec rates: ``cost/gpus.assume_gpu``."""
+    given Gbit/s (``nominal_inter_node_gbps``: the data sheet's, times the papers' median
+    efficiency, the answers at its extremes added), else the ``links_file``'s, else the
+    defaults; the inter-node one fitted to the ``calibrate`` runs when given. Compute: the
+    measured ``step_time`` of ``none``, else ``gpu_tflops`` (exactly one). GPU memory and
+    codec rates: ``cost/gpus.assume_gpu``."""
     for name in presets:
         get_config(name)
+    if inter_node_gbps is not None and nominal_inter_node_gbps is not None:
+        raise ValueError("give --inter-node-gbps (effective) or --nominal-inter-node-gbps "
+                         "(the data sheet's), not both")
     assumed = assume_gpu(gpu, gpu_memory_gb, hbm_gbps)
     layout = ClusterLayout(nodes, gpus_per_node, tp=tp, pp=pp, cp=cp)
     measured = load(links_file) if links_file else None
-    links = _links(measured, inter_node_gbps, intra_node_gbps)
+    nominal = None if nominal_inter_node_gbps is None else \
+        nominal_inter_node_gbps * NOMINAL_EFFICIENCY[1]
+    links = _links(measured, inter_node_gbps or nominal, intra_node_gbps)
     dtypes = dict(weight_bytes=DTYPE_BYTES[gather_dtype], grad_bytes=DTYPE_BYTES[reduce_dtype])
     runs = load_runs(calibrate) if calibrate else None
     fit = None if runs is None else fit_inter_node(
@@ -47,30 +54,22 @@ def plan(shape: ModelShape, presets: list[str], *, nodes: int, gpus_per_node: in
         codec_scale=assumed.codec_scale, **dtypes)
     if fit is not None:
         links = dataclasses.replace(links, inter_node_gbps=fit.gbps)
-    if step_time is not None:
-        compute = _compute_from_step(step_time, shape, layout, links, engine, grad_accum,
-                                     dtypes)
-        source = f"the measured none step, {step_time:g} s, minus its exposed communication"
-    else:
-        compute = grad_accum * shape.compute_seconds(layout, micro_batch, seq_len, gpu_tflops)
-        source = f"6 x params x tokens + attention at {gpu_tflops:g} TFLOP/s per GPU"
-    report = plan_report(shape, layout, links, presets=presets, compute_s=compute,
-                         compute_source=source, engine=engine, seq_len=seq_len,
-                         micro_batch=micro_batch, grad_accum=grad_accum,
-                         gpu=assumed, loss_keeping=LOSS_KEEPING,
-                         codec_rates=None if measured is None else codec_rates(measured),
-                         **dtypes)
-    report["links"].update(_sources(measured, links_file, inter_node_gbps, intra_node_gbps))
+
+    def price(at: ClusterLinks) -> dict[str, Any]:
+        return _price(shape, presets, layout, at, step_time=step_time, gpu_tflops=gpu_tflops,
+                      engine=engine, seq_len=seq_len, micro_batch=micro_batch,
+                      grad_accum=grad_accum, gpu=assumed, dtypes=dtypes,
+                      codecs=None if measured is None else codec_rates(measured))
+    report = price(links)
+    report["links"].update(_sources(measured, links_file, inter_node_gbps or nominal,
+                                    intra_node_gbps))
     if measured is not None:
         report["links"]["measured_layout"] = measured["layout"]
         report["codec"]["source"] = f"measured by hfcompress probe on {measured['device']}"
+    if nominal is not None and fit is None:
+        report["links"].update(_nominal_range(price, links, nominal_inter_node_gbps))
     if fit is not None:
-        report["links"]["source"] = f"fitted to {len(runs)} runs of {calibrate}"
-        report["fitted_inter_node_gbps"] = fit.gbps
-        report["calibration_runs"] = len(runs)
-        report["calibration_problem"] = fit.problem      # None: the runs determine it
-        if fit.problem:
-            report["recommendation"]["why"] += " (on a calibration the runs do not determine)"
+        _add_fit(report, fit, len(runs), calibrate)
     if step_time is not None and report["presets"]["none"]["step_s"] > step_time * 1.01:
         report["warning"] = (f"on these links none's step would take "
                              f"{report['presets']['none']['step_s']:.4g} s, more than the "
@@ -78,6 +77,52 @@ def plan(shape: ModelShape, presets: list[str], *, nodes: int, gpus_per_node: in
                              f"{links.inter_node_gbps:g} Gbit/s per node; fit them to "
                              f"measured runs with --calibrate")
     return report
+
+
+def _price(shape: ModelShape, presets: list[str], layout: ClusterLayout, links: ClusterLinks,
+           *, step_time: float | None, gpu_tflops: float | None, engine: str, seq_len: int,
+           micro_batch: int, grad_accum: int, gpu: GpuAssumption, dtypes: dict,
+           codecs: dict | None) -> dict[str, Any]:
+    """The report on ``links``: compute from ``step_time`` (on these links) or
+    ``gpu_tflops``, every preset priced."""
+    if step_time is not None:
+        compute = _compute_from_step(step_time, shape, layout, links, engine, grad_accum,
+                                     dtypes)
+        source = f"the measured none step, {step_time:g} s, minus its exposed communication"
+    else:
+        compute = grad_accum * shape.compute_seconds(layout, micro_batch, seq_len, gpu_tflops)
+        source = f"6 x params x tokens + attention at {gpu_tflops:g} TFLOP/s per GPU"
+    return plan_report(shape, layout, links, presets=presets, compute_s=compute,
+                       compute_source=source, engine=engine, seq_len=seq_len,
+                       micro_batch=micro_batch, grad_accum=grad_accum, gpu=gpu,
+                       loss_keeping=LOSS_KEEPING, codec_rates=codecs, **dtypes)
+
+
+def _nominal_range(price, links: ClusterLinks, nominal_gbps: float) -> dict[str, Any]:
+    """The report's links entries for a nominal bandwidth: the efficiency used, and each
+    preset's speedup (and the recommendation) at the papers' lowest and highest."""
+    low, mid, high = NOMINAL_EFFICIENCY
+    ends = {}
+    for name, eff in (("low", low), ("high", high)):
+        at = price(dataclasses.replace(links, inter_node_gbps=nominal_gbps * eff))
+        ends[name] = {"efficiency": eff, "inter_node_gbps": nominal_gbps * eff,
+                      "speedups": {k: p["speedup"] for k, p in at["presets"].items()},
+                      "recommendation": at["recommendation"]["preset"]}
+    return {"nominal_inter_node_gbps": nominal_gbps, "efficiency": mid,
+            "source": f"--nominal-inter-node-gbps {nominal_gbps:g} x {mid:g}, the median "
+                      f"effective / stated of the papers' fitted clusters",
+            "nominal_range": ends}
+
+
+def _add_fit(report: dict[str, Any], fit: Fit, runs: int, path: str) -> None:
+    """The calibration's entries: where the bandwidth came from, and whether the runs
+    determine it."""
+    report["links"]["source"] = f"fitted to {runs} runs of {path}"
+    report["fitted_inter_node_gbps"] = fit.gbps
+    report["calibration_runs"] = runs
+    report["calibration_problem"] = fit.problem      # None: the runs determine it
+    if fit.problem:
+        report["recommendation"]["why"] += " (on a calibration the runs do not determine)"
 
 
 def _compute_from_step(step_time: float, shape: ModelShape, layout: ClusterLayout,

@@ -142,17 +142,20 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
         "gpu_memory_gb": gpu.memory_gb, "gpu_memory_source": gpu.memory_source,
         "presets": entries, "unavailable": unavailable,
         "recommendation": recommend(entries, loss_keeping),
-        "codec": {"source": "given (codec_rates)" if codec_rates else gpu.codec_source,
-                  "scale": gpu.codec_scale,
-                  "per_call_s": PER_CALL_S,
-                  "estimated": {k: v for c in costs.values()
-                                for k, v in c.estimated_rates.items()}},
+        "codec": _codec_entry(costs, gpu, codec_rates is not None),
     }
     if not entries["none"]["fits_gpu_memory"]:
         report["memory_warning"] = (
             f"the model's training state alone, {train_state / GB:.4g} GB per GPU, exceeds "
             f"{gpu.memory_gb:g} GB: shard it over more GPUs (--tp, --pp, --nodes)")
     return report
+
+
+def _codec_entry(costs: dict[str, StepCost], gpu: GpuAssumption, given: bool) -> dict:
+    """Where the codec rates come from, their scale, and the keys only estimated."""
+    return {"source": "given (codec_rates)" if given else gpu.codec_source,
+            "scale": gpu.codec_scale, "per_call_s": PER_CALL_S,
+            "estimated": {k: v for c in costs.values() for k, v in c.estimated_rates.items()}}
 
 
 def _gb(value: float) -> str:
@@ -195,6 +198,21 @@ def _memory_lines(report: dict[str, Any]) -> list[str]:
               f"({_gb(p['state_bytes_per_gpu'])} GB of compressor state) > {limit:g} GB "
               f"(never recommended)" for name, p in over.items()]
     return lines
+
+
+def _nominal_lines(links: dict[str, Any]) -> list[str]:
+    """With a nominal bandwidth: the answers at the papers' lowest and highest efficiency."""
+    if "nominal_range" not in links:
+        return []
+    out = [f"nominal {links['nominal_inter_node_gbps']:g} Gbit/s: priced at x "
+           f"{links['efficiency']:g}; the papers' clusters ranged:"]
+    for end in links["nominal_range"].values():
+        speedups = ", ".join(f"{k} {v:.2f}x" for k, v in end["speedups"].items() if k != "none")
+        out.append(f"  x {end['efficiency']:g} ({end['inter_node_gbps']:.4g} Gbit/s): "
+                   f"recommendation {end['recommendation']}; {speedups}")
+    out.append("  measure the effective bandwidth (hfcompress probe) or fit it (--calibrate) "
+               "to narrow this")
+    return out
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -241,6 +259,7 @@ def render_text(report: dict[str, Any]) -> str:
               for key, why in codec["estimated"].items()]
     rec = report["recommendation"]
     lines += ["", f"recommendation: {rec['preset']}: {rec['why']}"]
+    lines += _nominal_lines(report["links"])
     if "fitted_inter_node_gbps" in report:
         lines.append(f"calibration: {report['fitted_inter_node_gbps']:.4g} Gbit/s effective "
                      f"inter-node bandwidth fitted to {report['calibration_runs']} measured runs")
