@@ -229,6 +229,21 @@ class CompressionConfig:
         """Whether anything FSDP2 sends (all-gather, reduce-scatter) is compressed."""
         return bool(self.weights or self.grad_intra or self.grad_inter or self.loco)
 
+    def ddp_config(self) -> CompressionConfig:
+        """What this config runs under DDP (``integrations/ddp.py``): its ``all_reduce``
+        scheme, else its gradient scheme ``grad_inter``, LoCo kept; weight schemes, hpZ and
+        the 2-hop layout dropped. ValueError if it compresses nothing DDP sends."""
+        scheme = self.all_reduce or self.grad_inter
+        if scheme is None and (self.weights is not None or self.grad_intra is not None
+                               or self.loco is not None):
+            raise ValueError(f"comm_compressor {self.name!r} compresses only FSDP's collectives "
+                             f"(weights: {describe(self.weights)}); DDP sends only gradients "
+                             f"through its all-reduce. Run with FSDP2 (fsdp=True, fsdp_config="
+                             f"{{'version': 2}}, or an accelerate FSDP config), or pick a "
+                             f"gradient preset such as 'loco' or 'global_qsgd'")
+        return dataclasses.replace(self, weights=None, grad_intra=None, grad_inter=None,
+                                   two_hop=False, hpz=False, all_reduce=scheme)
+
     def runs_two_hop(self, ranks_per_node: int) -> bool:
         """Whether the reduce-scatter runs as the 2-hop all-to-all at ``ranks_per_node``. A
         2-hop config whose intra-node hop is exact (QSDP 5.1's hierarchical reduce-scatter:

@@ -33,6 +33,8 @@ INT8_G2048 = (8 + 32 / 2048) / 8      # zeropp's weights
 INT4_G2048 = (4 + 32 / 2048) / 8      # qWD's coded differences
 INT4_G128 = (4 + 32 / 128) / 8        # zeropp's gradient hops, sdp4bit's inter-node hop
 INT8_G128 = (8 + 32 / 128) / 8        # sdp4bit's intra-node hop
+#: the engines that shard (the ``ddp`` engine, replicated: ``tests/test_cost_ddp.py``)
+SHARDED = [e for e in ENGINES if not engine_spec(e).replicated]
 FAST = ClusterLinks(inter_node_gbps=100, intra_node_gbps=1000, inter_latency_us=0,
                     intra_latency_us=0)
 
@@ -175,7 +177,7 @@ def test_engines_overlap_rule(compute):
     is exposed; Megatron-style: everything exposed. Step = compute + exposed + codec; the
     full-overlap limit = max(compute, wire) + codec."""
     lay = layout(2, 1)
-    for engine in ENGINES:
+    for engine in SHARDED:
         cost = price("sdp4bit", lay, compute_s=compute, engine=engine)
         gathers = sum(c.wire_s for c in cost.collectives if c.name.endswith(("_fwd", "_bwd")))
         rest = cost.wire_s - gathers
@@ -200,7 +202,7 @@ def test_megatron_gathers_the_weights_once_per_step():
     assert megatron["grads"] == fsdp2["grads"]
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", SHARDED)
 def test_grad_accumulation_runs_each_collective_as_the_engine_does(engine):
     """An optimizer step of 3 micro-batches: compute for all of them; FSDP2 under the HF
     Trainer / Accelerate gathers the weights every micro-batch and reduces once (no_sync),
@@ -257,7 +259,7 @@ def _ungrouped(preset, units, lay, links, compute_s, engine="fsdp2"):
     return rows, wire, compute_s + max(0.0, hidden - compute_s) + total - hidden + codec
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", SHARDED)
 @pytest.mark.parametrize("preset", ["none", "qwd", "sdp4bit", "zeropp", "loco"])
 def test_units_of_equal_shape_priced_once_give_the_unit_by_unit_step(preset, engine):
     """Grouping equal units (priced once, times their count) changes nothing but rounding,
@@ -342,7 +344,7 @@ def test_compute_from_baseline():
     """The baseline's compute = its measured step minus ``none``'s exposed communication:
     priced again with that compute, ``none`` takes the measured step; never negative."""
     lay, units = layout(4, 2), [Unit(f"l{i}", S) for i in range(4)]
-    for engine in ENGINES:
+    for engine in SHARDED:
         none = price("none", lay, units, engine=engine, compute_s=0.0)
         step = 3 * none.wire_s
         compute = compute_from_baseline(step, units, lay, FAST, engine=engine)

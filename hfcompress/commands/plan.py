@@ -10,6 +10,7 @@ from ..cost.gpus import DEFAULT_MEMORY_GB, GPUS, MEASURED_ON
 from ..cost.links import DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS, NOMINAL_EFFICIENCY
 from ..cost.plan import LOSS_KEEPING, plan
 from ..cost.report import render_text
+from ..cost.collectives import BUCKET_BYTES
 from ..cost.step_model import DTYPE_BYTES, ENGINES
 from .model_args import add_model_arguments, model_shape
 
@@ -85,8 +86,12 @@ def _add_cluster_arguments(c) -> None:
                    "/ --intra-node-gbps given explicitly still win")
     c.add_argument("--engine", choices=ENGINES, default="fsdp2", help="fsdp2 / zero3: "
                    "prefetch hides the weight all-gathers (forward and backward) behind "
-                   "compute; megatron: nothing hidden, weights gathered once per step; see "
-                   "--grad-accum (fsdp2)")
+                   "compute; megatron: nothing hidden, weights gathered once per step; ddp: "
+                   "DistributedDataParallel, each preset's all-reduce form, its buckets "
+                   "hidden behind backward but the last (--bucket-mb); see --grad-accum "
+                   "(fsdp2)")
+    c.add_argument("--bucket-mb", type=float, default=BUCKET_BYTES / 2 ** 20, help="DDP's "
+                   f"bucket_cap_mb (--engine ddp and the DDP presets; {BUCKET_BYTES >> 20})")
     c.add_argument("--gather-dtype", choices=DTYPE_BYTES, default="bf16", help="dtype of the "
                    "exact weight all-gathers (bf16: FSDP2 mixed precision; fp16: DeepSpeed on "
                    "V100; fp32: no mixed precision)")
@@ -116,7 +121,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
                           "or --gpu-tflops T (compute from 6 x params x tokens)" +
                           (", not both" if args.step_time is not None else ""))
     for flag in ("seq_len", "micro_batch", "grad_accum", "step_time", "gpu_tflops",
-                 "inter_node_gbps", "nominal_inter_node_gbps", "intra_node_gbps",
+                 "inter_node_gbps", "nominal_inter_node_gbps", "intra_node_gbps", "bucket_mb",
                  "gpu_memory_gb", "hbm_gbps"):
         value = getattr(args, flag)
         if value is not None and not value > 0:
@@ -138,7 +143,8 @@ def plan_command(args: argparse.Namespace) -> None:
             nominal_inter_node_gbps=args.nominal_inter_node_gbps,
             intra_node_gbps=args.intra_node_gbps,
             links_file=args.links, calibrate=args.calibrate, gpu=args.gpu,
-            gpu_memory_gb=args.gpu_memory_gb, hbm_gbps=args.hbm_gbps)
+            gpu_memory_gb=args.gpu_memory_gb, hbm_gbps=args.hbm_gbps,
+            bucket_bytes=int(args.bucket_mb * 2 ** 20))
     except ValueError as e:     # ModelShapeError, LinksFileError, CalibrationError, layout
         args.parser.error(str(e))
     report = {"inputs": {k: v for k, v in vars(args).items() if k not in ("func", "parser")},

@@ -41,7 +41,7 @@ from ..comm.two_hop import TwoHopReduceScatter
 from ..compressors import Compressor
 from ..compressors.base import ReferenceCoded
 from ..compressors.registry import build_compressor
-from ..config import DDP_ROLES, CompressionConfig
+from ..config import DDP_ROLES, GRAD_ROLES, CompressionConfig
 from .hops import gradient_hops
 from .units import Unit, hpz_reshard
 
@@ -96,7 +96,12 @@ class Senders:
             peers = summing_peers(ranks_per_node, world // ranks_per_node)
             built = {k: build_compressor(getattr(config, k), 0, num_peers=peers)
                      for k in ("weights", *DDP_ROLES)}
-            grads = gradient_hops(config, ranks_per_node, num_peers=world)
+            if config.all_reduce is None:
+                grads = gradient_hops(config, ranks_per_node, num_peers=world)
+            else:    # DDP: the all-reduce carries the gradients, LoCo around it
+                grads = dict.fromkeys(GRAD_ROLES)
+                if config.loco is not None:
+                    built["all_reduce"] = config.loco.wrap(built["all_reduce"])
         except ValueError as e:
             raise ValueError(f"preset {config.name!r} cannot run on a data-parallel group of "
                              f"{world} ranks: {e}") from e

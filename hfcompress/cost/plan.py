@@ -9,6 +9,7 @@ from typing import Any
 from ..config import get_config
 from .calibrate import Fit, fit_inter_node, load_runs
 from .cluster import ClusterLayout
+from .collectives import BUCKET_BYTES
 from .gpus import GpuAssumption, assume_gpu
 from .links import DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS, NOMINAL_EFFICIENCY, ClusterLinks
 from .links_file import cluster_links, codec_rates, describe_layout, load
@@ -29,13 +30,14 @@ def plan(shape: ModelShape, presets: list[str], *, nodes: int, gpus_per_node: in
          gpu_tflops: float | None = None, inter_node_gbps: float | None = None,
          nominal_inter_node_gbps: float | None = None, intra_node_gbps: float | None = None,
          links_file: str | None = None, calibrate: str | None = None, gpu: str | None = None,
-         gpu_memory_gb: float | None = None, hbm_gbps: float | None = None) -> dict[str, Any]:
+         gpu_memory_gb: float | None = None, hbm_gbps: float | None = None,
+         bucket_bytes: int = BUCKET_BYTES) -> dict[str, Any]:
     """The plan report: ``presets`` (``none`` always) priced on this layout. Links: the
     given Gbit/s (``nominal_inter_node_gbps``: the data sheet's, times the papers' median
     efficiency, the answers at its extremes added), else the ``links_file``'s, else the
     defaults; the inter-node one fitted to the ``calibrate`` runs when given. Compute: the
     measured ``step_time`` of ``none``, else ``gpu_tflops`` (exactly one). GPU memory and
-    codec rates: ``cost/gpus.assume_gpu``."""
+    codec rates: ``cost/gpus.assume_gpu``. ``bucket_bytes``: DDP's buckets."""
     for name in presets:
         get_config(name)
     if inter_node_gbps is not None and nominal_inter_node_gbps is not None:
@@ -59,6 +61,7 @@ def plan(shape: ModelShape, presets: list[str], *, nodes: int, gpus_per_node: in
         return _price(shape, presets, layout, at, step_time=step_time, gpu_tflops=gpu_tflops,
                       engine=engine, seq_len=seq_len, micro_batch=micro_batch,
                       grad_accum=grad_accum, gpu=assumed, dtypes=dtypes,
+                      bucket_bytes=bucket_bytes,
                       codecs=None if measured is None else codec_rates(measured))
     report = price(links)
     report["links"].update(_sources(measured, links_file, inter_node_gbps or nominal,
@@ -82,12 +85,12 @@ def plan(shape: ModelShape, presets: list[str], *, nodes: int, gpus_per_node: in
 def _price(shape: ModelShape, presets: list[str], layout: ClusterLayout, links: ClusterLinks,
            *, step_time: float | None, gpu_tflops: float | None, engine: str, seq_len: int,
            micro_batch: int, grad_accum: int, gpu: GpuAssumption, dtypes: dict,
-           codecs: dict | None) -> dict[str, Any]:
+           bucket_bytes: int, codecs: dict | None) -> dict[str, Any]:
     """The report on ``links``: compute from ``step_time`` (on these links) or
     ``gpu_tflops``, every preset priced."""
     if step_time is not None:
         compute = _compute_from_step(step_time, shape, layout, links, engine, grad_accum,
-                                     dtypes)
+                                     dict(dtypes, bucket_bytes=bucket_bytes))
         source = f"the measured none step, {step_time:g} s, minus its exposed communication"
     else:
         compute = grad_accum * shape.compute_seconds(layout, micro_batch, seq_len, gpu_tflops)
@@ -95,7 +98,8 @@ def _price(shape: ModelShape, presets: list[str], layout: ClusterLayout, links: 
     return plan_report(shape, layout, links, presets=presets, compute_s=compute,
                        compute_source=source, engine=engine, seq_len=seq_len,
                        micro_batch=micro_batch, grad_accum=grad_accum, gpu=gpu,
-                       loss_keeping=LOSS_KEEPING, codec_rates=codecs, **dtypes)
+                       loss_keeping=LOSS_KEEPING, codec_rates=codecs,
+                       bucket_bytes=bucket_bytes, **dtypes)
 
 
 def _nominal_range(price, links: ClusterLinks, nominal_gbps: float) -> dict[str, Any]:

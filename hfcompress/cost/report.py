@@ -23,11 +23,12 @@ from typing import Any
 
 from ..config import get_config
 from .cluster import ClusterLayout
+from .collectives import BUCKET_BYTES
 from .links import ClusterLinks
 from .codec_rates import PER_CALL_S
 from .gpus import GpuAssumption, assume_gpu
 from .model_shape import ModelShape
-from .step_model import StepCost, price_step
+from .step_model import StepCost, engine_spec, price_step
 
 #: a compressed preset must beat ``none`` by more than this to be recommended
 MARGIN = 0.03
@@ -95,7 +96,8 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
                 seq_len: int, micro_batch: int, grad_accum: int = 1, weight_bytes: int = 2,
                 grad_bytes: int = 4, gpu: GpuAssumption | None = None,
                 loss_keeping: tuple[str, ...] = (),
-                codec_rates: dict[str, Any] | None = None) -> dict[str, Any]:
+                codec_rates: dict[str, Any] | None = None,
+                bucket_bytes: int = BUCKET_BYTES) -> dict[str, Any]:
     """Every preset of ``presets`` (``none`` first, added if missing: the baseline) priced
     for ``shape`` on ``layout`` / ``links`` with ``compute_s`` seconds of compute per
     optimizer step of ``grad_accum`` micro-batches, the exact collectives at
@@ -112,12 +114,13 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
             costs[name] = price_step(config, units, layout, links, compute_s=compute_s,
                                      engine=engine, grad_accum=grad_accum,
                                      weight_bytes=weight_bytes, grad_bytes=grad_bytes,
-                                     codec_rates=codec_rates, codec_scale=gpu.codec_scale)
+                                     codec_rates=codec_rates, codec_scale=gpu.codec_scale,
+                                     bucket_bytes=bucket_bytes)
         except ValueError as e:   # a scheme that cannot serve this layout (none always can)
             if name == "none":
                 raise
             unavailable[name] = str(e)
-    train_state = shape.train_state_bytes(layout)
+    train_state = _train_state(shape, layout, engine)
     entries = {name: {**preset_entry(cost, costs["none"].step_s, train_state, gpu.memory_gb),
                       "loss_keeping": name in loss_keeping} for name, cost in costs.items()}
     report = {
@@ -149,6 +152,12 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
             f"the model's training state alone, {train_state / GB:.4g} GB per GPU, exceeds "
             f"{gpu.memory_gb:g} GB: shard it over more GPUs (--tp, --pp, --nodes)")
     return report
+
+
+def _train_state(shape: ModelShape, layout: ClusterLayout, engine: str) -> int:
+    """The model's training state per GPU: sharded, or whole under the ``ddp`` engine."""
+    return shape.train_state_bytes(layout) * (layout.dp if engine_spec(engine).replicated
+                                              else 1)
 
 
 def _codec_entry(costs: dict[str, StepCost], gpu: GpuAssumption, given: bool) -> dict:
@@ -189,7 +198,8 @@ def _memory_lines(report: dict[str, Any]) -> list[str]:
     """The memory footnote, and a "does not fit" line with its bytes per preset over."""
     presets, limit = report["presets"], report["gpu_memory_gb"]
     over = {k: p for k, p in presets.items() if not p["fits_gpu_memory"]}
-    lines = [f"memory: compressor state + the model's sharded training state, "
+    lines = [f"memory: compressor state + the model's training state (sharded; whole under "
+             f"ddp), "
              f"{_gb(report['train_state_bytes_per_gpu'])} GB per GPU (18 B per parameter: bf16 "
              f"+ fp32 master + 2 fp32 Adam moments + fp32 gradient; activations not counted), "
              f"against {limit:g} GB per GPU ({report['gpu_memory_source']})" +

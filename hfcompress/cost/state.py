@@ -68,5 +68,22 @@ def estimate_state_bytes(config: CompressionConfig | str, shard_numels: Sequence
     return out
 
 
+def all_reduce_state_bytes(config: CompressionConfig | str, numel: int, world: int,
+                           dtype: torch.dtype) -> dict[str, int]:
+    """Compressor state per rank of the DDP / HSDP replica all-reduce of ``numel``
+    compressed gradient values over ``world`` ranks (``comm/all_reduce.py``): a stateful
+    scheme (LoCo) keeps a stream per chunk sent (the whole gradient) and one for the chunk
+    it gathers."""
+    config = get_config(config).ddp_config()
+    comp = build_compressor(config.all_reduce, 0, num_peers=max(1, world))
+    out = dict.fromkeys(KINDS, 0)
+    if comp is None or world < 2:
+        return out
+    comp = config.loco.wrap(comp) if config.loco is not None else comp
+    _add(out, comp.state_bytes_for(numel, dtype))
+    _add(out, comp.state_bytes_for(-(-numel // world), dtype))
+    return out
+
+
 def total(state: dict[str, int]) -> int:
     return sum(state.values())

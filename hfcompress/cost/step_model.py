@@ -37,6 +37,14 @@ rates (``cost/codec_rates.py``), compute, and what the engine overlaps.
   all-gather before forward) and its distributed optimizer gathers the parameters once per
   step: no unit is gathered again in backward nor per micro-batch.
 
+  ``"ddp"``: DistributedDataParallel (and Global-QSGD's setting): no gathers; every rank
+  all-reduces the whole gradient in buckets of ``bucket_bytes`` (DDP's ``bucket_cap_mb``),
+  each launched as backward finishes it, so the buckets hide behind backward (2/3 of the
+  compute: 2 of the 6 x params x tokens FLOPs are forward) except the last, which starts
+  when backward ends: exposed = max(last bucket, all-reduce - backward) + the rest. Every
+  preset runs its DDP form (``CompressionConfig.ddp_config``: ``all_reduce``, else
+  ``grad_inter``); the training state is replicated, not sharded.
+
   Step = compute + exposed + codec; the full-overlap limit = max(compute, wire) + codec.
 - **Grouping**: units of equal shape have equal collectives: each shape is priced once and
   its sums multiplied by its count (the same numbers as a loop over the units, to rounding).
@@ -56,10 +64,10 @@ from ..comm.traffic import Phase
 from ..config import ROLES, CompressionConfig, get_config
 from .cluster import ClusterLayout
 from .codec_rates import PER_CALL_S, default_rates, estimated, rate_key
-from .collectives import Collective, Senders, Work, ddp_collectives, unit_collectives
+from .collectives import BUCKET_BYTES, Collective, Senders, Work, ddp_collectives, unit_collectives
 from .link_bytes import phase_bytes
 from .links import ClusterLinks
-from .state import estimate_state_bytes, total
+from .state import all_reduce_state_bytes, estimate_state_bytes, total
 from .units import Unit
 
 
@@ -72,6 +80,7 @@ class Engine:
     backward_gather: bool             # each layer gathered again in backward (ZeRO-3, FSDP2)
     gathers_per_micro_batch: bool     # every accumulation micro-batch gathers the weights
     reduces_per_micro_batch: bool     # every accumulation micro-batch reduces its gradients
+    replicated: bool = False          # DDP: all-reduce of the whole gradient, no sharding
 
     def times_per_step(self, part: str, grad_accum: int) -> int:
         """How often a collective of ``part`` (``Collective.part``) runs per optimizer step."""
@@ -87,7 +96,12 @@ ENGINE_SPECS = {
                     gathers_per_micro_batch=True, reduces_per_micro_batch=True),
     "megatron": Engine("megatron", hides_gathers=False, backward_gather=False,
                        gathers_per_micro_batch=False, reduces_per_micro_batch=False),
+    "ddp": Engine("ddp", hides_gathers=False, backward_gather=False,
+                  gathers_per_micro_batch=False, reduces_per_micro_batch=False,
+                  replicated=True),
 }
+#: the share of a step's compute that is backward (which DDP's buckets hide behind)
+BACKWARD_SHARE = 2 / 3
 ENGINES = tuple(ENGINE_SPECS)
 #: bytes per value of an exact collective's dtype (``hfcompress plan --gather-dtype`` /
 #: ``--reduce-dtype``; ``weight_bytes`` / ``grad_bytes``)
@@ -117,6 +131,7 @@ class CollectiveCost:
     wire_s: float
     codec_s: float
     overlappable: bool        # may hide behind compute under the engine
+    calls: int = 1            # calls per run of it (DDP: its buckets)
 
 
 @dataclass
@@ -223,14 +238,15 @@ def _unit_groups(units: list[tuple[Unit, int]]) -> tuple[dict[Unit, int], Unit |
 
 
 def _collectives(senders: Senders, units: list[tuple[Unit, int]], nodes: int,
-                 weight_bytes: int, grad_bytes: int) -> list[tuple[int, bool, list[Collective]]]:
+                 weight_bytes: int, grad_bytes: int, ddp: bool,
+                 bucket_bytes: int) -> list[tuple[int, bool, list[Collective]]]:
     """Per unit shape (DDP: one list for the whole model): its count, whether backward
     reduces it first (:func:`_unit_groups`) and its collectives."""
-    if senders.ddp:
+    if ddp:
         w = senders.world
         return [(1, False, ddp_collectives(senders, w * sum(n * u.numel for u, n in units),
                                            w * sum(n * u.exact_numel for u, n in units),
-                                           nodes, grad_bytes))]
+                                           nodes, grad_bytes, bucket_bytes))]
     counts, first = _unit_groups(units)
     return [(count, key == first, unit_collectives(senders, key, nodes, weight_bytes,
                                                    grad_bytes))
@@ -241,7 +257,8 @@ def price_step(config: CompressionConfig | str, units: Units, layout: ClusterLay
                links: ClusterLinks, *, compute_s: float, engine: str | Engine = "fsdp2",
                grad_accum: int = 1,
                codec_rates: dict[str, float | tuple[float, float]] | None = None,
-               codec_scale: float = 1.0, weight_bytes: int = 2, grad_bytes: int = 4) -> StepCost:
+               codec_scale: float = 1.0, weight_bytes: int = 2, grad_bytes: int = 4,
+               bucket_bytes: int = BUCKET_BYTES) -> StepCost:
     """One optimizer step of ``grad_accum`` micro-batches of ``units`` (values per DP rank,
     forward order; units or ``(unit, count)`` pairs) under ``config`` (a preset name or a
     :class:`CompressionConfig`; DDP presets: the all-reduce of every gradient) on ``layout``
@@ -251,12 +268,15 @@ def price_step(config: CompressionConfig | str, units: Units, layout: ClusterLay
     reductions (bf16 / fp16: 2, fp32: 4). ``codec_rates``: values/s per rate key
     (``cost/codec_rates.rate_key``) or scheme name, for compress and decompress alike or
     a measured (compress, decompress) pair (``hfcompress probe``'s); a scheme without
-    one: the H200's measured rates times ``codec_scale`` (``cost/gpus.py``)."""
+    one: the H200's measured rates times ``codec_scale`` (``cost/gpus.py``).
+    ``bucket_bytes``: DDP's bucket size (the ``ddp`` engine, DDP presets)."""
     spec = engine_spec(engine)
     if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
         raise ValueError(f"grad_accum={grad_accum!r} must be an int >= 1 (micro-batches per "
                          f"optimizer step)")
     config = get_config(config)
+    if spec.replicated:
+        config = config.ddp_config()
     units = counted(units)
     if not spec.backward_gather:     # parameters gathered once per step (module docstring)
         units = [(dataclasses.replace(u, backward_gather=False), n) for u, n in units]
@@ -264,16 +284,18 @@ def price_step(config: CompressionConfig | str, units: Units, layout: ClusterLay
     pricer = _Pricer(config, layout, links, codec_rates, codec_scale)
     rows: dict[str, dict] = {}
     first_hops: tuple[float, float] | None = None     # of the unit backward reduces first
+    ddp = spec.replicated or senders.ddp
     for count, first, colls in _collectives(senders, units, layout.dp_nodes, weight_bytes,
-                                            grad_bytes):
+                                            grad_bytes, ddp, bucket_bytes):
         for c in colls:
             p = pricer.collective(c)
             row = rows.setdefault(c.name, {"algorithm": p["algorithm"], "link": 0.0,
                                            "meter": 0.0, "intra": 0.0, "hop1": 0.0,
                                            "hop2": 0.0, "codec": 0.0, "part": c.part,
-                                           "two_hop": c.two_hop})
+                                           "two_hop": c.two_hop, "calls": 0})
             for key in ("link", "meter", "intra", "hop1", "hop2", "codec"):
                 row[key] += count * p[key]
+            row["calls"] += count * c.calls
             if c.two_hop and (first or first_hops is None):
                 first_hops = (p["hop1"], p["hop2"])
     out = []
@@ -286,8 +308,10 @@ def price_step(config: CompressionConfig | str, units: Units, layout: ClusterLay
         out.append(CollectiveCost(name, r["part"], times, r["algorithm"], times * r["link"],
                                   times * r["meter"], times * r["intra"], times * wire,
                                   times * r["codec"],
-                                  spec.hides_gathers and r["part"] == "weights"))
-    return _step(config, out, compute_s, units, layout, weight_bytes, pricer.estimated)
+                                  spec.hides_gathers and r["part"] == "weights"
+                                  or spec.replicated and r["part"] == "all_reduce",
+                                  r["calls"]))
+    return _step(config, out, compute_s, units, layout, weight_bytes, pricer.estimated, spec)
 
 
 def _state_bytes(config: CompressionConfig, units: list[tuple[Unit, int]],
@@ -301,15 +325,26 @@ def _state_bytes(config: CompressionConfig, units: list[tuple[Unit, int]],
                                               dtype)) for numel, n in sizes.items())
 
 
-def _step(config: CompressionConfig, colls: list[CollectiveCost], compute_s: float,
-          units: list[tuple[Unit, int]], layout: ClusterLayout, weight_bytes: int,
-          estimated_rates: dict[str, str]) -> StepCost:
+def _exposed(colls: list[CollectiveCost], compute_s: float, spec: Engine) -> float:
+    """Communication not hidden behind compute (module docstring, "Engine")."""
     wire = sum(c.wire_s for c in colls)
     hidden = sum(c.wire_s for c in colls if c.overlappable)
-    exposed = max(0.0, hidden - compute_s) + wire - hidden
+    if not spec.replicated:
+        return max(0.0, hidden - compute_s) + wire - hidden
+    last = max((c.wire_s / max(1, c.calls) for c in colls if c.overlappable), default=0.0)
+    return max(last, hidden - BACKWARD_SHARE * compute_s) + wire - hidden
+
+
+def _step(config: CompressionConfig, colls: list[CollectiveCost], compute_s: float,
+          units: list[tuple[Unit, int]], layout: ClusterLayout, weight_bytes: int,
+          estimated_rates: dict[str, str], spec: Engine) -> StepCost:
+    wire = sum(c.wire_s for c in colls)
+    exposed = _exposed(colls, compute_s, spec)
     codec = sum(c.codec_s for c in colls)
     dtype = torch.bfloat16 if weight_bytes == 2 else torch.float32
-    state = _state_bytes(config, units, layout, dtype)
+    state = total(all_reduce_state_bytes(config, layout.dp * sum(n * u.numel for u, n in units),
+                                         layout.dp, dtype)) if spec.replicated \
+        else _state_bytes(config, units, layout, dtype)
     return StepCost(config.name, colls, compute_s, wire, exposed, codec,
                     compute_s + exposed + codec, max(compute_s, wire) + codec, state,
                     estimated_rates)
@@ -318,7 +353,7 @@ def _step(config: CompressionConfig, colls: list[CollectiveCost], compute_s: flo
 def compute_from_baseline(step_s: float, units: Units, layout: ClusterLayout,
                           links: ClusterLinks, *, engine: str | Engine = "fsdp2",
                           grad_accum: int = 1, weight_bytes: int = 2,
-                          grad_bytes: int = 4) -> float:
+                          grad_bytes: int = 4, bucket_bytes: int = BUCKET_BYTES) -> float:
     """Compute seconds of an optimizer step whose exact baseline (``none``) measured
     ``step_s`` (all ``grad_accum`` micro-batches): the step minus ``none``'s exposed
     communication, >= 0. Where the engine hides the all-gathers they hide behind that
@@ -326,6 +361,15 @@ def compute_from_baseline(step_s: float, units: Units, layout: ClusterLayout,
     time the modelled links are slower than the measurement allows (``price_step`` will then
     predict more than ``step_s``: fit the bandwidth instead)."""
     none = price_step("none", units, layout, links, compute_s=0.0, engine=engine,
-                      grad_accum=grad_accum, weight_bytes=weight_bytes, grad_bytes=grad_bytes)
+                      grad_accum=grad_accum, weight_bytes=weight_bytes, grad_bytes=grad_bytes,
+                      bucket_bytes=bucket_bytes)
     rest = sum(c.wire_s for c in none.collectives if not c.overlappable)
-    return max(0.0, step_s - rest)
+    if not engine_spec(engine).replicated:
+        return max(0.0, step_s - rest)
+    # ddp: step = c + rest + max(last, hidden - BACKWARD_SHARE c), solved for c
+    hidden = sum(c.wire_s for c in none.collectives if c.overlappable)
+    last = _exposed(none.collectives, float("inf"), engine_spec(engine))
+    compute = step_s - rest - last
+    if hidden - BACKWARD_SHARE * compute > last:
+        compute = (step_s - rest - hidden) / (1 - BACKWARD_SHARE)
+    return max(0.0, compute)

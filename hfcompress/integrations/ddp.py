@@ -38,7 +38,7 @@ from ..comm.all_reduce import group_size_check, node_layout, stock_all_reduce_by
 from ..comm.futures import chain, completed, devices_of, inline, side_stream_call
 from ..compressors import Compressor
 from ..compressors.registry import build_compressor
-from ..config import CompressionConfig, Scheme, describe, get_config, is_exact
+from ..config import CompressionConfig, Scheme, get_config, is_exact
 from .consistency import check_same_settings
 from .exact_params import Segment, SlotLayout
 from .handle import step_error_feedback
@@ -48,17 +48,9 @@ AVG = dist.ReduceOp.AVG
 
 
 def ddp_scheme(config: CompressionConfig) -> Optional[Scheme]:
-    """The scheme DDP's all-reduce uses for ``config``; ValueError if the preset compresses
-    nothing DDP sends."""
-    scheme = config.all_reduce or config.grad_inter
-    if scheme is None and (config.weights is not None or config.grad_intra is not None
-                           or config.loco is not None):
-        raise ValueError(f"comm_compressor {config.name!r} compresses only FSDP's collectives "
-                         f"(weights: {describe(config.weights)}); DDP sends only gradients "
-                         f"through its all-reduce. Run with FSDP2 (fsdp=True, fsdp_config="
-                         f"{{'version': 2}}, or an accelerate FSDP config), or pick a gradient "
-                         f"preset such as 'loco' or 'global_qsgd'")
-    return scheme
+    """The scheme DDP's all-reduce uses for ``config`` (``CompressionConfig.ddp_config``);
+    ValueError if the preset compresses nothing DDP sends."""
+    return config.ddp_config().all_reduce
 
 
 def all_reduce_compressor(config: CompressionConfig, group_size: int,
