@@ -14,14 +14,16 @@ per GPU through ``ModelShape.train_flops``, or the cluster's tokens/s through th
 step). The planner prices it as ``hfcompress plan`` does (``calibrate.StepPredictor``: compute
 from the baseline's step minus the baseline's exposed communication, communication per the
 engine, ``step_model.Engine``), at the effective inter-node bandwidth that
-``calibrate.fit_inter_node_gbps`` fits LEAVE-ONE-OUT (issue 31): on the runs of the other rows
+``calibrate.fit_inter_node`` fits LEAVE-ONE-OUT: on the runs of the other rows
 of the same cluster and layout (and their baselines), or, for a row alone in its layout, on the
 same cluster's layouts with as many DP ranks per node (x) and DP groups per node (k), else all
 its other layouts (``fit_scope`` says which; ``n/a`` where the cluster has no other row). The
 error is the predicted speedup over the measured one, minus 1. The fitted bandwidth of each
-cluster and layout (on all its rows) is printed next to the paper's stated figure. The
-``fsdp2`` rows (DeepSpeed ZeRO-3) are also priced with nothing hidden behind compute
-(``*_no_overlap``: the ``fsdp2`` engine with ``hides_gathers=False``).
+cluster and layout (on all its rows) is printed next to the paper's stated figure. A fit
+that the runs do not determine (``calibrate.Fit.problem``: on a search bound, or flat) is
+marked and its row not counted as within the target. The ``zero3`` rows (DeepSpeed ZeRO-3,
+nothing hidden) are also priced with FSDP2's overlap (``*_overlapped``: the
+``fsdp2_each_batch`` engine), the mapping they were priced with before.
 
 Engines (the CSV's ``engine``): ZeRO-3 re-gathers each layer's weights in backward; Megatron-LM's
 distributed optimizer gathers them once per step and reduces the gradients once per step, after
@@ -38,7 +40,7 @@ import csv
 import statistics
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from hfcompress.config import CompressionConfig, get_config  # noqa: E402
 from hfcompress.cost.calibrate import (HIGH_GBPS, LOW_GBPS, MeasuredRun,  # noqa: E402
-                                       StepPredictor, fit_inter_node_gbps, parse_runs)
+                                       Fit, StepPredictor, fit_inter_node, parse_runs)
 from hfcompress.cost.cluster import ClusterLayout  # noqa: E402
 from hfcompress.cost.model_shape import ModelShape  # noqa: E402
 from hfcompress.cost.step_model import DTYPE_BYTES, ENGINE_SPECS, Engine  # noqa: E402
@@ -55,18 +57,17 @@ DATA = ROOT / "benchmarks" / "data" / "plan_papers"
 OUT = ROOT / "benchmarks" / "results" / "plan_papers"
 PAPERS = ("zeropp", "loco", "sdp4bit")
 TARGET = 0.25          # issue 31: every row within 25%
-#: ZeRO-3 as if its prefetch hid nothing (the ``*_no_overlap`` columns)
-NO_OVERLAP = replace(ENGINE_SPECS["fsdp2"], name="fsdp2, nothing overlapped",
-                     hides_gathers=False)
+#: ZeRO-3 as if it overlapped as FSDP2 does (the ``*_overlapped`` columns)
+OVERLAPPED = ENGINE_SPECS["fsdp2_each_batch"]
 FIELDS = ["row_id", "paper", "table", "line", "cluster", "layout", "model", "seq_len",
           "global_batch", "accum", "preset", "engine", "measured_speedup", "predicted_speedup",
           "error", "within_target", "fit_scope", "fit_rows", "fitted_gbps",
           "stated_gbps", "predicted_at_stated", "error_at_stated", "baseline_step_s",
-          "compute_s", "predicted_step_s", "exposed_s", "codec_s", "predicted_no_overlap",
-          "error_no_overlap", "fitted_gbps_no_overlap"]
+          "compute_s", "predicted_step_s", "exposed_s", "codec_s", "fit_problem",
+          "predicted_overlapped", "error_overlapped", "fitted_gbps_overlapped"]
 FIT_FIELDS = ["paper", "cluster", "layout", "engine", "rows", "stated_gbps", "fitted_gbps",
               "fitted_over_stated", "in_sample_error_min", "in_sample_error_max",
-              "fitted_gbps_no_overlap"]
+              "fit_problem", "fitted_gbps_overlapped"]
 
 
 def load_rows(paper: str) -> list[dict]:
@@ -182,9 +183,9 @@ class Case:
         return self.cluster.predict(self.base_run, gbps) / self.cluster.predict(self.run, gbps)
 
 
-def load_cases(papers, overlap: bool = True) -> list[Case]:
+def load_cases(papers, overlap: bool = False) -> list[Case]:
     """The benchmarked compressed rows with their baselines, their clusters' runs priced
-    under the rows' engine (``overlap=False``: ``fsdp2`` rows under :data:`NO_OVERLAP`)."""
+    under the rows' engine (``overlap=True``: ``zero3`` rows under :data:`OVERLAPPED`)."""
     cases = []
     for paper in papers:
         rows = [r for r in load_rows(paper) if r["benchmark"] == "yes"]
@@ -193,7 +194,7 @@ def load_cases(papers, overlap: bool = True) -> list[Case]:
         for name in dict.fromkeys(r["cluster"] for r in rows):
             members = [r for r in rows if r["cluster"] == name]
             (engine, intra), = {(r["engine"], float(r["intra_node_gbps"])) for r in members}
-            spec = ENGINE_SPECS[engine] if overlap or engine != "fsdp2" else NO_OVERLAP
+            spec = OVERLAPPED if overlap and engine == "zero3" else ENGINE_SPECS[engine]
             runs = parse_runs([run_of(r) for r in members], source=f"{paper} {name}")
             clusters[name] = Cluster(dict(zip((r["row_id"] for r in members), runs)),
                                      StepPredictor(runs, intra_node_gbps=intra, engine=spec),
@@ -203,13 +204,13 @@ def load_cases(papers, overlap: bool = True) -> list[Case]:
     return cases
 
 
-def fit_gbps(cases: list[Case]) -> float:
-    """``calibrate.fit_inter_node_gbps`` on the runs of ``cases`` and their baselines (one
+def fit_gbps(cases: list[Case]) -> Fit:
+    """``calibrate.fit_inter_node`` on the runs of ``cases`` and their baselines (one
     cluster's: its predictor)."""
     runs = list({id(r): r for c in cases for r in (c.base_run, c.run)}.values())
     cluster = cases[0].cluster
-    return fit_inter_node_gbps(runs, intra_node_gbps=cluster.intra_node_gbps,
-                               engine=cluster.engine, predict=cluster.predict)
+    return fit_inter_node(runs, intra_node_gbps=cluster.intra_node_gbps,
+                          engine=cluster.engine, predict=cluster.predict)
 
 
 def leave_one_out(cases: list[Case]) -> list[dict]:
@@ -235,12 +236,14 @@ def leave_one_out(cases: list[Case]) -> list[dict]:
                    fit_rows=len(fit_on), baseline_step_s=case.base_run.step_s,
                    stated_gbps=case.row["stated_inter_node_gbps"])
         if fit_on:
-            gbps = fit_gbps(fit_on)
+            fit = fit_gbps(fit_on)
+            gbps = fit.gbps
             run = case.cluster.predict.cost(case.run, gbps)
             pred = case.predicted_speedup(gbps)
-            rec.update(fitted_gbps=gbps, predicted_speedup=pred,
+            rec.update(fitted_gbps=gbps, predicted_speedup=pred, fit_problem=fit.problem or "",
                        error=pred / case.measured_speedup - 1,
-                       within_target=abs(pred / case.measured_speedup - 1) <= TARGET,
+                       within_target=abs(pred / case.measured_speedup - 1) <= TARGET
+                       and not fit.problem,
                        compute_s=run.compute_s, predicted_step_s=run.step_s,
                        exposed_s=run.exposed_s, codec_s=run.codec_s)
         if rec["stated_gbps"]:
@@ -251,21 +254,21 @@ def leave_one_out(cases: list[Case]) -> list[dict]:
     return out
 
 
-def add_no_overlap(results: list[dict], fits: list[dict], papers) -> None:
-    """The ``fsdp2`` rows again with nothing hidden behind compute (``*_no_overlap``
-    columns): DeepSpeed ZeRO-3's prefetch may hide less than FSDP2's."""
-    cases = [c for c in load_cases(papers, overlap=False) if c.row["engine"] == "fsdp2"]
+def add_overlapped(results: list[dict], fits: list[dict], papers) -> None:
+    """The ``zero3`` rows again with FSDP2's overlap (``*_overlapped`` columns): what the
+    measured ZeRO-3 runs would have been had their prefetch and reduce-scatters hidden."""
+    cases = [c for c in load_cases(papers, overlap=True) if c.row["engine"] == "zero3"]
     by_id = {r["row_id"]: r for r in leave_one_out(cases)}
     for r in results:
         if r["row_id"] in by_id and "error" in by_id[r["row_id"]]:
             other = by_id[r["row_id"]]
-            r.update(predicted_no_overlap=other["predicted_speedup"],
-                     error_no_overlap=other["error"], fitted_gbps_no_overlap=other["fitted_gbps"])
+            r.update(predicted_overlapped=other["predicted_speedup"],
+                     error_overlapped=other["error"], fitted_gbps_overlapped=other["fitted_gbps"])
     by_group = {(f["paper"], f["cluster"], f["layout"]): f for f in group_fits(cases)}
     for f in fits:
         other = by_group.get((f["paper"], f["cluster"], f["layout"]))
         if other:
-            f["fitted_gbps_no_overlap"] = other["fitted_gbps"]
+            f["fitted_gbps_overlapped"] = other["fitted_gbps"]
 
 
 def group_fits(cases: list[Case]) -> list[dict]:
@@ -275,14 +278,16 @@ def group_fits(cases: list[Case]) -> list[dict]:
         groups.setdefault(c.group, []).append(c)
     out = []
     for (paper, cluster, layout), members in groups.items():
-        gbps = fit_gbps(members)
+        fit = fit_gbps(members)
+        gbps = fit.gbps
         errors = [c.predicted_speedup(gbps) / c.measured_speedup - 1 for c in members]
         stated = members[0].row["stated_inter_node_gbps"]
         out.append(dict(paper=paper, cluster=cluster, layout=layout,
                         engine=members[0].cluster.engine.name, rows=len(members),
                         stated_gbps=stated, fitted_gbps=gbps,
                         fitted_over_stated=gbps / float(stated) if stated else "",
-                        in_sample_error_min=min(errors), in_sample_error_max=max(errors)))
+                        in_sample_error_min=min(errors), in_sample_error_max=max(errors),
+                        fit_problem=fit.problem or ""))
     return out
 
 
@@ -297,7 +302,7 @@ def fmt(value, spec: str = ".3g") -> str:
 def markdown(results: list[dict], fits: list[dict]) -> str:
     lines = ["| paper | table (line) | cluster | layout | model | seq x batch (accum) | preset | "
              "measured | predicted | error | fit on | fitted Gbit/s | error at stated Gbit/s | "
-             "error, nothing overlapped |",
+             "error, overlapped as FSDP2 |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(
@@ -307,9 +312,9 @@ def markdown(results: list[dict], fits: list[dict]) -> str:
             f"{fmt(r.get('predicted_speedup'), '.2f')}x | {fmt(r.get('error'), '+.0%')} | "
             f"{r['fit_scope']} ({r['fit_rows']}) | {fmt(r.get('fitted_gbps'), '.0f')} | "
             f"{fmt(r.get('error_at_stated'), '+.0%')} | "
-            f"{fmt(r.get('error_no_overlap'), '+.0%')} |")
+            f"{fmt(r.get('error_overlapped'), '+.0%')} |")
     lines += ["", "| paper | cluster | layout | rows | stated Gbit/s | fitted Gbit/s | "
-              "fitted / stated | in-sample error | fitted Gbit/s, nothing overlapped |",
+              "fitted / stated | in-sample error | fitted Gbit/s, overlapped as FSDP2 |",
               "|---|---|---|---|---|---|---|---|---|"]
     for f in fits:
         lines.append(f"| {f['paper']} | {f['cluster']} | {f['layout']} | {f['rows']} | "
@@ -317,7 +322,7 @@ def markdown(results: list[dict], fits: list[dict]) -> str:
                      f"{fmt(f['fitted_over_stated'], '.2f')} | "
                      f"{fmt(f['in_sample_error_min'], '+.0%')} .. "
                      f"{fmt(f['in_sample_error_max'], '+.0%')} | "
-                     f"{fmt(f.get('fitted_gbps_no_overlap'), '.0f')} |")
+                     f"{fmt(f.get('fitted_gbps_overlapped'), '.0f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -327,15 +332,18 @@ def summary(results: list[dict]) -> list[str]:
         errs = [r["error"] for r in results if r["paper"] == paper and "error" in r]
         na = sum(1 for r in results if r["paper"] == paper and "error" not in r)
         if errs:
-            within = sum(abs(e) <= TARGET for e in errs)
+            within = sum(1 for r in results if r["paper"] == paper and r.get("within_target"))
+            undetermined = sum(1 for r in results if r["paper"] == paper and r.get("fit_problem"))
             out.append(f"{paper}: {len(errs)} rows predicted, error {min(errs):+.0%} .. "
                        f"{max(errs):+.0%} (median |error| "
                        f"{statistics.median(abs(e) for e in errs):.0%}), {within} within "
-                       f"{TARGET:.0%}" + (f", {na} n/a" if na else ""))
-            flat = [r["error_no_overlap"] for r in results
-                    if r["paper"] == paper and "error_no_overlap" in r]
+                       f"{TARGET:.0%} on a determined fit" + (f", {na} n/a" if na else "")
+                       + (f", {undetermined} on a fit the runs do not determine"
+                          if undetermined else ""))
+            flat = [r["error_overlapped"] for r in results
+                    if r["paper"] == paper and "error_overlapped" in r]
             if flat:
-                out.append(f"{paper} (fsdp2 rows) with nothing overlapped: error "
+                out.append(f"{paper} (zero3 rows) overlapped as FSDP2: error "
                            f"{min(flat):+.0%} .. {max(flat):+.0%}, "
                            f"{sum(abs(e) <= TARGET for e in flat)} of {len(flat)} within "
                            f"{TARGET:.0%}")
@@ -368,7 +376,7 @@ def main(argv: list[str] | None = None) -> tuple[list[dict], list[dict]]:
     cases = load_cases(papers)
     results = leave_one_out(cases)
     fits = group_fits(cases)
-    add_no_overlap(results, fits, papers)
+    add_overlapped(results, fits, papers)
     print(markdown(results, fits))
     for line in summary(results):
         print(line)
@@ -384,7 +392,7 @@ def main(argv: list[str] | None = None) -> tuple[list[dict], list[dict]]:
                                                 *(argv if argv is not None else sys.argv[1:])])),
             dict(key="papers", value=",".join(papers)),
             dict(key="data", value="benchmarks/data/plan_papers/*.csv"),
-            dict(key="fit", value="calibrate.fit_inter_node_gbps leave-one-out per cluster "
+            dict(key="fit", value="calibrate.fit_inter_node leave-one-out per cluster "
                  "and layout (else the cluster's layouts with the same x and k, else its other "
                  "layouts) on the rows' runs and their baselines: squared log error of "
                  "predicted steps"),

@@ -123,16 +123,16 @@ def test_plan_marks_an_undetermined_calibration(tmp_path, capsys):
 
 
 def test_a_nominal_bandwidth_shows_the_range_of_answers(capsys):
-    """A data-sheet 200 Gbit/s: priced at the papers' median effective / stated (1.11), with
-    every preset's speedup and the recommendation at their lowest (0.134) and highest (2.57);
+    """A data-sheet 200 Gbit/s: priced at the papers' median effective / stated (1.12), with
+    every preset's speedup and the recommendation at their lowest (0.134) and highest (4.95);
     the answer at the low end is the 26.8 Gbit/s plan's."""
     kw = dict(nodes=16, gpus_per_node=8, gpu_tflops=400)
     report = plan(LLAMA2["70b"], list(LOSS_KEEPING), nominal_inter_node_gbps=200, **kw)
     links = report["links"]
-    assert links["inter_node_gbps"] == pytest.approx(200 * 1.11)
-    assert "--nominal-inter-node-gbps 200 x 1.11" in links["source"]
+    assert links["inter_node_gbps"] == pytest.approx(200 * 1.12)
+    assert "--nominal-inter-node-gbps 200 x 1.12" in links["source"]
     low, high = links["nominal_range"]["low"], links["nominal_range"]["high"]
-    assert low["inter_node_gbps"] == pytest.approx(26.8) and high["efficiency"] == 2.57
+    assert low["inter_node_gbps"] == pytest.approx(26.8) and high["efficiency"] == 4.95
     direct = plan(LLAMA2["70b"], list(LOSS_KEEPING), inter_node_gbps=26.8, **kw)
     assert low["speedups"] == {k: p["speedup"] for k, p in direct["presets"].items()}
     assert low["speedups"]["sdp4bit"] > report["presets"]["sdp4bit"]["speedup"] \
@@ -142,4 +142,4 @@ def test_a_nominal_bandwidth_shows_the_range_of_answers(capsys):
     main(["plan", "--hidden", "4096", "--layers", "32", "--nodes", "4", "--gpu-tflops", "400",
           "--nominal-inter-node-gbps", "100"])
     out = capsys.readouterr().out
-    assert "nominal 100 Gbit/s: priced at x 1.11" in out and "x 0.134 (13.4 Gbit/s)" in out
+    assert "nominal 100 Gbit/s: priced at x 1.12" in out and "x 0.134 (13.4 Gbit/s)" in out

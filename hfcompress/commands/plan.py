@@ -17,8 +17,8 @@ from .model_args import add_model_arguments, model_shape
 DESCRIPTION = """What each preset saves on a cluster you describe (the cost model of
 hfcompress.cost): the inter-node bytes per node per step of each collective by the
 algorithm the backend runs (ring / direct all-to-all / 2-hop), communication, exposed
-communication (FSDP2 prefetch hides the weight all-gathers behind compute; megatron exposes
-everything) and codec seconds, step seconds and speedup over none, compressor state per GPU,
+communication (FSDP2 hides its all-gathers and reduce-scatters behind compute, but the
+last reduce-scatter; zero3 and megatron expose everything) and codec seconds, step seconds and speedup over none, compressor state per GPU,
 the full-overlap limit, and a recommendation. Bandwidths are effective, not the data sheet's:
 fit them to a few measured steps with --calibrate. Example: hfcompress plan --hidden 8192
 --layers 80 --ffn 28672 --heads 64 --kv-heads 8 --nodes 16 --gpus-per-node 8 --gpu-tflops 400"""
@@ -37,8 +37,9 @@ def plan_command_parser(subparsers) -> None:
     r.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer "
                    "step (1): compute for each; fsdp2 (HF Trainer / Accelerate) gathers the "
                    "weights every micro-batch and reduces the gradients once per step (no_sync: "
-                   "set_requires_gradient_sync(False)), zero3 (DeepSpeed ZeRO-3, or FSDP2 with "
-                   "sync_each_batch) both every micro-batch, megatron both once per step")
+                   "set_requires_gradient_sync(False)), fsdp2_each_batch (FSDP2 with "
+                   "sync_each_batch) and zero3 (DeepSpeed ZeRO-3) both every micro-batch, "
+                   "megatron both once per step, ddp reduces once per step")
     _add_cluster_arguments(p.add_argument_group("cluster"))
     t = p.add_argument_group("compute: exactly one of")
     t.add_argument("--step-time", type=float, metavar="S", help="measured seconds per "
@@ -84,12 +85,13 @@ def _add_cluster_arguments(c) -> None:
                    "usable on another layout than the one it was measured on) and codec "
                    "rates, in place of the defaults and the H200's rates; --inter-node-gbps "
                    "/ --intra-node-gbps given explicitly still win")
-    c.add_argument("--engine", choices=ENGINES, default="fsdp2", help="fsdp2 / zero3: "
-                   "prefetch hides the weight all-gathers (forward and backward) behind "
-                   "compute; megatron: nothing hidden, weights gathered once per step; ddp: "
-                   "DistributedDataParallel, each preset's all-reduce form, its buckets "
-                   "hidden behind backward but the last (--bucket-mb); see --grad-accum "
-                   "(fsdp2)")
+    c.add_argument("--engine", choices=ENGINES, default="fsdp2", help="fsdp2 / "
+                   "fsdp2_each_batch: prefetch hides the weight all-gathers (forward and "
+                   "backward) and backward hides the reduce-scatters but the last, all on one "
+                   "link; zero3 (DeepSpeed ZeRO-3, as the ZeRO++ paper measured it) and "
+                   "megatron: nothing hidden, megatron gathering the weights once per step; "
+                   "ddp: DistributedDataParallel, each preset's all-reduce form, its buckets "
+                   "hidden behind backward but the last (--bucket-mb); see --grad-accum")
     c.add_argument("--bucket-mb", type=float, default=BUCKET_BYTES / 2 ** 20, help="DDP's "
                    f"bucket_cap_mb (--engine ddp and the DDP presets; {BUCKET_BYTES >> 20})")
     c.add_argument("--gather-dtype", choices=DTYPE_BYTES, default="bf16", help="dtype of the "

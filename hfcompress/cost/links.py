@@ -22,7 +22,7 @@ DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS = 400.0, 2400.0
 #: ZeRO++'s V100 / A100 InfiniBand, SDP4Bit's A100 Slingshot and H800 InfiniBand): the
 #: lowest, the median and the highest. ``plan --nominal-inter-node-gbps`` prices at the
 #: median and shows the answers at both ends.
-NOMINAL_EFFICIENCY = (0.134, 1.11, 2.57)
+NOMINAL_EFFICIENCY = (0.134, 1.12, 4.95)
 
 
 @dataclass(frozen=True)

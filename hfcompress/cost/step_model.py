@@ -15,22 +15,29 @@ rates (``cost/codec_rates.py``), compute, and what the engine overlaps.
 - **Engine** (:class:`Engine`, ``engine=``): what hides behind compute and how often each
   collective runs in an optimizer step of ``grad_accum`` micro-batches (compute: all of them).
 
-  ``"fsdp2"`` (FSDP2 under the HF Trainer / Accelerate): prefetching hides the weight
-  all-gathers behind compute, up to the compute time: exposed = max(0, all-gathers -
-  compute) + the rest. Every micro-batch gathers each layer in forward and again in backward;
-  the gradients are reduced once per step: the Trainer and ``Accelerator.accumulate`` run the
-  accumulation micro-batches under ``Accelerator.no_sync``, which for FSDP2 calls
-  ``set_requires_gradient_sync(False)`` (FSDP2 then skips ``foreach_reduce``, hfcompress's
-  reduce-scatter included, and keeps the unsharded gradient). FSDP2 also runs unit i's
-  reduce-scatter while backward computes unit i - 1; that is not modelled: the same backward
-  compute already hides the backward all-gathers, which share the node's link with the
-  reduce-scatters, so crediting both would count one compute twice (exposed is an upper
-  bound). Each micro-batch hides its own gathers behind its own compute: grad_accum x
-  max(0, G - c) = max(0, grad_accum G - grad_accum c), the same rule on the step's totals.
+  Overlap rule: the collectives an engine overlaps share the node's link and hide behind
+  one compute (``cover`` of it: all of it, or backward's 2/3 for DDP, whose forward has
+  nothing to reduce), per micro-batch: exposed = (grad_accum - 1) x max(0, E - c) +
+  max(tail, E + O - c) + the rest, where c is one micro-batch's cover, E the overlapped
+  collectives run every micro-batch (per micro-batch), O those run once per step (in the
+  last one), and tail the gradient reduction of the last unit (bucket), which starts only
+  when backward ends.
 
-  ``"zero3"``: DeepSpeed ZeRO-3, and FSDP2 reducing every micro-batch (accelerate's
-  ``sync_each_batch=True``, a loop without ``set_requires_gradient_sync``): as ``"fsdp2"``,
-  with the gradients reduced every micro-batch.
+  ``"fsdp2"`` (FSDP2 under the HF Trainer / Accelerate): prefetching hides the weight
+  all-gathers, and unit i's reduce-scatter runs while backward computes unit i - 1. Every
+  micro-batch gathers each layer in forward and again in backward; the gradients are
+  reduced once per step: the Trainer and ``Accelerator.accumulate`` run the accumulation
+  micro-batches under ``Accelerator.no_sync``, which for FSDP2 calls
+  ``set_requires_gradient_sync(False)`` (FSDP2 then skips ``foreach_reduce``, hfcompress's
+  reduce-scatter included, and keeps the unsharded gradient).
+
+  ``"fsdp2_each_batch"``: FSDP2 reducing every micro-batch (accelerate's
+  ``sync_each_batch=True``, a loop without ``set_requires_gradient_sync``).
+
+  ``"zero3"``: DeepSpeed ZeRO-3 as the ZeRO++ paper measured it: gathers and
+  reduce-scatters every micro-batch, each layer gathered again in backward, nothing hidden
+  (its published runs fit that best: BENCHMARKS.md, "Planner vs the papers' clusters",
+  column "nothing overlapped").
 
   ``"megatron"``: Megatron-style data parallelism exposes everything (its gradient
   all-reduce / reduce-scatter after the last micro-batch's backward, its parameter
@@ -39,11 +46,10 @@ rates (``cost/codec_rates.py``), compute, and what the engine overlaps.
 
   ``"ddp"``: DistributedDataParallel (and Global-QSGD's setting): no gathers; every rank
   all-reduces the whole gradient in buckets of ``bucket_bytes`` (DDP's ``bucket_cap_mb``),
-  each launched as backward finishes it, so the buckets hide behind backward (2/3 of the
-  compute: 2 of the 6 x params x tokens FLOPs are forward) except the last, which starts
-  when backward ends: exposed = max(last bucket, all-reduce - backward) + the rest. Every
-  preset runs its DDP form (``CompressionConfig.ddp_config``: ``all_reduce``, else
-  ``grad_inter``); the training state is replicated, not sharded.
+  each launched as backward finishes it: hidden behind backward (2/3 of the compute: 2 of
+  the 6 x params x tokens FLOPs are forward) but the last bucket. Every preset runs its DDP
+  form (``CompressionConfig.ddp_config``: ``all_reduce``, else ``grad_inter``); the
+  training state is replicated, not sharded.
 
   Step = compute + exposed + codec; the full-overlap limit = max(compute, wire) + codec.
 - **Grouping**: units of equal shape have equal collectives: each shape is priced once and
@@ -80,6 +86,8 @@ class Engine:
     backward_gather: bool             # each layer gathered again in backward (ZeRO-3, FSDP2)
     gathers_per_micro_batch: bool     # every accumulation micro-batch gathers the weights
     reduces_per_micro_batch: bool     # every accumulation micro-batch reduces its gradients
+    hides_reduces: bool = False       # the gradient reduction overlaps backward
+    cover: float = 1.0                # the share of compute that hides overlapped ones
     replicated: bool = False          # DDP: all-reduce of the whole gradient, no sharding
 
     def times_per_step(self, part: str, grad_accum: int) -> int:
@@ -88,20 +96,28 @@ class Engine:
             self.reduces_per_micro_batch
         return grad_accum if every else 1
 
+    def overlaps(self, part: str) -> bool:
+        """Whether a collective of ``part`` may hide behind compute."""
+        return self.hides_gathers if part == "weights" else self.hides_reduces
 
+
+#: the share of a step's compute that is backward (which DDP's buckets hide behind)
+BACKWARD_SHARE = 2 / 3
 ENGINE_SPECS = {
     "fsdp2": Engine("fsdp2", hides_gathers=True, backward_gather=True,
-                    gathers_per_micro_batch=True, reduces_per_micro_batch=False),
-    "zero3": Engine("zero3", hides_gathers=True, backward_gather=True,
+                    gathers_per_micro_batch=True, reduces_per_micro_batch=False,
+                    hides_reduces=True),
+    "fsdp2_each_batch": Engine("fsdp2_each_batch", hides_gathers=True, backward_gather=True,
+                               gathers_per_micro_batch=True, reduces_per_micro_batch=True,
+                               hides_reduces=True),
+    "zero3": Engine("zero3", hides_gathers=False, backward_gather=True,
                     gathers_per_micro_batch=True, reduces_per_micro_batch=True),
     "megatron": Engine("megatron", hides_gathers=False, backward_gather=False,
                        gathers_per_micro_batch=False, reduces_per_micro_batch=False),
     "ddp": Engine("ddp", hides_gathers=False, backward_gather=False,
                   gathers_per_micro_batch=False, reduces_per_micro_batch=False,
-                  replicated=True),
+                  hides_reduces=True, cover=BACKWARD_SHARE, replicated=True),
 }
-#: the share of a step's compute that is backward (which DDP's buckets hide behind)
-BACKWARD_SHARE = 2 / 3
 ENGINES = tuple(ENGINE_SPECS)
 #: bytes per value of an exact collective's dtype (``hfcompress plan --gather-dtype`` /
 #: ``--reduce-dtype``; ``weight_bytes`` / ``grad_bytes``)
@@ -308,10 +324,9 @@ def price_step(config: CompressionConfig | str, units: Units, layout: ClusterLay
         out.append(CollectiveCost(name, r["part"], times, r["algorithm"], times * r["link"],
                                   times * r["meter"], times * r["intra"], times * wire,
                                   times * r["codec"],
-                                  spec.hides_gathers and r["part"] == "weights"
-                                  or spec.replicated and r["part"] == "all_reduce",
-                                  r["calls"]))
-    return _step(config, out, compute_s, units, layout, weight_bytes, pricer.estimated, spec)
+                                  spec.overlaps(r["part"]), r["calls"]))
+    return _step(config, out, compute_s, units, layout, weight_bytes, pricer.estimated, spec,
+                 grad_accum)
 
 
 def _state_bytes(config: CompressionConfig, units: list[tuple[Unit, int]],
@@ -325,21 +340,24 @@ def _state_bytes(config: CompressionConfig, units: list[tuple[Unit, int]],
                                               dtype)) for numel, n in sizes.items())
 
 
-def _exposed(colls: list[CollectiveCost], compute_s: float, spec: Engine) -> float:
-    """Communication not hidden behind compute (module docstring, "Engine")."""
-    wire = sum(c.wire_s for c in colls)
-    hidden = sum(c.wire_s for c in colls if c.overlappable)
-    if not spec.replicated:
-        return max(0.0, hidden - compute_s) + wire - hidden
-    last = max((c.wire_s / max(1, c.calls) for c in colls if c.overlappable), default=0.0)
-    return max(last, hidden - BACKWARD_SHARE * compute_s) + wire - hidden
+def _exposed(colls: list[CollectiveCost], compute_s: float, spec: Engine,
+             grad_accum: int) -> float:
+    """Communication not hidden behind compute: the overlap rule (module docstring)."""
+    hidden = [c for c in colls if c.overlappable]
+    rest = sum(c.wire_s for c in colls if not c.overlappable)
+    cover = spec.cover * compute_s / grad_accum
+    every = sum(c.wire_s / grad_accum for c in hidden if c.times_per_step == grad_accum)
+    once = sum(c.wire_s for c in hidden if c.times_per_step != grad_accum)
+    tail = max((c.wire_s / c.times_per_step / max(1, c.calls) for c in hidden
+                if c.part != "weights"), default=0.0)
+    return (grad_accum - 1) * max(0.0, every - cover) + max(tail, every + once - cover) + rest
 
 
 def _step(config: CompressionConfig, colls: list[CollectiveCost], compute_s: float,
           units: list[tuple[Unit, int]], layout: ClusterLayout, weight_bytes: int,
-          estimated_rates: dict[str, str], spec: Engine) -> StepCost:
+          estimated_rates: dict[str, str], spec: Engine, grad_accum: int) -> StepCost:
     wire = sum(c.wire_s for c in colls)
-    exposed = _exposed(colls, compute_s, spec)
+    exposed = _exposed(colls, compute_s, spec, grad_accum)
     codec = sum(c.codec_s for c in colls)
     dtype = torch.bfloat16 if weight_bytes == 2 else torch.float32
     state = total(all_reduce_state_bytes(config, layout.dp * sum(n * u.numel for u, n in units),
@@ -355,21 +373,22 @@ def compute_from_baseline(step_s: float, units: Units, layout: ClusterLayout,
                           grad_accum: int = 1, weight_bytes: int = 2,
                           grad_bytes: int = 4, bucket_bytes: int = BUCKET_BYTES) -> float:
     """Compute seconds of an optimizer step whose exact baseline (``none``) measured
-    ``step_s`` (all ``grad_accum`` micro-batches): the step minus ``none``'s exposed
-    communication, >= 0. Where the engine hides the all-gathers they hide behind that
-    compute, so it is ``step_s`` minus the rest; when the result is below the all-gathers'
-    time the modelled links are slower than the measurement allows (``price_step`` will then
-    predict more than ``step_s``: fit the bandwidth instead)."""
-    none = price_step("none", units, layout, links, compute_s=0.0, engine=engine,
+    ``step_s`` (all ``grad_accum`` micro-batches): the largest compute whose priced step is
+    at most ``step_s`` (the step grows with compute, flat where communication dominates;
+    bisection), >= 0. When even no compute prices above ``step_s`` the modelled links are
+    slower than the measurement allows (``price_step`` will then predict more than
+    ``step_s``: fit the bandwidth instead)."""
+    spec = engine_spec(engine)
+    none = price_step("none", units, layout, links, compute_s=0.0, engine=spec,
                       grad_accum=grad_accum, weight_bytes=weight_bytes, grad_bytes=grad_bytes,
                       bucket_bytes=bucket_bytes)
-    rest = sum(c.wire_s for c in none.collectives if not c.overlappable)
-    if not engine_spec(engine).replicated:
-        return max(0.0, step_s - rest)
-    # ddp: step = c + rest + max(last, hidden - BACKWARD_SHARE c), solved for c
-    hidden = sum(c.wire_s for c in none.collectives if c.overlappable)
-    last = _exposed(none.collectives, float("inf"), engine_spec(engine))
-    compute = step_s - rest - last
-    if hidden - BACKWARD_SHARE * compute > last:
-        compute = (step_s - rest - hidden) / (1 - BACKWARD_SHARE)
-    return max(0.0, compute)
+
+    def step(compute: float) -> float:
+        return compute + _exposed(none.collectives, compute, spec, grad_accum)
+    low, high = 0.0, max(0.0, step_s)
+    if step(low) >= step_s:
+        return 0.0
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if step(mid) <= step_s else (low, mid)
+    return low
