@@ -162,7 +162,9 @@ class StepPredictor:
     def _kwargs(self, run: MeasuredRun) -> dict:
         return dict(engine=self.engine, grad_accum=run.grad_accum,
                     weight_bytes=run.weight_bytes or self.weight_bytes,
-                    grad_bytes=run.grad_bytes or self.grad_bytes)
+                    grad_bytes=run.grad_bytes or self.grad_bytes,
+                    activation_bytes=run.shape.activation_bytes(run.layout, run.micro_batch,
+                                                                run.seq_len))
 
     def compute(self, run: MeasuredRun, links: ClusterLinks) -> float:
         """Compute seconds of ``run``'s optimizer step (module doc)."""

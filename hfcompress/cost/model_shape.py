@@ -221,6 +221,16 @@ class ModelShape:
         gpus = layout.tp * layout.pp * layout.cp
         return self.train_flops(micro_batch * seq_len, seq_len) / gpus / (gpu_tflops * 1e12)
 
+    def activation_bytes(self, layout: ClusterLayout, micro_batch: int, seq_len: int,
+                         value_bytes: int = 2) -> int:
+        """Bytes one pipeline-stage boundary passes per micro-batch and direction for one DP
+        rank (the activations forward, their gradients backward: ``micro_batch x seq_len x
+        hidden`` values, bf16, split over the rank's tp x cp GPUs); 0 without pipeline
+        parallelism."""
+        if layout.pp == 1:
+            return 0
+        return micro_batch * seq_len * self.hidden * value_bytes
+
     # -- FSDP units --------------------------------------------------------------------
     def units(self, layout: ClusterLayout, exact_patterns: Sequence[str] = ("norm", "bias"),
               min_numel: int = 0) -> list[Unit]:

@@ -90,7 +90,9 @@ def _price(shape: ModelShape, presets: list[str], layout: ClusterLayout, links: 
     ``gpu_tflops``, every preset priced."""
     if step_time is not None:
         compute = _compute_from_step(step_time, shape, layout, links, engine, grad_accum,
-                                     dict(dtypes, bucket_bytes=bucket_bytes))
+                                     dict(dtypes, bucket_bytes=bucket_bytes,
+                                          activation_bytes=shape.activation_bytes(
+                                              layout, micro_batch, seq_len)))
         source = f"the measured none step, {step_time:g} s, minus its exposed communication"
     else:
         compute = grad_accum * shape.compute_seconds(layout, micro_batch, seq_len, gpu_tflops)

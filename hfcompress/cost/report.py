@@ -43,7 +43,8 @@ def preset_entry(cost: StepCost, baseline_step_s: float, train_state_bytes: int,
     entry = {
         "step_s": cost.step_s, "speedup": baseline_step_s / cost.step_s,
         "compute_s": cost.compute_s, "wire_s": cost.wire_s, "exposed_s": cost.exposed_s,
-        "codec_s": cost.codec_s, "full_overlap_s": cost.full_overlap_s,
+        "codec_s": cost.codec_s, "bubble_s": cost.bubble_s,
+        "full_overlap_s": cost.full_overlap_s,
         "full_overlap_speedup": baseline_step_s / cost.full_overlap_s,
         "state_bytes_per_gpu": cost.state_bytes_per_gpu,
         "memory_bytes_per_gpu": memory,
@@ -115,7 +116,9 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
                                      engine=engine, grad_accum=grad_accum,
                                      weight_bytes=weight_bytes, grad_bytes=grad_bytes,
                                      codec_rates=codec_rates, codec_scale=gpu.codec_scale,
-                                     bucket_bytes=bucket_bytes)
+                                     bucket_bytes=bucket_bytes,
+                                     activation_bytes=shape.activation_bytes(
+                                         layout, micro_batch, seq_len))
         except ValueError as e:   # a scheme that cannot serve this layout (none always can)
             if name == "none":
                 raise
@@ -124,15 +127,8 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
     entries = {name: {**preset_entry(cost, costs["none"].step_s, train_state, gpu.memory_gb),
                       "loss_keeping": name in loss_keeping} for name, cost in costs.items()}
     report = {
-        "model": {"description": shape.describe(), "params": shape.params,
-                  "active_params": shape.active_params, "hidden": shape.hidden,
-                  "layers": shape.layers, "ffn": shape.mlp_width, "vocab": shape.vocab,
-                  "heads": shape.n_heads, "kv_heads": shape.n_kv_heads,
-                  "experts": shape.experts, "tied_embeddings": shape.tied_embeddings},
-        "layout": {"nodes": layout.nodes, "gpus_per_node": layout.gpus_per_node,
-                   "tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "dp": layout.dp,
-                   "dp_per_node": layout.dp_per_node,
-                   "groups_per_node": layout.groups_per_node, "dp_nodes": layout.dp_nodes},
+        "model": _model_entry(shape),
+        "layout": {k: getattr(layout, k) for k in LAYOUT_KEYS},
         "links": {"inter_node_gbps": links.inter_node_gbps,
                   "intra_node_gbps": links.intra_node_gbps,
                   "inter_latency_us": links.inter_latency_us,
@@ -152,6 +148,18 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
             f"the model's training state alone, {train_state / GB:.4g} GB per GPU, exceeds "
             f"{gpu.memory_gb:g} GB: shard it over more GPUs (--tp, --pp, --nodes)")
     return report
+
+
+LAYOUT_KEYS = ("nodes", "gpus_per_node", "tp", "pp", "cp", "dp", "dp_per_node",
+               "groups_per_node", "dp_nodes")
+
+
+def _model_entry(shape: ModelShape) -> dict[str, Any]:
+    return {"description": shape.describe(), "params": shape.params,
+            "active_params": shape.active_params, "hidden": shape.hidden,
+            "layers": shape.layers, "ffn": shape.mlp_width, "vocab": shape.vocab,
+            "heads": shape.n_heads, "kv_heads": shape.n_kv_heads,
+            "experts": shape.experts, "tied_embeddings": shape.tied_embeddings}
 
 
 def _train_state(shape: ModelShape, layout: ClusterLayout, engine: str) -> int:
@@ -244,6 +252,10 @@ def render_text(report: dict[str, Any]) -> str:
     if not all(p["loss_keeping"] for p in presets.values()):
         lines.append("* not among the loss-keeping presets (never recommended)")
     lines += _memory_lines(report)
+    if base_bubble := presets["none"]["bubble_s"]:
+        lines.append(f"pipeline: a {base_bubble:.4g} s bubble per step (1F1B: pp - 1 "
+                     f"micro-batches' compute; in step s) and the stages' activation sends "
+                     f"(pipeline_sends, exposed)")
     if "memory_warning" in report:
         lines.append(f"warning: {report['memory_warning']}")
     for name, why in report["unavailable"].items():

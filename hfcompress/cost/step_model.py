@@ -51,7 +51,15 @@ rates (``cost/codec_rates.py``), compute, and what the engine overlaps.
   form (``CompressionConfig.ddp_config``: ``all_reduce``, else ``grad_inter``); the
   training state is replicated, not sharded.
 
-  Step = compute + exposed + codec; the full-overlap limit = max(compute, wire) + codec.
+  **Pipeline parallelism** (``layout.pp`` > 1): the 1F1B bubble, (pp - 1) micro-batches'
+  compute beside the step's ``grad_accum`` (Narayanan et al. 2021, 2.2: a bubble fraction
+  (pp - 1) / (m + pp - 1) of the step), idle time that hides nothing; and the activations
+  each stage sends to the next and their gradients back (``activation_bytes`` per
+  micro-batch, direction and DP rank; the stages take whole nodes, so every byte crosses a
+  node link), on the critical path: exposed.
+
+  Step = compute + bubble + exposed + codec; the full-overlap limit = max(compute, wire) +
+  bubble + codec.
 - **Grouping**: units of equal shape have equal collectives: each shape is priced once and
   its sums multiplied by its count (the same numbers as a loop over the units, to rounding).
   The units come one by one or as ``(unit, count)`` pairs (``ModelShape.unit_counts``: a
@@ -161,8 +169,9 @@ class StepCost:
     exposed_s: float          # communication not hidden behind compute (engine's overlap)
     codec_s: float
     step_s: float             # compute_s + exposed_s + codec_s
-    full_overlap_s: float     # the limit: max(compute_s, wire_s) + codec_s
+    full_overlap_s: float     # the limit: max(compute_s, wire_s) + bubble_s + codec_s
     state_bytes_per_gpu: int  # compressor state (qWD references, LoCo errors, ...)
+    bubble_s: float = 0.0     # the pipeline's 1F1B bubble
     #: rate key -> how its default rates were estimated (keys no GPU run measured)
     estimated_rates: dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -274,7 +283,7 @@ def price_step(config: CompressionConfig | str, units: Units, layout: ClusterLay
                grad_accum: int = 1,
                codec_rates: dict[str, float | tuple[float, float]] | None = None,
                codec_scale: float = 1.0, weight_bytes: int = 2, grad_bytes: int = 4,
-               bucket_bytes: int = BUCKET_BYTES) -> StepCost:
+               bucket_bytes: int = BUCKET_BYTES, activation_bytes: int = 0) -> StepCost:
     """One optimizer step of ``grad_accum`` micro-batches of ``units`` (values per DP rank,
     forward order; units or ``(unit, count)`` pairs) under ``config`` (a preset name or a
     :class:`CompressionConfig`; DDP presets: the all-reduce of every gradient) on ``layout``
@@ -285,11 +294,11 @@ def price_step(config: CompressionConfig | str, units: Units, layout: ClusterLay
     (``cost/codec_rates.rate_key``) or scheme name, for compress and decompress alike or
     a measured (compress, decompress) pair (``hfcompress probe``'s); a scheme without
     one: the H200's measured rates times ``codec_scale`` (``cost/gpus.py``).
-    ``bucket_bytes``: DDP's bucket size (the ``ddp`` engine, DDP presets)."""
+    ``bucket_bytes``: DDP's bucket size (the ``ddp`` engine, DDP presets).
+    ``activation_bytes``: what a pipeline stage sends per micro-batch, direction and DP rank
+    (``ModelShape.activation_bytes``; module docstring)."""
     spec = engine_spec(engine)
-    if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
-        raise ValueError(f"grad_accum={grad_accum!r} must be an int >= 1 (micro-batches per "
-                         f"optimizer step)")
+    _check_grad_accum(grad_accum)
     config = get_config(config)
     if spec.replicated:
         config = config.ddp_config()
@@ -325,8 +334,15 @@ def price_step(config: CompressionConfig | str, units: Units, layout: ClusterLay
                                   times * r["meter"], times * r["intra"], times * wire,
                                   times * r["codec"],
                                   spec.overlaps(r["part"]), r["calls"]))
+    out += _pipeline_sends(layout, links, activation_bytes, grad_accum)
     return _step(config, out, compute_s, units, layout, weight_bytes, pricer.estimated, spec,
                  grad_accum)
+
+
+def _check_grad_accum(grad_accum: int) -> None:
+    if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
+        raise ValueError(f"grad_accum={grad_accum!r} must be an int >= 1 (micro-batches per "
+                         f"optimizer step)")
 
 
 def _state_bytes(config: CompressionConfig, units: list[tuple[Unit, int]],
@@ -338,6 +354,19 @@ def _state_bytes(config: CompressionConfig, units: list[tuple[Unit, int]],
         sizes[u.numel] = sizes.get(u.numel, 0) + n
     return sum(n * total(estimate_state_bytes(config, [numel], layout.dp, layout.dp_per_node,
                                               dtype)) for numel, n in sizes.items())
+
+
+def _pipeline_sends(layout: ClusterLayout, links: ClusterLinks, activation_bytes: int,
+                    grad_accum: int) -> list[CollectiveCost]:
+    """The stage-to-stage sends of a step (module docstring): each of a node's x DP ranks
+    sends ``activation_bytes`` forward and as many backward per micro-batch, over the
+    node's link, one latency each."""
+    if layout.pp == 1 or not activation_bytes:
+        return []
+    link = 2 * layout.dp_per_node * activation_bytes * grad_accum
+    seconds = link / links.inter_bytes_per_s + 2 * grad_accum * links.inter_latency_us * 1e-6
+    return [CollectiveCost("pipeline_sends", "activations", grad_accum, "p2p", link, 0.0, 0.0,
+                           seconds, 0.0, False, 2 * grad_accum)]    # not hfcompress's: unmetered
 
 
 def _exposed(colls: list[CollectiveCost], compute_s: float, spec: Engine,
@@ -358,20 +387,27 @@ def _step(config: CompressionConfig, colls: list[CollectiveCost], compute_s: flo
           estimated_rates: dict[str, str], spec: Engine, grad_accum: int) -> StepCost:
     wire = sum(c.wire_s for c in colls)
     exposed = _exposed(colls, compute_s, spec, grad_accum)
+    bubble = _bubble(compute_s, layout, grad_accum)
     codec = sum(c.codec_s for c in colls)
     dtype = torch.bfloat16 if weight_bytes == 2 else torch.float32
     state = total(all_reduce_state_bytes(config, layout.dp * sum(n * u.numel for u, n in units),
                                          layout.dp, dtype)) if spec.replicated \
         else _state_bytes(config, units, layout, dtype)
     return StepCost(config.name, colls, compute_s, wire, exposed, codec,
-                    compute_s + exposed + codec, max(compute_s, wire) + codec, state,
-                    estimated_rates)
+                    compute_s + bubble + exposed + codec, max(compute_s, wire) + bubble + codec,
+                    state, estimated_rates=estimated_rates, bubble_s=bubble)
+
+
+def _bubble(compute_s: float, layout: ClusterLayout, grad_accum: int) -> float:
+    """The 1F1B bubble: (pp - 1) micro-batches' compute (module docstring)."""
+    return compute_s * (layout.pp - 1) / grad_accum
 
 
 def compute_from_baseline(step_s: float, units: Units, layout: ClusterLayout,
                           links: ClusterLinks, *, engine: str | Engine = "fsdp2",
                           grad_accum: int = 1, weight_bytes: int = 2,
-                          grad_bytes: int = 4, bucket_bytes: int = BUCKET_BYTES) -> float:
+                          grad_bytes: int = 4, bucket_bytes: int = BUCKET_BYTES,
+                          activation_bytes: int = 0) -> float:
     """Compute seconds of an optimizer step whose exact baseline (``none``) measured
     ``step_s`` (all ``grad_accum`` micro-batches): the largest compute whose priced step is
     at most ``step_s`` (the step grows with compute, flat where communication dominates;
@@ -381,10 +417,11 @@ def compute_from_baseline(step_s: float, units: Units, layout: ClusterLayout,
     spec = engine_spec(engine)
     none = price_step("none", units, layout, links, compute_s=0.0, engine=spec,
                       grad_accum=grad_accum, weight_bytes=weight_bytes, grad_bytes=grad_bytes,
-                      bucket_bytes=bucket_bytes)
+                      bucket_bytes=bucket_bytes, activation_bytes=activation_bytes)
 
     def step(compute: float) -> float:
-        return compute + _exposed(none.collectives, compute, spec, grad_accum)
+        return compute + _bubble(compute, layout, grad_accum) + \
+            _exposed(none.collectives, compute, spec, grad_accum)
     low, high = 0.0, max(0.0, step_s)
     if step(low) >= step_s:
         return 0.0
