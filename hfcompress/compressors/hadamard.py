@@ -21,6 +21,13 @@ stays self-inverse, and ``compress(x)`` equals ``compress_rotated(rotate(x))`` f
 Rounding defaults to stochastic: SDP4Bit's convergence result for gradients assumes an unbiased
 gradient compressor (Remark 4.2), and the rotation is linear, so stochastic rounding in the
 rotated domain keeps ``E[decompress(compress(g))] = g``.
+
+Range: a rotated value can be sqrt(hadamard_size) times its block's largest (all of a
+block's values alike), so float32 inputs above about 3.4e38 / sqrt(32) = 6e37 can rotate past
+float32's range. Such a block decodes non-finite (visible, as an Inf or NaN gradient is); a
+lone outlier of that size decodes non-finite in its own place only (its group's other values
+are lost under its scale, as with any absmax group); other groups are unaffected
+(``tests/test_hadamard_range.py``).
 """
 
 from __future__ import annotations
