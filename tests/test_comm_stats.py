@@ -44,6 +44,10 @@ def test_warmup_time_is_apart_from_the_steady_state(log_every):
     assert t["comm/total_inter_node_bytes"] == 600 and t["comm/total_intra_node_bytes"] == 60
     assert t["comm/total_bytes"] == 660 and t["comm/total_uncompressed_bytes"] == 2640
     assert logs[0]["comm/compression_ratio"] == 4.0
+    # the network's own figures: 400 of the 440 uncompressed bytes a step cross nodes
+    assert t["comm/total_uncompressed_inter_node_bytes"] == 2400
+    assert logs[0]["comm/uncompressed_inter_node_bytes"] == 400
+    assert logs[0]["comm/inter_node_compression_ratio"] == 4.0
 
 
 def test_no_steady_time_before_the_warmup_ends():
@@ -67,3 +71,14 @@ def test_totals_continue_from_a_checkpoint():
     assert t["comm/total_bytes"] == 8 * 110
     assert t["comm/total_warmup_time_s"] == pytest.approx(0.2)
     assert t["comm/total_steady_time_s_per_step"] == pytest.approx(0.01)
+
+
+def test_the_network_ratio_apart_from_the_node_local_bytes():
+    """HSDP / a 2-hop layout: bytes that stay in a node exact (40 of 40) pull the overall
+    ratio down (440 / 140 = 3.14); the inter-node ratio is the network's alone (4.0)."""
+    stats = CommStats(WireMeter())
+    stats.close_step({"intra_bytes": 40, "inter_bytes": 100, "uncompressed_intra_bytes": 40,
+                      "uncompressed_inter_bytes": 400})
+    log = stats.reduce()
+    assert log["comm/compression_ratio"] == pytest.approx(440 / 140)
+    assert log["comm/inter_node_compression_ratio"] == 4.0

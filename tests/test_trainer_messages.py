@@ -51,6 +51,10 @@ def test_install_line_wording():
     # dp 2 x tp 2: the DP groups' layout, named as such
     assert "on the data-parallel groups of 2 of the 4 ranks (2 nodes x 1 rank)" in \
         summary(get_config("sdp4bit"), "fsdp2", 4, 1, 2)
+    # HSDP: says so, and names the replica all-reduce, which is what crosses the nodes
+    hsdp = summary(get_config("global_qsgd"), "hsdp", 4, 1, 2)
+    assert hsdp.startswith("hfcompress: HSDP (FSDP2 shards, replicas all-reduced)")
+    assert "replica all-reduce global_qsgd" in hsdp and "across the replicas" in hsdp
 
 
 def small_trainer(out, **kw):

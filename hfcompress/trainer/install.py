@@ -117,6 +117,9 @@ def install(model: Any, config: Request, nodes: NodeSplit) -> Compression:
     return apply(model, config, nodes)
 
 
+KIND_NAMES = {"ddp": "DDP", "fsdp2": "FSDP2", "hsdp": "HSDP (FSDP2 shards, replicas all-reduced)"}
+
+
 def summary(config: CompressionConfig, kind: str, world: int, ranks_per_node: int,
             dp_size: int | None = None) -> str:
     """The one line logged when the collectives are installed (``ranks_per_node``: of the
@@ -133,12 +136,15 @@ def summary(config: CompressionConfig, kind: str, world: int, ranks_per_node: in
         grads = (f"2-hop {describe(c.grad_intra)} / {describe(c.grad_inter)}"
                  if c.two_hop else describe(c.grad_inter))
         what = f"weights {describe(c.weights)}, gradients {grads}" + (", hpZ" if c.hpz else "")
+        if kind == "hsdp":     # the replica all-reduce is what crosses the nodes
+            what = (f"replica all-reduce {describe(c.all_reduce or c.grad_inter)} across the "
+                    f"replicas; inside each shard group {what}")
     loco = " with LoCo error feedback" if c.loco is not None else ""
     dp = dp_size or world
     nodes, per_node = dp // ranks_per_node, ranks_per_node
     where = f"{world} ranks" if dp == world else \
         f"the data-parallel groups of {dp} of the {world} ranks"
-    return (f"hfcompress: {'DDP' if kind == 'ddp' else 'FSDP2'} comm_compressor {c.name!r} "
+    return (f"hfcompress: {KIND_NAMES[kind]} comm_compressor {c.name!r} "
             f"on {where} ({nodes} node{'s' if nodes > 1 else ''} x {per_node} "
             f"rank{'s' if per_node > 1 else ''}): {what}{loco}")
 

@@ -5,7 +5,9 @@
   per optimizer step.
 - Uncompressed bytes: the meter's baseline, what the exact collective would send for the
   buffer FSDP / DDP hands over (with ``comm_compressor="none"`` the two agree to the byte,
-  ratio 1.0).
+  ratio 1.0), in all and across nodes: ``comm/inter_node_compression_ratio`` is the network's
+  ratio alone (under HSDP or a 2-hop layout the overall ratio also counts the bytes that
+  stay inside a node, exact or more lightly compressed).
 - Time: the meter's seconds inside the collectives (compression included), host wall-clock
   on CPU, CUDA events on the current stream on GPU.
 
@@ -36,7 +38,8 @@ WARMUP_STEPS = 2   # step 1 compiles the kernels and sends qWD's weights exactly
 
 def _empty_totals() -> dict[str, float]:
     return {"bytes": 0.0, "intra_bytes": 0.0, "inter_bytes": 0.0, "uncompressed_bytes": 0.0,
-            "seconds": 0.0, "steps": 0, "warmup_seconds": 0.0, "warmup_steps": 0}
+            "uncompressed_inter_bytes": 0.0, "seconds": 0.0, "steps": 0,
+            "warmup_seconds": 0.0, "warmup_steps": 0}
 
 
 class CommStats:
@@ -83,6 +86,7 @@ class CommStats:
         tot["intra_bytes"] += intra
         tot["inter_bytes"] += inter
         tot["uncompressed_bytes"] += b_intra + b_inter
+        tot["uncompressed_inter_bytes"] += b_inter
         tot["seconds"] += secs
         tot["warmup_seconds"] += warm / world
         tot["steps"] += int(round(steps))
@@ -91,9 +95,12 @@ class CommStats:
             return {}
         logs = {"comm/intra_node_bytes": intra / steps, "comm/inter_node_bytes": inter / steps,
                 "comm/uncompressed_bytes": (b_intra + b_inter) / steps,
+                "comm/uncompressed_inter_node_bytes": b_inter / steps,
                 "comm/time_s": secs / steps}
         if intra + inter > 0:
             logs["comm/compression_ratio"] = (b_intra + b_inter) / (intra + inter)
+        if inter > 0:
+            logs["comm/inter_node_compression_ratio"] = b_inter / inter
         return logs
 
     def total_logs(self) -> dict[str, float]:
@@ -104,6 +111,7 @@ class CommStats:
         logs = {"comm/total_bytes": t["bytes"], "comm/total_inter_node_bytes": t["inter_bytes"],
                 "comm/total_intra_node_bytes": t["intra_bytes"],
                 "comm/total_uncompressed_bytes": t["uncompressed_bytes"],
+                "comm/total_uncompressed_inter_node_bytes": t["uncompressed_inter_bytes"],
                 "comm/total_bytes_saved": t["uncompressed_bytes"] - t["bytes"],
                 "comm/total_time_s": t["seconds"], "comm/total_steps": t["steps"],
                 "comm/total_warmup_steps": t["warmup_steps"],
