@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -16,6 +17,7 @@ from .comm import Topology, WireMeter
 from .comm.topology import NodeSplit, node_split
 from .config import AutoSettings, CompressionConfig, describe, request_dict, resolve
 from .integrations import _fsdp2
+from .integrations.compile_notice import compile_notice
 from .integrations.consistency import check_same_settings
 from .integrations.ddp import ddp_scheme, register_ddp_hook
 from .integrations.ddp import AllReduceState
@@ -77,6 +79,8 @@ def apply(model: nn.Module, compressor: str | CompressionConfig | AutoSettings =
     ddp = isinstance(model, DistributedDataParallel)
     hsdp = not ddp and is_hsdp_mesh(fsdp_kwargs.get("mesh"))
     request, nodes = _resolved(compressor, ranks_per_node, raise_now=ddp or hsdp)
+    device = next(iter(model.parameters()), torch.empty(0)).device
+    compile_notice(device, request, fsdp=not ddp)
     if ddp:
         return _apply_ddp(model, request, nodes, shard, fsdp_kwargs, meter)
     _fsdp2.require()       # FSDP2 from here on: its internals must be where we expect them

@@ -41,6 +41,7 @@ import transformers
 
 from ..comm.topology import NodeSplit, node_split
 from ..config import AUTO, AutoSettings, CompressionConfig, resolve
+from ..integrations.compile_notice import compile_notice
 from ..integrations.fsdp import fsdp_modules
 from ..optim import LoCoOptimizer, loco_optimizer_class
 from . import _hf, accelerate_cpu, checkpoint
@@ -318,45 +319,6 @@ class CompressionMixin(_hf.TrainerHooks):
 
 
 _warned_single_process = False
-#: seconds the first steps spend compiling the CPU kernels with a cold Inductor cache on a
-#: 2-core AVX2 machine (``trainer_examples/finetune_llama.py``, sdp4bit, FSDP2, 2 processes:
-#: 93.7 s of communication warm-up, 2.7 s with HFCOMPRESS_COMPILE=0)
-COMPILE_SECONDS = 90
-_noticed_compile = False
-
-
-def compiles_kernels(config: CompressionConfig | AutoSettings | None, fsdp: bool) -> bool:
-    """Whether ``config`` runs compressor kernels: ``auto`` (its probe times them), or a
-    preset that compresses a collective of this engine (FSDP2: weights or gradients, or the
-    HSDP replica all-reduce; DDP: the all-reduce). ``none`` runs exact collectives only."""
-    if isinstance(config, AutoSettings):
-        return True
-    if not isinstance(config, CompressionConfig):
-        return False
-    if fsdp:
-        return config.compresses_fsdp or config.all_reduce is not None
-    return (config.all_reduce or config.grad_inter) is not None
-
-
-def compile_notice(device: Any, config: CompressionConfig | AutoSettings | None = None,
-                   fsdp: bool = True) -> None:
-    """One line on rank 0 before the first compile: otherwise the first steps sit silent
-    (the kernels compile on first use, once per process; Inductor caches them on disk).
-    Only where kernels compile: the torch twins on CPU (``compile_enabled``), for a
-    ``config`` that runs compressor kernels (``compiles_kernels``); on GPU, Triton's."""
-    global _noticed_compile
-    from ..kernels.dispatch import compile_enabled
-
-    if _noticed_compile or torch.device(device).type != "cpu" \
-            or not compiles_kernels(config, fsdp) or not compile_enabled():
-        return
-    _noticed_compile = True
-    if accelerate_cpu.is_rank0():
-        logger.warning(f"hfcompress: compiling the compression kernels, about "
-                       f"{COMPILE_SECONDS} s on a 2-core CPU (first steps only; later runs "
-                       f"reuse the compile cache; HFCOMPRESS_COMPILE=0 runs them eagerly)")
-
-
 def warn_single_process(preset: str) -> None:
     """One launched process has nothing to communicate: say so once, at the start, with how
     to launch several (rank 0 of nothing: there is only this process)."""
