@@ -138,3 +138,18 @@ def test_ctrl_c_ends_the_process_with_one_line(tmp_path):
     assert "Traceback" not in done.stderr, done.stderr
     lines = [line for line in done.stderr.splitlines() if "training interrupted" in line]
     assert len(lines) == 1 and "rank 0: training interrupted at step 1" in lines[0], lines
+
+
+def test_every_machine_says_it_is_on(monkeypatch):
+    """A 2-machine launch: global rank 0 logs the summary; local rank 0 of the other machine
+    one line of its own (it printed nothing before); other local ranks stay quiet."""
+    from hfcompress.trainer import accelerate_cpu
+    from hfcompress.trainer.install import machine_line
+
+    for rank, local, lead in (("0", "0", False), ("2", "0", True), ("3", "1", False)):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", local)
+        assert accelerate_cpu.is_machine_lead() is lead
+    assert machine_line("sdp4bit", 2) == ("hfcompress: comm_compressor 'sdp4bit' installed on "
+                                          "this machine (rank 2 and its local peers); the run's "
+                                          "summary and comm/* logs are on global rank 0")

@@ -29,6 +29,12 @@ def is_rank0() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def is_machine_lead() -> bool:
+    """Local rank 0 of a machine other than global rank 0's (says one line there, so a
+    multi-machine launch shows on every machine that hfcompress is on)."""
+    return int(os.environ.get("LOCAL_RANK", "0")) == 0 and not is_rank0()
+
+
 def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 

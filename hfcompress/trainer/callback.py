@@ -28,8 +28,8 @@ from ..config import AutoSettings, CompressionConfig, request_dict
 from ..integrations.handle import Compression
 from ..optim import LoCoOptimizer, loco_optimizer_class
 from . import _hf, checkpoint
-from .accelerate_cpu import give_ddp_timeout, is_rank0
-from .install import install, memory_line, summary, uses_loco
+from .accelerate_cpu import give_ddp_timeout, is_machine_lead, is_rank0
+from .install import install, machine_line, memory_line, summary, uses_loco
 from .metrics import CommStats
 
 logger = logging.getLogger(__name__)
@@ -87,6 +87,8 @@ class CommCallback(TrainerCallback):
             if is_rank0():     # "auto": the chosen config (its table was logged by apply)
                 logger.warning(summary(st.handle.config, st.handle.kind, world, per_node,
                                        st.handle.dp_size))
+            elif is_machine_lead():
+                logger.warning(machine_line(st.handle.config.name, t.args.process_index))
         self._bind_loco_optimizer()
         checkpoint.step_finished(st.handle)
         run = None

@@ -149,6 +149,12 @@ def summary(config: CompressionConfig, kind: str, world: int, ranks_per_node: in
             f"rank{'s' if per_node > 1 else ''}): {what}{loco}")
 
 
+def machine_line(preset: str, rank: int) -> str:
+    """The one line local rank 0 of every other machine logs (``is_machine_lead``)."""
+    return (f"hfcompress: comm_compressor {preset!r} installed on this machine (rank {rank} "
+            f"and its local peers); the run's summary and comm/* logs are on global rank 0")
+
+
 def memory_line(report: dict[str, int]) -> str:
     """``memory_report()`` as one log line (MiB)."""
     mib = {k: v / 2 ** 20 for k, v in report.items()}
