@@ -47,8 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hfcompress.config import CompressionConfig, get_config  # noqa: E402
-from hfcompress.cost.calibrate import (HIGH_GBPS, LOW_GBPS, MeasuredRun,  # noqa: E402
-                                       Fit, StepPredictor, fit_inter_node, parse_runs)
+from hfcompress.cost.calibrate import (Fit, MeasuredRun, StepPredictor,  # noqa: E402
+                                       fit_inter_node, parse_runs)
 from hfcompress.cost.cluster import ClusterLayout  # noqa: E402
 from hfcompress.cost.model_shape import ModelShape  # noqa: E402
 from hfcompress.cost.step_model import DTYPE_BYTES, ENGINE_SPECS, Engine  # noqa: E402

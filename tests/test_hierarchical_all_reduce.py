@@ -12,7 +12,6 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from dist_utils import run_distributed
 from hfcompress import get_compressor

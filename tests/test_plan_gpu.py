@@ -10,7 +10,7 @@ import pytest
 
 from hfcompress.cli import main
 from hfcompress.cost.calibrate import HIGH_GBPS, LOW_GBPS, fit_inter_node
-from hfcompress.cost.gpus import DEFAULT_MEMORY_GB, GPUS, assume_gpu
+from hfcompress.cost.gpus import DEFAULT_MEMORY_GB, assume_gpu
 from hfcompress.cost.model_shape import ModelShape
 from hfcompress.cost.plan import LOSS_KEEPING, plan
 

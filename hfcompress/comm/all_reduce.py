@@ -28,9 +28,10 @@ versions of the algorithms", SDP4Bit 3.2 / ZeRO++ B.3's node-local first hop): a
 reduce-scatter inside the node (an all-to-all of X chunks of the tensor, each summed in
 float32 by its owner: same bytes as torch's, and gloo's has no future), the compressed
 all-reduce above of this rank's chunk across the Y nodes (its inter-node group:
-``num_peers`` = Y for Global-QSGD), an exact all-gather inside the node. Each node link carries the compressed
-tensor once, not X times. At X = 1 or Y = 1 the flat path above runs unchanged (on one node
-it compresses between the node's GPUs, as Global-QSGD's PCIe experiments do).
+``num_peers`` = Y for Global-QSGD), an exact all-gather inside the node. Each node link
+carries the compressed tensor once, not X times. At X = 1 or Y = 1 the flat path above runs
+unchanged (on one node it compresses between the node's GPUs, as Global-QSGD's PCIe
+experiments do).
 
 Wire meter (what each rank sends, direct sends): a stock all-reduce, the codes' SUM and the
 scales' MAX alike (one float32, or one per block), counts as reduce-scatter + all-gather of
@@ -144,7 +145,7 @@ class QuantizedAllReduce(StreamOwner):
             return _compressed_phases("world", x * y, numel, c, itemsize)
         width = -(-numel // x)
         part = width * itemsize
-        return [Phase("reduce_scatter", "intra", x * part, part)] \
+        return [exchange("intra", x, part)] \
             + _compressed_phases("inter", y, width, c, itemsize) + [gather("intra", part)]
 
     def _compressed(self, flat, group, world, me, dev) -> Future:
