@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hfcompress import get_compressor
 from hfcompress.cost import ClusterLayout, ClusterLinks, price_step
 from hfcompress.cost.model_shape import ModelShape
 from hfcompress.cost.plan import plan
@@ -63,12 +64,34 @@ def test_ddp_replicates_the_training_state_and_keeps_locos_error():
     dp = fsdp["layout"]["dp"]
     assert replicated["train_state_bytes_per_gpu"] == dp * fsdp["train_state_bytes_per_gpu"]
     assert replicated["presets"]["global_qsgd"]["state_bytes_per_gpu"] == 0
-    # LoCo's 8-bit error of every chunk sent (the whole gradient) and of the gathered chunk
+    # 8 GPUs on each of 4 nodes: hierarchical, LoCo's 8-bit error of this rank's 1/8 of the
+    # gradient (the chunks it sends across the nodes) and of the 1/32 it gathers
     values = shape.params - sum(n * u.exact_numel for u, n in shape.unit_counts(
         ClusterLayout(1, 1), ("norm", "bias"), 0))
     loco = replicated["presets"]["loco"]["state_bytes_per_gpu"]
-    assert values * (1 + 1 / dp) <= loco <= values * (1 + 1 / dp) * 1.1
-    assert loco == sum(all_reduce_state_bytes("loco", values, dp, torch.bfloat16).values())
+    share = 1 / 8 + 1 / dp
+    assert values * share <= loco <= values * share * 1.1
+    assert loco == sum(all_reduce_state_bytes("loco", values, 8, 4, torch.bfloat16).values())
+
+
+def test_all_reduce_state_follows_the_flat_or_hierarchical_streams():
+    """Flat (one rank per node): streams of the whole gradient sent and of 1/world gathered;
+    hierarchical: of 1/X sent across the nodes and 1/(X Y) gathered. Global-QSGD keeps none,
+    and its num_peers is the node count (int8 holds 16 nodes' sum, not 128 ranks')."""
+    n = 1 << 20
+    one = get_compressor("loco", inner=get_compressor("int", bits=4, group_size=128,
+                                                       rounding="nearest"))
+
+    def per(values):
+        return sum(one.state_bytes_for(values, torch.bfloat16).values())
+    flat = sum(all_reduce_state_bytes("loco", n, 1, 4, torch.bfloat16).values())
+    assert flat == per(n) + per(n // 4)
+    hier = sum(all_reduce_state_bytes("loco", n, 2, 2, torch.bfloat16).values())
+    assert hier == per(n // 2) + per(n // 4)
+    assert sum(all_reduce_state_bytes("global_qsgd", n, 8, 16, torch.bfloat16).values()) == 0
+    cost = price_step("global_qsgd", [Unit("layer", S)], ClusterLayout(16, 8), ONE_GBS,
+                      compute_s=1.0, engine="ddp")
+    assert cost.state_bytes_per_gpu == 0
 
 
 @pytest.mark.parametrize("compute_s", [3e-3, 9e-3, 30e-3])

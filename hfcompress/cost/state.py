@@ -21,6 +21,7 @@ from typing import Sequence
 
 import torch
 
+from ..comm.all_reduce import hierarchical, summing_peers
 from ..comm.reference_gather import ShardedReferences
 from ..compressors import Compressor
 from ..compressors.registry import build_compressor
@@ -68,20 +69,23 @@ def estimate_state_bytes(config: CompressionConfig | str, shard_numels: Sequence
     return out
 
 
-def all_reduce_state_bytes(config: CompressionConfig | str, numel: int, world: int,
-                           dtype: torch.dtype) -> dict[str, int]:
+def all_reduce_state_bytes(config: CompressionConfig | str, numel: int, ranks_per_node: int,
+                           nodes: int, dtype: torch.dtype) -> dict[str, int]:
     """Compressor state per rank of the DDP / HSDP replica all-reduce of ``numel``
-    compressed gradient values over ``world`` ranks (``comm/all_reduce.py``): a stateful
-    scheme (LoCo) keeps a stream per chunk sent (the whole gradient) and one for the chunk
-    it gathers."""
+    compressed gradient values over ``ranks_per_node`` x ``nodes`` ranks
+    (``comm/all_reduce.py``): a stateful scheme (LoCo) keeps a stream per chunk it sends
+    and one for the chunk it gathers, of the whole gradient over the ranks (flat), or of
+    this rank's 1/X of it over the nodes (hierarchical)."""
     config = get_config(config).ddp_config()
-    comp = build_compressor(config.all_reduce, 0, num_peers=max(1, world))
+    peers = summing_peers(ranks_per_node, nodes)
+    comp = build_compressor(config.all_reduce, 0, num_peers=peers)
     out = dict.fromkeys(KINDS, 0)
-    if comp is None or world < 2:
+    if comp is None or ranks_per_node * nodes < 2:
         return out
     comp = config.loco.wrap(comp) if config.loco is not None else comp
-    _add(out, comp.state_bytes_for(numel, dtype))
-    _add(out, comp.state_bytes_for(-(-numel // world), dtype))
+    sent = -(-numel // ranks_per_node) if hierarchical(ranks_per_node, nodes) else numel
+    _add(out, comp.state_bytes_for(sent, dtype))
+    _add(out, comp.state_bytes_for(-(-sent // peers), dtype))
     return out
 
 
