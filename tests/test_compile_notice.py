@@ -4,11 +4,13 @@ compiled (not ``HFCOMPRESS_COMPILE=0``, not on CUDA with Triton), for a preset t
 compressor kernels (not ``none``)."""
 
 import logging
+import os
 
 import pytest
 
+from dist_utils import run_distributed
 from hfcompress.config import AutoSettings, get_config
-from hfcompress.integrations import compile_notice as mixin
+from hfcompress.integrations import compile_notice as notice
 
 
 @pytest.fixture
@@ -18,10 +20,10 @@ def lines(monkeypatch, caplog):
         caplog.clear()
         config = AutoSettings() if preset == "auto" else get_config(preset)
         with caplog.at_level(logging.WARNING, logger="hfcompress.integrations.compile_notice"):
-            mixin.compile_notice(device, config, fsdp)
+            notice.compile_notice(device, config, fsdp)
         return [r.getMessage() for r in caplog.records]
 
-    monkeypatch.setattr(mixin, "_noticed", False)
+    monkeypatch.setattr(notice, "_noticed", False)
     monkeypatch.delenv("HFCOMPRESS_COMPILE", raising=False)
     return lines
 
@@ -34,9 +36,9 @@ def test_compile_notice_once_on_rank0(monkeypatch, lines):
     monkeypatch.delenv("HFCOMPRESS_COMPILE")
     assert lines(device="cuda") == []                      # Triton on GPU: not this figure
     assert lines(rank="1") == []                           # other ranks stay quiet
-    monkeypatch.setattr(mixin, "_noticed", False)
+    monkeypatch.setattr(notice, "_noticed", False)
     [line] = lines()
-    assert f"compiling the compression kernels, about {mixin.COMPILE_SECONDS} s" in line
+    assert f"compiling the compression kernels, about {notice.COMPILE_SECONDS} s" in line
     assert lines() == []                                   # once per process
 
 
@@ -50,32 +52,32 @@ def test_compile_notice_only_for_presets_that_compile(lines, preset, fsdp, compi
 
 
 def test_compiles_kernels_needs_a_compressed_collective_of_the_engine():
-    assert not mixin.compiles_kernels(None, True)
-    assert not mixin.compiles_kernels(get_config("none"), True)
-    assert mixin.compiles_kernels(get_config("qwd"), True)
-    assert not mixin.compiles_kernels(get_config("qwd"), False)    # DDP sends no weights
+    assert not notice.compiles_kernels(None, True)
+    assert not notice.compiles_kernels(get_config("none"), True)
+    assert notice.compiles_kernels(get_config("qwd"), True)
+    assert not notice.compiles_kernels(get_config("qwd"), False)    # DDP sends no weights
 
 
-def test_apply_outside_the_trainer_says_it_too(monkeypatch, caplog):
-    """``hfcompress.apply`` in a plain loop (the README's loop.py, sft.py) says it before the
-    first compile, as the Trainer does (a one-rank gloo group: nothing is sent)."""
+def apply_worker(rank, world):
+    """``hfcompress.apply`` on a DDP model, the notice's log lines returned."""
     import torch
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import hfcompress
 
-    monkeypatch.delenv("HFCOMPRESS_COMPILE", raising=False)
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setattr(mixin, "_noticed", False)
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", "29731")
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        with caplog.at_level(logging.WARNING, logger="hfcompress.integrations.compile_notice"):
-            handle = hfcompress.apply(DDP(torch.nn.Linear(4, 4)), "global_qsgd")
-        assert any("compiling the compression kernels" in r.getMessage()
-                   for r in caplog.records)
-        handle.remove()
-    finally:
-        dist.destroy_process_group()
+    os.environ.pop("HFCOMPRESS_COMPILE", None)
+    heard: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: heard.append(record.getMessage())
+    logging.getLogger("hfcompress.integrations.compile_notice").addHandler(handler)
+    handle = hfcompress.apply(DDP(torch.nn.Linear(4, 4)), "global_qsgd")
+    handle.remove()
+    return heard
+
+
+def test_apply_outside_the_trainer_says_it_too():
+    """``hfcompress.apply`` in a plain loop (the README's loop.py, sft.py) says it before the
+    first compile, as the Trainer does, on rank 0 only (2 gloo processes)."""
+    first, second = run_distributed(apply_worker, 2)
+    assert len(first) == 1 and "compiling the compression kernels" in first[0]
+    assert second == []

@@ -103,21 +103,17 @@ def check_loco_streams(rank, topo):
     inner = get_compressor("int", bits=4, group_size=128, rounding="nearest")
     loco = get_compressor("loco", inner=inner)
     ar = QuantizedAllReduce(loco, topology=topo)
-    send = [[loco.fresh() for _ in range(Y)] for _ in range(X * Y)]
-    gather = [loco.fresh() for _ in range(X * Y)]
+    # each rank's streams: one per chunk it sends across the nodes, one for its gather
+    streams = [([loco.fresh() for _ in range(Y)], loco.fresh()) for _ in range(X * Y)]
 
-    def reference(xs):
-        node_sums = [sum(xs[n * X + l].float() for l in range(X)) for n in range(Y)]
-        parts = [ref_chunked([send[n * X + l] for n in range(Y)],
-                             [gather[n * X + l] for n in range(Y)],
-                             [rows(s, X)[l] for s in node_sums]) for l in range(X)]
-        return torch.cat(parts)[:xs[0].numel()]
+    def reference(reps, chunks):
+        return ref_chunked([send for send, _ in reps], [gather for _, gather in reps], chunks)
     for step in range(3):
         xs = inputs(range(X * Y), 300, torch.float32, seed=60 + step)
         if step == 2:
             saved = ar.state_dict()
         got = ar(xs[rank].clone(), AVG)
-        assert torch.equal(got, reference(xs) / (X * Y)), step
+        assert torch.equal(got, ref_hierarchical(reference, streams, xs) / (X * Y)), step
         if step == 2:
             again = QuantizedAllReduce(loco.fresh(), topology=topo)
             again.load_state_dict(saved)

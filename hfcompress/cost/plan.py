@@ -56,13 +56,13 @@ def plan(shape: ModelShape, presets: list[str], *, nodes: int, gpus_per_node: in
         codec_scale=assumed.codec_scale, **dtypes)
     if fit is not None:
         links = dataclasses.replace(links, inter_node_gbps=fit.gbps)
+    codecs = None if measured is None else codec_rates(measured)
 
     def price(at: ClusterLinks) -> dict[str, Any]:
         return _price(shape, presets, layout, at, step_time=step_time, gpu_tflops=gpu_tflops,
                       engine=engine, seq_len=seq_len, micro_batch=micro_batch,
                       grad_accum=grad_accum, gpu=assumed, dtypes=dtypes,
-                      bucket_bytes=bucket_bytes,
-                      codecs=None if measured is None else codec_rates(measured))
+                      bucket_bytes=bucket_bytes, codecs=codecs)
     report = price(links)
     report["links"].update(_sources(measured, links_file, inter_node_gbps or nominal,
                                     intra_node_gbps))

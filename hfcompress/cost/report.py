@@ -106,6 +106,7 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
     (``price_step``'s; None: the H200's, scaled to ``gpu``), on ``gpu`` (None: the
     default assumption, ``cost/gpus.assume_gpu``), as one JSON-ready dict (module doc)."""
     gpu = gpu or assume_gpu()
+    activation_bytes = shape.activation_bytes(layout, micro_batch, seq_len)
     names = ["none"] + [p for p in presets if p != "none"]
     costs, unavailable = {}, {}
     for name in names:
@@ -117,8 +118,7 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
                                      weight_bytes=weight_bytes, grad_bytes=grad_bytes,
                                      codec_rates=codec_rates, codec_scale=gpu.codec_scale,
                                      bucket_bytes=bucket_bytes,
-                                     activation_bytes=shape.activation_bytes(
-                                         layout, micro_batch, seq_len))
+                                     activation_bytes=activation_bytes)
         except ValueError as e:   # a scheme that cannot serve this layout (none always can)
             if name == "none":
                 raise
