@@ -5,6 +5,7 @@ written)."""
 
 import os
 import subprocess
+import warnings
 import sys
 
 import pytest
@@ -159,3 +160,25 @@ def test_tp_size_must_divide_the_heads():
     with pytest.raises(ValueError, match=r"--tp_size 2 does not divide the model's "
                        r"num_key_value_heads = 1 \(each TP rank holds whole heads\)"):
         mesh_args.check_tp_heads(config, 2)
+
+
+def test_tp_view_warnings_silenced_for_audited_models_only():
+    """The three TP units' warnings (the messages FSDP2 gives in a dp_shard 2 x tp 2 run of
+    finetune_llama.py) go quiet for LLaMA; a decoder layer's, or any unit of a model type
+    nobody checked, still warns."""
+    from transformers import GPT2Config, LlamaConfig
+
+    text = ("FSDP2-wrapped module ({}) returned a view tensor. An in-place op on this view "
+            "(e.g., `x += y`) will silently drop the pre-backward hook")
+    units = ["FSDPEmbedding", "FSDPLlamaRMSNorm, FSDPLinear", "FSDPLlamaForCausalLM"]
+
+    def heard(config, unit):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mesh_args.quiet_tp_view_warnings(config)
+            warnings.warn(text.format(unit), UserWarning)
+        return len(caught)
+
+    assert [heard(LlamaConfig(), u) for u in units] == [0, 0, 0]
+    assert heard(LlamaConfig(), "FSDPLlamaDecoderLayer") == 1
+    assert [heard(GPT2Config(), u) for u in units] == [1, 1, 1]

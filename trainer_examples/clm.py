@@ -30,7 +30,8 @@ from hfcompress.data import lm_datasets, text_datasets, train_tokenizer
 from hfcompress.models import ModelLoadError, check_model, load_causal_lm, load_tokenizer
 from hfcompress.trainer import resume, warn_single_process
 from mesh_args import (FSDP2_FLAGS, MeshArguments, check_tp_checkpoints, check_tp_heads,
-                       distributed_config, parallelism_config, wants_fsdp2)
+                       distributed_config, parallelism_config, quiet_tp_view_warnings,
+                       wants_fsdp2)
 from run_summary import LossClock, describe, describe_model, report, summarize
 
 
@@ -298,6 +299,7 @@ def build_model(margs: ModelArguments, tokenizer, config_from_args: Callable,
             return load_causal_lm(margs.model_name_or_path, dtype=margs.dtype)
         model = load_causal_lm(margs.model_name_or_path, dtype=margs.dtype, distributed_config=tp)
         check_tp_heads(model.config, tp.tp_size)
+        quiet_tp_view_warnings(model.config)
         return model
     config = config_from_args(margs, len(tokenizer))
     config.bos_token_id = config.eos_token_id = config.pad_token_id = tokenizer.eos_token_id

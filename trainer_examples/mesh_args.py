@@ -14,10 +14,20 @@ checked against the launched world before any work, as Accelerate's ``Parallelis
   ``--model_name_or_path`` (a folder or hub id): Accelerate 1.15's own TP preparation fails
   on transformers 5.24.
 - HSDP beside TP is refused (not tried through the Trainer).
+
+Under TP, FSDP2 warns once per rank and unit that a unit "returned a view tensor": TP's output
+hooks return ``DTensor.to_local()``, a view, from the embedding, the final norm + lm_head unit
+and the root. The hazard it names (an in-place op on that view drops the unit's pre-backward
+all-gather) needs a consumer that writes into the output; transformers' LLaMA, Mistral and
+Mixtral and the Trainer use these outputs out of place only (the Trainer's ``loss *=`` acts on
+the loss, not a view), and a dp_shard 2 x tp 2 run gave the losses and gradient norms of
+FSDP2 on 2 ranks alone, step for step. :func:`quiet_tp_view_warnings` silences exactly these
+warnings for those model types; other models keep them.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from hfcompress.models import is_gguf
@@ -114,6 +124,23 @@ def check_tp_heads(config, tp_size: int) -> None:
     if bad:
         raise ValueError(f"--tp_size {tp_size} does not divide the model's {' and '.join(bad)} "
                          f"(each TP rank holds whole heads): choose a tp_size that does")
+
+
+#: model types whose forward (and the Trainer's loss step) never writes into a TP unit's output
+TP_VIEW_SAFE_MODELS = ("llama", "mistral", "mixtral")
+#: the warning FSDP2 gives for the TP units of those models (embedding, norm + lm_head, root)
+TP_VIEW_WARNING = (r"FSDP2-wrapped module \((FSDPEmbedding|FSDP\w+RMSNorm, FSDPLinear|"
+                   r"FSDP\w+ForCausalLM)\) returned a view tensor")
+
+
+def quiet_tp_view_warnings(config) -> bool:
+    """Silence FSDP2's "returned a view tensor" warnings of the TP units when ``config``'s
+    model type is one whose forward uses them out of place (see the module docstring); True
+    if silenced."""
+    if getattr(config, "model_type", None) not in TP_VIEW_SAFE_MODELS:
+        return False
+    warnings.filterwarnings("ignore", message=TP_VIEW_WARNING, category=UserWarning)
+    return True
 
 
 def mesh_shape(parallelism) -> dict[str, int] | None:
