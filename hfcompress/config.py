@@ -229,11 +229,17 @@ class CompressionConfig:
         """Whether anything FSDP2 sends (all-gather, reduce-scatter) is compressed."""
         return bool(self.weights or self.grad_intra or self.grad_inter or self.loco)
 
+    @property
+    def all_reduce_scheme(self) -> Scheme | None:
+        """The scheme an all-reduce (DDP, the HSDP replicas) runs: ``all_reduce``, else the
+        gradient scheme ``grad_inter``; None = exact."""
+        return self.all_reduce or self.grad_inter
+
     def ddp_config(self) -> CompressionConfig:
         """What this config runs under DDP (``integrations/ddp.py``): its ``all_reduce``
         scheme, else its gradient scheme ``grad_inter``, LoCo kept; weight schemes, hpZ and
         the 2-hop layout dropped. ValueError if it compresses nothing DDP sends."""
-        scheme = self.all_reduce or self.grad_inter
+        scheme = self.all_reduce_scheme
         if scheme is None and (self.weights is not None or self.grad_intra is not None
                                or self.loco is not None):
             raise ValueError(f"comm_compressor {self.name!r} compresses only FSDP's collectives "

@@ -229,6 +229,8 @@ def test_plan_gpu_memory_marks_presets_that_do_not_fit(capsys):
     assert "! loco does not fit: 89.7 GB per GPU" in out
     assert "shard it over more GPUs" in plan_json(capsys, *args, "--gpu-memory-gb",
                                                   "5")["memory_warning"]
+    ddp = plan_json(capsys, *args, "--gpu-memory-gb", "5", "--engine", "ddp")["memory_warning"]
+    assert "more nodes do not shrink it" in ddp and "--nodes" not in ddp, ddp
 
 
 def test_plan_table_prints_layout_bytes_meter_and_recommendation(capsys):

@@ -146,8 +146,17 @@ def plan_report(shape: ModelShape, layout: ClusterLayout, links: ClusterLinks, *
     if not entries["none"]["fits_gpu_memory"]:
         report["memory_warning"] = (
             f"the model's training state alone, {train_state / GB:.4g} GB per GPU, exceeds "
-            f"{gpu.memory_gb:g} GB: shard it over more GPUs (--tp, --pp, --nodes)")
+            f"{gpu.memory_gb:g} GB: " + _more_gpus(engine))
     return report
+
+
+def _more_gpus(engine: str) -> str:
+    """What to change when the training state does not fit: more GPUs to shard over (DDP
+    keeps a whole copy on every GPU whatever the node count)."""
+    if engine_spec(engine).replicated:
+        return ("DDP keeps the whole state on every GPU, more nodes do not shrink it: shard "
+                "it (--engine fsdp2 or zero3) or split the model (--tp, --pp)")
+    return "shard it over more GPUs (--tp, --pp, --nodes)"
 
 
 LAYOUT_KEYS = ("nodes", "gpus_per_node", "tp", "pp", "cp", "dp", "dp_per_node",

@@ -33,7 +33,7 @@ def compiles_kernels(config: CompressionConfig | AutoSettings | None, fsdp: bool
         return False
     if fsdp:
         return config.compresses_fsdp or config.all_reduce is not None
-    return (config.all_reduce or config.grad_inter) is not None
+    return config.all_reduce_scheme is not None
 
 
 def compile_notice(device: Any, config: CompressionConfig | AutoSettings | None = None,

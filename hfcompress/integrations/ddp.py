@@ -61,7 +61,7 @@ def all_reduce_compressor(config: CompressionConfig, group_size: int,
     unless given (then it must match); a seeded scheme gets a
     seed per ``key`` (include the rank: peers must not share rounding noise) from its own
     ``seed`` or ``config.seed``."""
-    scheme = config.all_reduce or config.grad_inter
+    scheme = config.all_reduce_scheme
     if scheme is None:
         if config.loco is not None:
             raise ValueError(f"config {config.name!r}: loco error feedback needs a gradient "

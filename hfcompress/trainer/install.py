@@ -127,7 +127,7 @@ def summary(config: CompressionConfig, kind: str, world: int, ranks_per_node: in
     beside it)."""
     c = config
     if kind == "ddp":
-        what = f"all-reduce {describe(c.all_reduce or c.grad_inter)}"
+        what = f"all-reduce {describe(c.all_reduce_scheme)}"
         unused = [name for name, on in (("weight scheme", c.weights is not None),
                                         ("2-hop layout", c.two_hop), ("hpZ", c.hpz)) if on]
         if unused:
@@ -137,7 +137,7 @@ def summary(config: CompressionConfig, kind: str, world: int, ranks_per_node: in
                  if c.two_hop else describe(c.grad_inter))
         what = f"weights {describe(c.weights)}, gradients {grads}" + (", hpZ" if c.hpz else "")
         if kind == "hsdp":     # the replica all-reduce is what crosses the nodes
-            what = (f"replica all-reduce {describe(c.all_reduce or c.grad_inter)} across the "
+            what = (f"replica all-reduce {describe(c.all_reduce_scheme)} across the "
                     f"replicas; inside each shard group {what}")
     loco = " with LoCo error feedback" if c.loco is not None else ""
     dp = dp_size or world
