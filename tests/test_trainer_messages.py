@@ -151,5 +151,7 @@ def test_every_machine_says_it_is_on(monkeypatch):
         monkeypatch.setenv("LOCAL_RANK", local)
         assert accelerate_cpu.is_machine_lead() is lead
     assert machine_line("sdp4bit", 2) == ("hfcompress: comm_compressor 'sdp4bit' installed on "
-                                          "this machine (rank 2 and its local peers); the run's "
-                                          "summary and comm/* logs are on global rank 0")
+                                          "this machine (rank 2 and its local peers); the "
+                                          "start-up summary is on global rank 0, and the comm/* "
+                                          "figures logged (on each machine, as transformers logs) "
+                                          "are the whole job's")

@@ -152,7 +152,8 @@ def summary(config: CompressionConfig, kind: str, world: int, ranks_per_node: in
 def machine_line(preset: str, rank: int) -> str:
     """The one line local rank 0 of every other machine logs (``is_machine_lead``)."""
     return (f"hfcompress: comm_compressor {preset!r} installed on this machine (rank {rank} "
-            f"and its local peers); the run's summary and comm/* logs are on global rank 0")
+            f"and its local peers); the start-up summary is on global rank 0, and the comm/* "
+            f"figures logged (on each machine, as transformers logs) are the whole job's")
 
 
 def memory_line(report: dict[str, int]) -> str:
