@@ -153,7 +153,8 @@ LOCO_ABLATION = {"no_feedback": None,
                  "ef": (1.0, None, None),                 # Eq. (4): plain error feedback
                  "ef_avg": (0.2, None, None),             # + Eq. (5), beta 0.2
                  "ef_avg_8bit": (0.2, None, "group"),     # + Eq. (7)'s 8-bit error
-                 "loco": (0.2, 512, "group")}             # + reset every T_c = 512: `loco`
+                 "loco": (0.2, 512, "group"),             # + reset every T_c = 512: `loco`
+                 "loco_beta05": (0.5, 512, "group")}      # `loco` with beta 0.5 (the choice)
 
 
 def ablation_jobs(quants: list[str], seeds: list[int], lr: float,
@@ -450,7 +451,8 @@ def ablation_report(out: Path) -> None:
              "int<bits>g<group>, nearest rounding). Variants: `no_feedback` (the quantizer "
              "alone), `ef` (Eq. (4): beta 1, float32 error, no reset), `ef_avg` (+ Eq. (5) "
              "average, beta 0.2), `ef_avg_8bit` (+ Eq. (7)'s 8-bit error), `loco` (+ reset every "
-             "T_c = 512 steps: the `loco` preset's settings).", "",
+             "T_c = 512 steps: the `loco` preset's settings), `loco_beta05` (`loco` with "
+             "beta 0.5: the choice of beta).", "",
              "LoCo Table 9's rows at small scale (issue 39): final validation loss per seed; gap "
              "= loss / `none`'s - 1 per seed, mean [min, max]; *recovered* = the share of "
              "`no_feedback`'s mean gap the variant closes (1 - its mean gap / "
@@ -502,7 +504,7 @@ def ablation_table(runs: list[dict], quant: str) -> list[str]:
                      "-" if name == base else f"{below}/{len(have)}"])
     table = dc.markdown_table(["variant", *(f"seed {s}" for s in seeds), "gap to none",
                                "recovered", "<= no fb"], body).splitlines()
-    return table + ["", *feedback_line(loss, base, variants[-1], seeds)]
+    return table + ["", *feedback_line(loss, base, f"loco:{quant}", seeds)]
 
 
 def feedback_line(loss: dict, base: str, loco: str, seeds: list[int]) -> list[str]:
