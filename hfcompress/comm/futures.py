@@ -38,6 +38,8 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from .exit_drain import add_callback
+
 _INLINE_ON_CPU = False
 _SIDE_STREAMS: dict[torch.device, Any] = {}
 
@@ -101,11 +103,11 @@ def chain(fut: Future, fn: Callable[[Any], Any],
             fail(err)
             return
         if isinstance(nxt, torch._C.Future):
-            nxt.then(finish_with)
+            add_callback(nxt, finish_with)
         else:
             out.set_result(nxt)
 
-    fut.then(start)
+    add_callback(fut, start)
     return out
 
 
@@ -141,7 +143,7 @@ def finish(work: dist.Work | None, then: Callable[[], None] | None, async_op: bo
         fut.wait()                       # re-raise the exchange's error
         if then is not None:
             then()
-    return work.get_future().then(after)
+    return add_callback(work.get_future(), after)
 
 
 def finish_all(futures: Sequence[Future | None], then: Callable[[], None], async_op: bool,
@@ -160,7 +162,7 @@ def finish_all(futures: Sequence[Future | None], then: Callable[[], None], async
         for f in fut.wait():
             f.wait()                     # re-raise the first error
         then()
-    return torch.futures.collect_all(pending).then(after)
+    return add_callback(torch.futures.collect_all(pending), after)
 
 
 # -- the side stream of asynchronous calls on CUDA ------------------------------------------

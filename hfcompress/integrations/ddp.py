@@ -35,6 +35,7 @@ from torch.futures import Future
 
 from ..comm import QuantizedAllReduce, Topology, WireMeter
 from ..comm.all_reduce import group_size_check, node_layout, stock_all_reduce_bytes, summing_peers
+from ..comm.exit_drain import add_callback
 from ..comm.futures import chain, completed, devices_of, inline, side_stream_call
 from ..compressors import Compressor
 from ..compressors.registry import build_compressor
@@ -162,7 +163,7 @@ class AllReduceState:
         ``flat``, so DDP's wait orders its stream after the decode and the average."""
         if inline(flat.device):   # CUDA: every stage enqueued now, on the side stream
             return side_stream_call(lambda: self._start(key, flat, layout).wait(), flat)
-        previous = self._tail.then(lambda _: None)      # its error is its own stream's
+        previous = add_callback(self._tail, lambda _: None)  # its error is its own stream's
         self._tail = chain(previous, lambda _: self._start(key, flat, layout))
         return self._tail
 
