@@ -73,9 +73,8 @@ def launch(module: str, function: str, args: tuple = (), *, nodes: int = 1,
     ``log_dir`` (default: a temporary directory), rank 0's to this console with
     ``echo_rank0`` (progress of a long run). A rank that raises, exits non-zero or hangs past
     ``timeout`` stops them all: :class:`LaunchError` with every failing rank's traceback or
-    log tail. Each rank ends with ``destroy_process_group(); flush; os._exit`` (a gloo
-    thread destroying a test's own Python callback at interpreter exit aborts it:
-    ``comm/exit_drain.py``)."""
+    log tail. Each rank ends with ``destroy_process_group(); flush; os._exit`` (a test's own
+    gloo callback destroyed at interpreter exit aborts it: ``comm/exit_drain.py``)."""
     world = nodes * ranks_per_node
     if netns is not None and netns.nodes < nodes:
         raise ValueError(f"netns has {netns.nodes} nodes, need {nodes}")
