@@ -158,7 +158,8 @@ def test_optimizer_wrap_steps_the_clock_once_per_step():
 
 
 def test_ablation_variants_are_table_9_rows():
-    """``bench_loss.py --loco-ablation``: the last variant is the ``loco`` preset itself."""
+    """``bench_loss.py --loco-ablation``: the ``loco`` variant is the ``loco`` preset itself,
+    ``loco_beta05`` the same with beta 0.5."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import bench_loss
 
@@ -168,8 +169,10 @@ def test_ablation_variants_are_table_9_rows():
     assert bench_loss.ablation_config("no_feedback:int2g128").loco is None
     assert bench_loss.ablation_config("ef:int2g128").loco == LoCoSettings(1.0, None, None)
     assert bench_loss.ablation_config("ef:int2g128").grad_inter.params["bits"] == 2
+    assert bench_loss.ablation_config("loco_beta05:int4g128").loco == LoCoSettings(0.5, 512,
+                                                                                    "group")
     jobs = [p for p, _, _ in bench_loss.ablation_jobs(["int4g128"], [0, 1], 1e-3)]
-    assert jobs[:3] == ["none", "no_feedback:int4g128", "loco:int4g128"] and len(jobs) == 12
+    assert jobs[:3] == ["none", "no_feedback:int4g128", "loco:int4g128"] and len(jobs) == 14
     assert bench_loss.ablation_jobs(["int2g128"], [0], 1e-3, ["ef"]) == [("ef:int2g128", 0, 1e-3)]
 
 
