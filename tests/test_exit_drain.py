@@ -81,7 +81,7 @@ class SlowDel:
 
 dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0,
                         world_size=1)
-dist.all_reduce(torch.ones(1 << 24), async_op=True)       # ahead in gloo's queue
+dist.all_reduce(torch.ones(1 << 22), async_op=True)       # ahead in gloo's queue
 fut = dist.all_reduce(torch.ones(10), async_op=True).get_future()
 if fut.done():
     print("not pending"); sys.exit(0)                      # the race was not set up
@@ -111,10 +111,9 @@ def test_an_exit_while_gloo_destroys_a_callback_is_clean(tmp_path):
     the script ends: chained with ``Future.then`` the process aborts after its work
     ("terminate called without an active exception"); through ``add_callback`` the exit
     waits for it and is clean."""
-    for _ in range(2):
-        proc = _exit(tmp_path, "counted")
-        assert proc.returncode == 0 and "trained" in proc.stdout, proc.stderr[-2000:]
-        assert "terminate called" not in proc.stderr
+    proc = _exit(tmp_path, "counted")
+    assert proc.returncode == 0 and "trained" in proc.stdout, proc.stderr[-2000:]
+    assert "terminate called" not in proc.stderr
     if sys.version_info < (3, 14):      # 3.14 hangs such a thread instead of ending it
         raw = _exit(tmp_path, "raw")
         assert "trained" in raw.stdout and raw.returncode != 0, raw.returncode
