@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -153,6 +154,17 @@ def _wait(procs: list[subprocess.Popen], timeout: float) -> str | None:
     return f"rank {bad[0]} exited with code {procs[bad[0]].returncode}" if bad else None
 
 
+def _exit_with(parent: int, every_s: float = 1.0) -> None:
+    """End this rank when its launcher ``parent`` is gone: a launcher killed by a signal
+    skips :func:`launch`'s cleanup, and its ranks would go on computing (a benchmark's
+    whole job list) for no one."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+    threading.Thread(target=watch, name="hfc-launcher-watch", daemon=True).start()
+
+
 def _rank_main(spec_path: str, out_path: str) -> None:
     """One rank: init gloo from the environment, run the function, pickle its result."""
     import datetime
@@ -161,6 +173,7 @@ def _rank_main(spec_path: str, out_path: str) -> None:
 
     import torch.distributed as dist
 
+    _exit_with(os.getppid())
     status, result = 1, ("error", "not run")
     try:
         sys.path[:0] = [p for p in os.environ.get("HFC_LAUNCH_PATH", "").split(os.pathsep) if p]
