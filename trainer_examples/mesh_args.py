@@ -133,14 +133,11 @@ TP_VIEW_WARNING = (r"FSDP2-wrapped module \((FSDPEmbedding|FSDP\w+RMSNorm, FSDPL
                    r"FSDP\w+ForCausalLM)\) returned a view tensor")
 
 
-def quiet_tp_view_warnings(config) -> bool:
+def quiet_tp_view_warnings(config) -> None:
     """Silence FSDP2's "returned a view tensor" warnings of the TP units when ``config``'s
-    model type is one whose forward uses them out of place (see the module docstring); True
-    if silenced."""
-    if getattr(config, "model_type", None) not in TP_VIEW_SAFE_MODELS:
-        return False
-    warnings.filterwarnings("ignore", message=TP_VIEW_WARNING, category=UserWarning)
-    return True
+    model type is one whose forward uses them out of place (see the module docstring)."""
+    if getattr(config, "model_type", None) in TP_VIEW_SAFE_MODELS:
+        warnings.filterwarnings("ignore", message=TP_VIEW_WARNING, category=UserWarning)
 
 
 def mesh_shape(parallelism) -> dict[str, int] | None:

@@ -29,7 +29,6 @@ from torch.futures import Future
 DRAIN_S = 5.0
 _lock = threading.Lock()
 _live = 0
-_registered = False
 
 
 class _Counted:
@@ -56,11 +55,6 @@ class _Counted:
 
 def add_callback(fut: Future, fn: Callable[[Future], Any]) -> Future:
     """``fut.then(fn)``, with ``fn`` counted until it is destroyed (module docstring)."""
-    global _registered
-    with _lock:
-        if not _registered:
-            atexit.register(drain)
-            _registered = True
     return fut.then(_Counted(fn))
 
 
@@ -76,3 +70,6 @@ def drain(timeout: float = DRAIN_S) -> bool:
     while _live and time.monotonic() < deadline:
         time.sleep(0.001)
     return _live == 0
+
+
+atexit.register(drain)     # returns at once when nothing was chained
