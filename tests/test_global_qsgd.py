@@ -116,17 +116,21 @@ def test_linear_unbiased_and_variance():
 
 
 def test_linear_rounding_thresholds_are_exact():
-    """y = x / scale * levels rounds up iff noise < y - floor(y): P(up) is exactly the
-    fractional part, so E[q] = y."""
+    """y = x / scale * levels rounds up iff y + noise reaches the next integer in float32: from
+    noise 1 - frac(y) on, never below it by an ulp of the sum (2**-17 at 127 levels): so
+    P(up) is the fractional part within 2**-17 of a level, E[q] = y within that."""
     torch.manual_seed(4)
-    x = torch.randn(4000)
-    one, levels = torch.ones(1), 31
+    x = torch.rand(4000) * 2 - 1
+    one, levels = torch.ones(1), 127
     y = x.clamp(-1, 1) * levels
     frac = y - torch.floor(y)
-    for u, want in ((torch.nextafter(frac, torch.zeros(1)), torch.ceil(y)), (frac, torch.floor(y))):
+    keep = (frac > 0) & (y.abs() >= 1)       # 1 - frac exact in float32
+    up = 1 - frac
+    below = (up - 2.0 ** -17).clamp_min(0)
+    for u, want in ((up, torch.ceil(y)), (below, torch.floor(y))):
         q = K.linear_quantize(x, one, levels, u, torch.int8)
-        keep = frac > 0
         assert torch.equal(q[keep].float(), want[keep])
+    assert keep.sum() > 3800 and (up[keep] >= 2.0 ** -17).all()
 
 
 def test_linear_reduce_packed_is_exact_integer_sum():

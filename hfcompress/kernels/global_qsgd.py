@@ -8,10 +8,14 @@ values or as the hash keys, ``noise.py``). All integer
 and float steps below are the ones the Triton kernels run, so both give the same bits for
 the same noise.
 
-Linear dithering (Global-QSGD 4.2, L_s): ``q = floor(y) + (u < y - floor(y))`` with
-``y = t * sign(x) * levels``, computed as ``x * (levels / scale)`` clamped to
-``[-levels, levels]`` (one multiply per value), a signed integer in ``[-levels, levels]``;
-decoded ``q * (scale / levels)``.
+Linear dithering (Global-QSGD 4.2, L_s): ``q = floor(y + u)`` clamped to
+``[-levels, levels]``, with ``y = t * sign(x) * levels`` computed as ``x * (levels / scale)``
+(one multiply per value; NaN -> 0), a signed integer in ``[-levels, levels]``; decoded
+``q * (scale / levels)``. ``q`` is ``floor(y) + 1`` with probability ``y - floor(y)``
+(unbiased) up to the float32 rounding of ``y + u``: at most half an ulp of ``|y| <= 127``,
+i.e. 2**-18 of a level (the QSGD kernels round the same way). Clamping the integer (after the
+floor) gives the numbers of clamping ``y`` before it, and keeps ``y = levels`` from rounding
+up past it.
 
 Exponential dithering (Global-QSGD 4.2-4.3, E_s with C_nat rounding): levels ``2**-j``,
 ``j = 0 .. levels-1``, and 0. ``t`` rounds to one of its two neighbouring levels, unbiased
@@ -98,9 +102,9 @@ def linear_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, noise: to
                     wire_dtype: torch.dtype, block_size: int | None = None) -> torch.Tensor:
     """1-D x -> signed integer codes in ``[-levels, levels]``, ``wire_dtype`` (Global-QSGD 4.2)."""
     m = per_value(linear_multiplier(scale, levels), x.numel(), block_size)
-    y = (x.float() * m).nan_to_num_(nan=0.0).clamp_(-float(levels), float(levels))
-    q = torch.floor(y)
-    return q.add_(noise_values(noise, y) < y.sub_(q)).to(wire_dtype)
+    y = (x.float() * m).nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf"))
+    q = y.add_(noise_values(noise, y)).floor_()
+    return q.clamp_(-float(levels), float(levels)).to(wire_dtype)
 
 
 def linear_dequantize(codes: torch.Tensor, scale: torch.Tensor, levels: int,

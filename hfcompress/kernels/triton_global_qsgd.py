@@ -142,10 +142,12 @@ def _multiplier(s, levels):
 
 
 @triton.jit
-def _clamp_levels(y, levels):
-    """``y`` clamped to [-levels, levels], NaN -> 0 (an explicit select first: no NaN reaches
-    the min / max, whose NaN rule differs between PTX and the interpreters)."""
-    return tl.minimum(tl.maximum(tl.where(y == y, y, 0.0), -levels), levels)
+def _dither(y, u, levels):
+    """``floor(y + u)`` clamped to [-levels, levels], NaN ``y`` -> 0 (an explicit select first:
+    no NaN reaches the min / max, whose NaN rule differs between PTX and the interpreters).
+    Clamping the integer after the floor gives the numbers of clamping ``y`` before it."""
+    q = tl.floor(tl.where(y == y, y, 0.0) + u)
+    return tl.minimum(tl.maximum(q, -levels), levels)
 
 
 # -- the local scale ----------------------------------------------------------------------
@@ -214,9 +216,7 @@ def _linear_quantize_kernel(x_ptr, scale_ptr, noise_ptr, noise_row, out_ptr, n, 
     else:
         u = noise_at(noise_ptr, offs, mask, HASH, noise_row)
     m = _multiplier(_scale_of(scale_ptr, first, lanes, mask, per, SCALES), levels)
-    y = _clamp_levels(x * m, levels)
-    fl = tl.floor(y)
-    q = fl + (u < y - fl).to(tl.float32)
+    q = _dither(x * m, u, levels)
     tl.store(out_ptr + offs, q.to(tl.int32).to(out_ptr.dtype.element_ty), mask=xmask)
 
 
