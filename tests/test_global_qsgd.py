@@ -109,7 +109,7 @@ def test_linear_unbiased_and_variance():
     z = group_z(dec.mean(0), x.double(), var, n)
     assert z.abs().max() < 5 and 0.5 < (z ** 2).mean() < 1.6
     emp = ((dec - x.double()) ** 2).sum(1).mean()
-    assert emp == pytest.approx(var.sum(), rel=0.03)
+    assert emp.item() == pytest.approx(var.sum().item(), rel=0.03)
     # Theorem 3 (n = 1): E||C(x) - x||^2 <= sqrt(d) / s * ||x||^2; here also <= d step^2 / 4
     assert emp <= math.sqrt(d) / c.levels * x.double().pow(2).sum()
     assert emp <= d * (scale / c.levels) ** 2 / 4
@@ -194,7 +194,7 @@ def test_exp_unbiased_and_variance(bits, peers):
     z = group_z(dec.mean(0), x.double(), var, n)
     assert z.abs().max() < 5 and 0.5 < (z ** 2).mean() < 1.6
     emp = ((dec - x.double()) ** 2).sum(1).mean()
-    assert emp == pytest.approx(var.sum(), rel=0.03)
+    assert emp.item() == pytest.approx(var.sum().item(), rel=0.03)
     norm2 = x.double().pow(2).sum()
     # Theorem 3 (n = 1): omega = 1/8 + sqrt(d) / 2**(s-1)
     assert emp <= (1 / 8 + math.sqrt(d) / 2 ** (c.levels - 1)) * norm2
@@ -287,7 +287,7 @@ def test_combine_unbiased_statistically():
     zz = group_z(got.mean(0), z, var, n)
     assert zz.abs().max() < 5 and 0.5 < (zz ** 2).mean() < 1.6
     emp = ((got - z) ** 2).sum(1).mean()
-    assert emp == pytest.approx(var.sum(), rel=0.03)
+    assert emp.item() == pytest.approx(var.sum().item(), rel=0.03)
     assert emp <= (z ** 2).sum() / 8
 
 
