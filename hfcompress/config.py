@@ -84,7 +84,10 @@ class LoCoSettings:
     absmax per 128 values, a fixed float s_e, or None: a float32 error). The defaults are
     the authors' (DeepSpeed ``err_beta=0.8``, i.e. beta = 0.2; T_c = 512 as in LoCo 3.2);
     BENCHMARKS.md, "LoCo ablation", measures them at small scale against plain feedback and
-    no feedback; beta 0.5 did no better on either setting there, so they stay."""
+    no feedback: beta 0.5 did no better there, so they stay. Feedback pays where the quantizer
+    loses: int4 groups of 2048 lose 1.0-1.7% of the loss alone and LoCo recovers 71-73% of
+    that (8 of 8 seeds); the ``loco`` preset's int4 groups of 128 lose nothing measurable,
+    and feedback there is within seed noise of none."""
 
     beta: float = 0.2
     reset_every: int | None = 512
