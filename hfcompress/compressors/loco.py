@@ -58,9 +58,9 @@ Choices the paper leaves open:
   default here is ``int`` 4 bit, absmax per group of 128, nearest rounding: no per-model scale
   to tune, an outlier only coarsens its own group, and error feedback is meant for biased
   (deterministic) compressors, so stochastic rounding would only add variance. Measured at
-  small scale (BENCHMARKS.md, "LoCo ablation"): this inner alone loses nothing measurable,
-  so feedback has nothing to recover; with groups of 2048 it recovers 71-73% of the loss the
-  quantizer alone loses.
+  small scale (BENCHMARKS.md, "LoCo ablation"): this inner alone loses 0.15% or less, and
+  feedback does not help there (-0.11% to +0.32%); with groups of 2048 it recovers 71-73% of
+  the loss the quantizer alone loses.
 - Non-finite gradient entries make the payload non-finite (as the inner does) but store a zero
   error there, so one overflow step cannot poison e until the next reset.
 
