@@ -117,8 +117,9 @@ def test_linear_unbiased_and_variance():
 
 def test_linear_rounding_thresholds_are_exact():
     """y = x / scale * levels rounds up iff y + noise reaches the next integer in float32: from
-    noise 1 - frac(y) on, never below it by an ulp of the sum (2**-17 at 127 levels): so
-    P(up) is the fractional part within 2**-17 of a level, E[q] = y within that."""
+    noise 1 - frac(y) on, and never from an ulp of the sum below it (2**-17 at 127 levels;
+    rounding to nearest moves the threshold by at most half that): P(up) is the fractional
+    part within 2**-18 of a level, E[q] = y within that."""
     torch.manual_seed(4)
     x = torch.rand(4000) * 2 - 1
     one, levels = torch.ones(1), 127
