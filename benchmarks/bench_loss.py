@@ -68,6 +68,9 @@ POWERSGD_RANK = 4   # as bench_slow_link.py's peer
 #: variants that are not presets: linear Global-QSGD with one global scale per 1024 values
 #: (``block_size``) instead of the paper's one per bucket
 BLOCK_SCALED = ("global_qsgd_block", {"bits": 8, "block_size": 1024})
+#: ``zeropp``'s weight side alone (ZeRO++ 3.1 qwZ int8 blocks of 2048, 3.3 hpZ), exact
+#: gradients: the loss evidence of ``auto``'s ``weights=qwz`` option (``--presets``)
+ZEROPP_WEIGHTS = "zeropp_weights"
 HEADLINE = ["none", "sdp4bit", "qwd", "qw", "tlq_hs", "loco"]
 LR_CHECK = ["none", "qw", "qwd", "ulq", "tlq_hs", "sdp4bit", "loco"]
 WITHIN_1PCT = ["sdp4bit", "tlq_hs", "qwd", "loco"]
@@ -145,6 +148,18 @@ def ddp_config(preset: str):
     if preset == BLOCK_SCALED[0]:
         return CompressionConfig(name=preset, all_reduce=Scheme("global_qsgd", BLOCK_SCALED[1]))
     return "none" if preset == "ddp" else preset
+
+
+def fsdp_config(preset: str):
+    """The config of an FSDP2 run: a preset name, a LoCo ablation row, ``zeropp_weights``."""
+    from hfcompress.config import CompressionConfig, get_config
+
+    if ":" in preset:
+        return ablation_config(preset)
+    if preset == ZEROPP_WEIGHTS:
+        zeropp = get_config("zeropp")
+        return CompressionConfig(name=preset, weights=zeropp.weights, hpz=zeropp.hpz)
+    return preset
 
 
 #: LoCo Table 9's rows (issue 39): variant -> LoCo settings (beta, T_c, error scale), None:
@@ -248,7 +263,7 @@ class Trained:
                                            ranks_per_node=a.ranks_per_node)
         else:
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            config = ablation_config(preset) if ":" in preset else preset
+            config = fsdp_config(preset)
             self.handle = hfcompress.apply(self.model, config, ranks_per_node=a.ranks_per_node,
                                            shard=True, mp_policy=mp)
             self.net = self.model

@@ -24,6 +24,7 @@ from .integrations.ddp import AllReduceState
 from .integrations.fsdp import (FSDPInstall, ModuleComms, check_group, check_hpz, fsdp_modules,
                                 mesh_group, replicate_group, shard_model)
 from .integrations.handle import Compression
+from .integrations.hpz_switch import LayerResharding
 from .integrations.hsdp import NativeHSDP, fully_shard_hsdp, install_hsdp_hook, is_hsdp_mesh
 from .integrations.timeouts import mesh_groups, user_timeout
 
@@ -155,15 +156,13 @@ def _apply_ddp(model: DistributedDataParallel, request: Request,
         raise ValueError(f"apply() got a DistributedDataParallel model: it is replicated, not "
                          f"sharded; drop shard=True and fully_shard arguments "
                          f"{sorted(fsdp_kwargs)}")
-    if isinstance(request, AutoSettings) and request.reprobe_every:
-        raise ValueError("comm_compressor='auto' re-probes (reprobe_every) under FSDP2 "
-                         "only; under DDP it chooses once: set reprobe_every=0")
     check_integration(request, fsdp=False)
     group = model.process_group
     # the DDP group and the node groups built from it time out as the world does
     topology = Topology(nodes, user_timeout(group), group=group)
     config, auto = _fixed(request, lambda compute_s=None: choose_ddp(
-        model.module, topology, dist.get_world_size(group), request, compute_s))
+        model.module, topology, dist.get_world_size(group), request, compute_s),
+        lambda cfg: state.adopt(cfg))      # auto's switch: the registered hook, new config
     state = register_ddp_hook(model, config, topology=topology, meter=meter)
     return Compression("ddp", model.module, config, topology, state.meter, state,
                        auto).install()
@@ -266,7 +265,13 @@ def _apply_fsdp(model: nn.Module, request: Request | ValueError,
     replica_topology = None if replicas is None else \
         Topology(nodes, user_timeout(replicas), group=replicas)
 
+    # auto: the layers' hpZ, switched with the plan (a preset's is set at fully_shard)
+    resharding = LayerResharding(model, modules, topology) \
+        if isinstance(request, AutoSettings) else None
+
     def build(cfg: CompressionConfig) -> FSDPInstall | NativeHSDP:
+        if resharding is not None:
+            resharding.set(cfg.hpz)
         comms = {name: ModuleComms(name, m, model, cfg, topology, meter, i)
                  for i, (name, m) in enumerate(modules)}
         fsdp = FSDPInstall(cfg, comms, topology)
@@ -278,6 +283,6 @@ def _apply_fsdp(model: nn.Module, request: Request | ValueError,
                                                tag="replica_all_reduce"))
 
     config, auto = _fixed(request, lambda compute_s=None: choose_fsdp(
-        model, modules, topology, request, compute_s=compute_s, replicas=replica_topology),
-        build)
+        model, modules, topology, request, compute_s=compute_s, replicas=replica_topology,
+        resharding=resharding), build)
     return Compression("fsdp2", model, config, topology, meter, build(config), auto).install()

@@ -112,8 +112,9 @@ class AutoSettings:
 
     - ``pins``: collective kind -> option that is not chosen but fixed (e.g.
       ``{"weights": "qwd"}``; ``HFCOMPRESS_AUTO="weights=qwd,grad_inter=hs4"`` overrides);
-    - ``reprobe_every``: probe and choose again every N optimizer steps (FSDP2; 0 = never),
-      switching only at a step boundary;
+    - ``reprobe_every``: probe and choose again every N optimizer steps (0 = never),
+      switching only at a step boundary (under DDP the re-probe also learns the compute the
+      buckets hide behind);
     - ``overlap``: share of the wire time hidden behind compute (0: none, as measured on
       CPU / gloo); ``margin``: how much faster (relative) a plan compressing more collective
       kinds must be predicted to be; ``reps``: timed repetitions per probe measurement.

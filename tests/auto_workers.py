@@ -119,3 +119,62 @@ def exact_losses(rank: int, world: int, steps: int) -> list[float]:
     handle = hfcompress.apply(model, get_config("none"), ranks_per_node=1, shard=True,
                               mp_policy=MP)
     return train(model, handle, steps)
+
+
+def hpz_switch(rank: int, world: int) -> dict:
+    """hpZ chosen by auto on 2 nodes x 1 (pinned ``weights=qwz_hpz``): the layers keep their
+    forward weights (no backward all-gather); the re-probe after step 3, pinned to
+    ``weights=qwz``, switches hpZ off again (the layers reshard after forward as sharded)."""
+    from hfcompress.integrations import _fsdp2
+    from hfcompress.integrations.fsdp import fsdp_modules
+
+    setup()
+    os.environ["HFCOMPRESS_AUTO"] = "weights=qwz_hpz,grad_inter=exact"
+    model = tiny_llama()
+    handle = hfcompress.apply(model, AutoSettings(reprobe_every=2), ranks_per_node=1,
+                              shard=True, mp_policy=MP)
+
+    def reshard() -> list:
+        return [_fsdp2.post_forward_shard_size(_fsdp2.param_groups(m)[0])
+                for name, m in fsdp_modules(model) if name]
+
+    def backward_gathered() -> int:
+        sent = handle.meter.history[-1]["collectives"].get("all_gather_bwd", {})
+        return sent.get("inter_bytes", 0) + sent.get("intra_bytes", 0)
+
+    out = {"first": handle.auto.choice.plan.label, "config": handle.config.to_dict(),
+           "hpz_fact": handle.auto.choice.layout["hpz"], "reshard_on": reshard()}
+    os.environ["HFCOMPRESS_AUTO"] = "weights=qwz,grad_inter=exact"
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for step in range(5):                    # the re-probe after step 3 switches
+        losses.append(global_mean(train_step(model, step)))
+        opt.step()
+        opt.zero_grad()
+        handle.step()
+        if step == 1:
+            out["bwd_bytes_on"] = backward_gathered()
+    out.update(chosen=handle.auto.choice.plan.label, reshard_off=reshard(),
+               bwd_bytes_off=backward_gathered(), losses=losses)
+    os.environ.pop("HFCOMPRESS_AUTO", None)
+    return out
+
+
+def ddp_reprobe(rank: int, world: int) -> dict:
+    """DDP with reprobe_every=2: the first choice pinned to Global-QSGD's exponential
+    all-reduce, then the pin moved to exact: the re-probe after step 3 switches the
+    registered hook's config (its streams fresh) and training goes on."""
+    setup()
+    os.environ["HFCOMPRESS_AUTO"] = "all_reduce=global_qsgd_exp"
+    torch.manual_seed(0)
+    model = DistributedDataParallel(tiny_llama())
+    handle = hfcompress.apply(model, AutoSettings(reprobe_every=2), ranks_per_node=1)
+    first = handle.auto.choice.plan.label
+    os.environ["HFCOMPRESS_AUTO"] = "all_reduce=exact"
+    losses = train(model, handle, 5)
+    os.environ.pop("HFCOMPRESS_AUTO", None)
+    return {"first": first, "chosen": handle.auto.choice.plan.label,
+            "history": handle.auto.choice.history, "losses": losses,
+            "streams": len(handle.all_reduce.compressors()),
+            "cover_share": handle.auto.choice.cover_share,
+            "sent": handle.meter.history[-1]["collectives"]}

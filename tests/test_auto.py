@@ -20,11 +20,14 @@ import auto_workers as aw
 
 # -- candidates -----------------------------------------------------------------------------
 def test_candidates_follow_the_layout_and_the_pins():
-    """2x1: no intra-node hop to choose (4 plans); 2x2: 2 x 2 x 2 = 8; one node: no
-    inter-node hop; pins fix a kind; DDP chooses the all-reduce only."""
+    """2x1: no intra-node hop to choose (3 weight options x 2 = 6 plans; with hpZ available
+    5 x 2 = 10); 2x2: 3 x 2 x 2 = 12; one node: no inter-node hop; pins fix a kind; DDP
+    chooses the all-reduce only."""
     assert {p.grad_intra for p in candidates("fsdp2", 1, 2)} == {"exact"}
-    assert len(candidates("fsdp2", 1, 2)) == 4
-    assert len(candidates("fsdp2", 2, 2)) == 8
+    assert len(candidates("fsdp2", 1, 2)) == 6
+    assert {p.weights for p in candidates("fsdp2", 1, 2)} == {"exact", "qwd", "qwz"}
+    assert len(candidates("fsdp2", 1, 2, hpz=True)) == 10
+    assert len(candidates("fsdp2", 2, 2)) == 12
     assert {p.grad_inter for p in candidates("fsdp2", 4, 1)} == {"exact"}
     pinned = candidates("fsdp2", 2, 2, {"weights": "qwd"})
     assert len(pinned) == 4 and {p.weights for p in pinned} == {"qwd"}
@@ -59,6 +62,62 @@ def test_plans_run_the_loss_keeping_schemes_of_the_presets():
     for kind in OPTIONS.values():
         for name, (scheme, evidence) in kind.items():
             assert scheme is None or "%" in evidence, (name, evidence)
+
+
+def test_zeropp_weight_options_run_zeropps_collectives():
+    """``qwz`` is zeropp's int8 blocks of 2048 (ZeRO++ 3.1); the ``_hpz`` options add hpZ
+    (3.3) and probe / price the all-gather of the option they keep; zeropp's int4
+    gradients stay out (their loss at lr 3e-3)."""
+    zeropp = get_config("zeropp")
+    both = Plan(weights="qwz_hpz", grad_inter="hs4").config()
+    assert both.weights == zeropp.weights and both.hpz and both.two_hop
+    assert Plan(weights="qwz").config().weights == zeropp.weights
+    assert not Plan(weights="qwz").config().hpz
+    hpz = Plan(weights="hpz").config()
+    assert hpz.weights is None and hpz.hpz and hpz.name == "auto: weights=hpz"
+    assert Plan(weights="qwz_hpz").option("weights") == "qwz"
+    assert Plan(weights="hpz").option("weights") == "exact"
+    assert Plan(weights="hpz").evidence() == [OPTIONS["weights"]["hpz"][1]]
+
+
+def test_hpz_is_priced_without_the_backward_all_gather():
+    """One rank per node, 1 byte/s, no latency: hpZ keeps the layers' weights, so the int8
+    weights cross once (forward) instead of twice and are decoded once; the gradients cost
+    the same."""
+    s = 1 << 16
+    units, lay = [Unit("layer", s)], GroupLayout(world=2, ranks_per_node=1)
+    codecs = {"qwz": CodecSeconds(1e-9, 1e-9)}
+    off = fsdp_cost(Plan(weights="qwz"), units, lay, links(1.0), codecs)
+    on = fsdp_cost(Plan(weights="qwz_hpz"), units, lay, links(1.0), codecs)
+    assert on.parts["grads"] == off.parts["grads"]
+    assert math.isclose(on.parts["weights"][0], off.parts["weights"][0] / 2)
+    assert on.parts["weights"][1] < off.parts["weights"][1]
+    exact_on = fsdp_cost(Plan(weights="hpz"), units, lay, links(1.0), codecs)
+    assert math.isclose(exact_on.parts["weights"][0], 2 * s)      # bf16, forward only
+
+
+def test_a_pinned_hpz_option_needs_hpz_available():
+    from hfcompress.auto.choose import hpz_available
+    import torch
+
+    with pytest.raises(ValueError, match="weights=qwz_hpz is pinned, but hpZ is not "
+                                         "available here .not an auto install.; pin"):
+        hpz_available(None, [], 2, torch.device("cpu"), "qwz_hpz")
+    assert hpz_available(None, [], 2, torch.device("cpu"), "qwz") == (False,
+                                                                     "not an auto install")
+
+
+def test_hpz_held_bytes_and_the_memory_rule():
+    """hpZ holds every layer's unsharded weights; ``hpz_fits`` allows at most half the
+    available memory (checked when memory is known: CUDA, or given)."""
+    from hfcompress.integrations.memory import HPZ_SHARE, hpz_fits
+    import torch
+
+    cpu = torch.device("cpu")
+    assert HPZ_SHARE == 0.5
+    assert hpz_fits(10 ** 12, cpu)                            # CPU: not checked
+    assert hpz_fits(500, cpu, available=1000)
+    assert not hpz_fits(501, cpu, available=1000)
 
 
 def test_auto_config_and_settings_errors():
@@ -97,7 +156,7 @@ def links(inter_bw: float, intra_bw: float = 1e10, latency: float = 0.0) -> Prob
     return out
 
 
-CODECS = {k: CodecSeconds(1e-9, 1e-9) for k in ("qwd", "hs8", "hs4", "global_qsgd_exp",
+CODECS = {k: CodecSeconds(1e-9, 1e-9) for k in ("qwd", "qwz", "hs8", "hs4", "global_qsgd_exp",
                                               "global_qsgd_block")}
 
 
@@ -121,13 +180,14 @@ def test_cost_model_picks_compression_on_slow_links_only():
     """A 12M-parameter model on 2 x 2 ranks: at 1 Gbit/s between nodes and 10 GB/s inside
     them, qWD + 4-bit inter-node gradients with an exact intra-node hop is cheapest (the
     per-hop choice); with 1 Gbit/s inside the nodes too, the 8-bit intra hop pays and qWD does
-    not (its node-sharded references gather bf16 slices inside the node twice a step); with
+    not (its node-sharded references gather bf16 slices inside the node twice a step), but
+    zeropp's int8 weights do (half the bytes of bf16 on every link); with
     100 GB/s links and a codec costing 5 ns per value, exact; DDP at 1 Gbit/s picks a
     Global-QSGD all-reduce."""
     units = [Unit(f"l{i}", 3_000_000 // 4) for i in range(4)]
     lay = GroupLayout(world=4, ranks_per_node=2)
     for intra, best in ((1e10, "weights=qwd grad_inter=hs4"),
-                        (125e6, "grad_intra=hs8 grad_inter=hs4")):
+                        (125e6, "weights=qwz grad_intra=hs8 grad_inter=hs4")):
         slow = {p.label: fsdp_cost(p, units, lay, links(125e6, intra), CODECS).exposed()
                 for p in candidates("fsdp2", 2, 2)}
         assert min(slow, key=slow.get) == best, slow
@@ -138,6 +198,32 @@ def test_cost_model_picks_compression_on_slow_links_only():
     ddp = {p.label: ddp_cost(p, 12_000_000, GroupLayout(4, 2), links(125e6),
                              CODECS).exposed() for p in candidates("ddp", 2, 2)}
     assert min(ddp, key=ddp.get) != "exact", ddp
+
+
+def test_ddp_buckets_hide_behind_backward_but_the_last():
+    """DDP as the planner's ``ddp`` engine: a known compute hides the buckets' all-reduces
+    (2/3 of it, backward) but the last bucket's; ``compute_from_step`` inverts the step
+    (both regimes); with enough compute the exact all-reduce wins where, with nothing
+    hidden (the first choice), Global-QSGD did."""
+    from hfcompress.auto.cost_model import compute_from_step
+    lay, numel = GroupLayout(4, 1), 30_000_000          # 120 MB of fp32: 5 buckets
+    exact = ddp_cost(Plan(), numel, lay, links(1.25e9), CODECS)
+    assert math.isclose(exact.tail, exact.wire / 5)
+    assert exact.exposed() == exact.wire
+    assert math.isclose(exact.exposed(cover=exact.wire / 2), exact.wire / 2)
+    assert exact.exposed(cover=10 * exact.wire) == exact.tail
+    row = {"wire_s": exact.wire, "codec_s": exact.codec, "tail_s": exact.tail}
+    for compute in (0.3 * exact.wire, 3 * exact.wire):      # partly / all but the tail
+        step = compute + exact.exposed(cover=2 / 3 * compute)
+        assert math.isclose(compute_from_step(step, row, 0.0, 2 / 3), compute)
+    assert math.isclose(compute_from_step(1.0, row, 0.0, 0.0), 1.0 - exact.wire)
+    plans = candidates("ddp", 1, 4)
+    half = {k: CodecSeconds(5e-10, 5e-10) for k in CODECS}      # 0.5 ns per value
+    costs = {p.label: ddp_cost(p, numel, lay, links(1.25e9), half) for p in plans}
+    unknown = {k: c.exposed() for k, c in costs.items()}
+    known = {k: c.exposed(cover=2 / 3 * 1.0) for k, c in costs.items()}   # 1 s of compute
+    assert min(unknown, key=unknown.get) != "exact", unknown
+    assert min(known, key=known.get) == "exact", known
 
 
 def test_calibrate_takes_what_the_wire_does_not_explain():
@@ -224,11 +310,13 @@ PIN_GRADS = "grad_inter=hs4"       # allows the saved plan
 @pytest.fixture(scope="module")
 def two():
     """Every 2-rank job in one launch (each sets or unsets the pin it runs under)."""
-    keys = ("auto", "exact", "restore", "reprobe", "ddp_pinned", "ddp_free")
+    keys = ("auto", "exact", "restore", "reprobe", "ddp_pinned", "ddp_free", "hpz",
+            "ddp_reprobe")
     return dict(zip(keys, run_jobs(
         2, (aw.fsdp_auto, 1, None, None, 6), (aw.exact_losses, 6),
         (aw.fsdp_restore, PIN_SAVE, PIN_GRADS, PIN_EXACT), (aw.reprobe_switch,),
-        (aw.ddp_auto, "all_reduce=global_qsgd_exp"), (aw.ddp_auto, None), timeout=480)))
+        (aw.ddp_auto, "all_reduce=global_qsgd_exp"), (aw.ddp_auto, None), (aw.hpz_switch,),
+        (aw.ddp_reprobe,), timeout=480)))
 
 
 def test_auto_chooses_the_same_plan_on_every_rank_and_trains(two):
@@ -238,7 +326,9 @@ def test_auto_chooses_the_same_plan_on_every_rank_and_trains(two):
     res, exact = two["auto"], two["exact"][0]
     assert len({r["chosen"] for r in res}) == 1
     s = res[0]["summary"]
-    assert {r["plan"] for r in s["table"]} == {p.label for p in candidates("fsdp2", 1, 2)}
+    # on CPU hpZ's memory is not checked: its options are candidates at one rank per node
+    assert {r["plan"] for r in s["table"]} == {p.label for p in candidates("fsdp2", 1, 2,
+                                                                           hpz=True)}
     assert s["chosen"] == res[0]["first"] and s["probe_s"] > 0
     assert set(s["links"]) >= {"all_gather@world", "reduce_scatter@world"}
     assert all(v["MB_per_s"] > 0 for v in s["links"].values())
@@ -261,6 +351,8 @@ def test_pinned_plan_on_2x2_runs_the_pinned_collectives():
                                         "grad_inter": "hs4"}
         assert all(math.isfinite(x) for x in r["losses"])
     assert len(res[0]["summary"]["table"]) == 1
+    # hpZ is not offered at 2 ranks per node (FSDP2 sets a node partition at fully_shard)
+    assert res[0]["summary"]["layout"]["hpz"].startswith("2 ranks per node")
 
 
 def test_checkpoint_switches_to_the_saved_plan(two):
@@ -299,6 +391,36 @@ def test_reprobe_switches_at_a_step_boundary(two):
         h = r["history"][0]
         assert h["was"] == "weights=qwd grad_inter=hs4" and h["chose"] == "exact"
         assert h["measured_step_s"] > 0 and 0 <= h["compute_s"] <= h["measured_step_s"]
+        assert all(math.isfinite(x) for x in r["losses"])
+
+
+def test_auto_switches_hpz_on_and_off_with_the_plan(two):
+    """hpZ chosen by auto (pinned) on 2 x 1: the layers keep their forward weights, no
+    backward all-gather is sent; the re-probe's plan without hpZ reshards them again, and the
+    backward all-gather is back; the loss is within 0.05 of the exact run's."""
+    exact = two["exact"][0]
+    for r in two["hpz"]:
+        assert r["first"] == "weights=qwz_hpz" and r["config"]["hpz"]
+        assert r["hpz_fact"].startswith("available")
+        assert r["reshard_on"] == [False, False] and r["bwd_bytes_on"] == 0
+        assert r["chosen"] == "weights=qwz"
+        assert r["reshard_off"] == [True, True] and r["bwd_bytes_off"] > 0
+        assert max(abs(a - b) for a, b in zip(r["losses"], exact)) < 0.05
+
+
+def test_ddp_auto_reprobes_and_switches_the_hook(two):
+    """DDP re-probes too: after step 3 the pin moved to exact switches the registered hook
+    to exact all-reduces (no compressor left, the compressed streams' bytes gone from the
+    meter) and training goes on; the compute is solved with the buckets hidden behind
+    backward (2/3 of it)."""
+    for r in two["ddp_reprobe"]:
+        assert r["first"] == "all_reduce=global_qsgd_exp" and r["chosen"] == "exact"
+        assert [h["step"] for h in r["history"]] == [3, 5]
+        h = r["history"][0]
+        assert h["was"] == "all_reduce=global_qsgd_exp" and h["chose"] == "exact"
+        assert 0 <= h["compute_s"] <= h["measured_step_s"]
+        assert r["streams"] == 0 and math.isclose(r["cover_share"], 2 / 3)
+        assert "all_reduce" not in r["sent"]
         assert all(math.isfinite(x) for x in r["losses"])
 
 

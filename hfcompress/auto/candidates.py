@@ -4,7 +4,11 @@ the benchmarks show within 1% of exact communication (BENCHMARKS.md "Loss kept" 
 
 A :class:`Plan` names one option per collective kind: the FSDP2 weight all-gather, the
 gradient reduce-scatter's intra-node and inter-node hops (ZeRO++ B.3 / SDP4Bit Alg. 3), and
-the DDP / HSDP replica all-reduce. Options that lose loss for speed (4-bit weights ``qw``:
+the DDP / HSDP replica all-reduce. The weight options include hpZ (ZeRO++ 3.3: the layers
+keep the weights the forward gathered for the backward; :data:`HPZ_OPTIONS`), which adds no
+error but holds every layer's weights from forward to backward: it is a candidate only where
+FSDP2 can switch it on an already sharded model and the weights fit (``hpz_options``).
+Options that lose loss for speed (4-bit weights ``qw``:
 +1.7% and +32% after one fine-tuning step; ``global_qsgd`` linear dithering per bucket:
 +4.0%; PowerSGD: +5.9%) are never candidates; neither are options whose loss was measured
 within 1% at one learning rate but not at the other (``zeropp``'s int4 gradients: -0.5% at
@@ -24,6 +28,11 @@ from ..config import DDP_ROLES, FSDP_ROLES, PRESETS, CompressionConfig, Scheme
 PIN_ENV = "HFCOMPRESS_AUTO"
 
 HS8, HS4 = PRESETS["tlq_hs"]["grad_intra"], PRESETS["tlq_hs"]["grad_inter"]   # TLq-HS's hops
+QWZ = PRESETS["zeropp"]["weights"]     # ZeRO++ 3.1 qwZ: int8 blocks of 2048, nearest
+QWZ_EVIDENCE = ("zeropp's weights alone (int8 blocks of 2048 + hpZ, exact gradients): "
+                "+?% (pending)")
+#: weight options with hpZ -> the all-gather option whose forward they run (and keep)
+HPZ_OPTIONS = {"hpz": "exact", "qwz_hpz": "qwz"}
 
 #: per collective kind: option name -> (scheme or None = exact, the loss evidence)
 OPTIONS: dict[str, dict[str, tuple[Scheme | None, str]]] = {
@@ -31,6 +40,10 @@ OPTIONS: dict[str, dict[str, tuple[Scheme | None, str]]] = {
         "exact": (None, "exact"),
         "qwd": (PRESETS["qwd"]["weights"], "qwd: +0.01% [-0.09, +0.09] over 4 seeds (lr 1e-3), "
                                "+0.03% held-out after fine-tuning SmolLM2-135M"),
+        "qwz": (QWZ, QWZ_EVIDENCE),
+        "hpz": (None, "hpZ: the backward uses the weights the forward gathered (bitwise the "
+                      "same values): no error"),
+        "qwz_hpz": (QWZ, QWZ_EVIDENCE + "; hpZ adds no error"),
     },
     "grad_intra": {
         "exact": (None, "exact"),
@@ -69,6 +82,16 @@ class Plan:
         parts = [f"{k}={v}" for k, v in asdict(self).items() if v != "exact"]
         return " ".join(parts) or "exact"
 
+    def option(self, kind: str) -> str:
+        """The option of ``kind`` whose collective runs (a weight option with hpZ: its
+        all-gather's, :data:`HPZ_OPTIONS`): what the probe times and the codec rates key."""
+        value = getattr(self, kind)
+        return HPZ_OPTIONS.get(value, value) if kind == "weights" else value
+
+    @property
+    def hpz(self) -> bool:
+        return self.weights in HPZ_OPTIONS
+
     def config(self, base: CompressionConfig = CompressionConfig()) -> CompressionConfig:
         """The :class:`CompressionConfig` that runs this plan (named ``auto: <label>``), with
         ``base``'s exactly sent parameters and seed (default: the defaults)."""
@@ -77,20 +100,22 @@ class Plan:
         return dataclasses.replace(
             base, weights=scheme["weights"], grad_intra=scheme["grad_intra"],
             grad_inter=scheme["grad_inter"], two_hop=two_hop, all_reduce=scheme["all_reduce"],
-            loco=None, hpz=False, name=f"auto: {self.label}")
+            loco=None, hpz=self.hpz, name=f"auto: {self.label}")
 
     def evidence(self) -> list[str]:
         return [OPTIONS[k][v][1] for k, v in asdict(self).items() if v != "exact"]
 
 
 def candidates(kind: str, ranks_per_node: int, num_nodes: int,
-               pins: dict[str, str] | None = None) -> list[Plan]:
+               pins: dict[str, str] | None = None, hpz: bool = False) -> list[Plan]:
     """Every plan for ``kind`` ("fsdp2", or "ddp" / "hsdp": the all-reduce) that differs on
     this layout (no intra-node hop with one rank per node, no inter-node hop on one node),
-    restricted to ``pins``."""
+    restricted to ``pins``; the hpZ options only if ``hpz`` (``hpz_options``)."""
     pins = pins or {}
     kinds = FSDP_ROLES if kind == "fsdp2" else DDP_ROLES
     choices = {k: ([pins[k]] if k in pins else list(OPTIONS[k])) for k in kinds}
+    if kind == "fsdp2" and not hpz and "weights" not in pins:
+        choices["weights"] = [o for o in choices["weights"] if o not in HPZ_OPTIONS]
     if kind == "fsdp2":
         if ranks_per_node == 1 and "grad_intra" not in pins:
             choices["grad_intra"] = ["exact"]

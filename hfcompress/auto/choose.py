@@ -34,9 +34,12 @@ from torch import nn
 
 from ..comm import Topology
 from ..config import DDP_ROLES, FSDP_ROLES, AutoSettings, CompressionConfig
+from ..cost.step_model import BACKWARD_SHARE
 from ..cost.units import Unit
 from ..integrations.fsdp import fsdp_units
-from .candidates import OPTIONS, PIN_ENV, Plan, candidates, pins_from_env
+from ..integrations.hpz_switch import LayerResharding
+from ..integrations.memory import HPZ_SHARE, gib, hpz_fits
+from .candidates import HPZ_OPTIONS, OPTIONS, PIN_ENV, Plan, candidates, pins_from_env
 from .cost_model import (Cost, GroupLayout, built, collective_codec_seconds, ddp_cost,
                          ddp_needs, fsdp_cost, fsdp_needs)
 from .probe import (CodecSeconds, ProbedLinks, agree, codec_rate, probe_collectives,
@@ -61,6 +64,7 @@ class Choice:
     probe_s: float
     overlap: float
     history: list[dict[str, Any]] = field(default_factory=list)
+    cover_share: float = 0.0     # of the compute that hides all calls but the last (DDP)
 
     def predicted(self, plan: Plan | None = None) -> dict[str, Any] | None:
         """The table's row of ``plan`` (default: the chosen one); None if not predicted
@@ -72,7 +76,8 @@ class Choice:
         return {"kind": self.kind, "chosen": self.plan.label, "plan": asdict(self.plan),
                 "evidence": self.plan.evidence(), "table": self.table, "links": self.links,
                 "codecs": self.codecs, "layout": self.layout, "pins": self.pins,
-                "probe_s": self.probe_s, "overlap": self.overlap, "history": self.history}
+                "probe_s": self.probe_s, "overlap": self.overlap,
+                "cover_share": self.cover_share, "history": self.history}
 
     def lines(self) -> list[str]:
         """The decision and the predicted table, for the log."""
@@ -141,14 +146,19 @@ def _pick(rows: list[dict[str, Any]], margin: float) -> str:
 
 
 def _decide(plans: list[Plan], cost_of, margin: float, overlap: float,
-            compute_s: float | None) -> tuple[Plan, list[dict[str, Any]]]:
-    """Every plan's predicted row; world rank 0's pick (:func:`_pick`) and rows, broadcast
-    to every rank of the world (over a sub-mesh: to every DP group)."""
+            compute_s: float | None, cover_share: float = 0.0
+            ) -> tuple[Plan, list[dict[str, Any]]]:
+    """Every plan's predicted row (``cover_share`` of a known compute hides all calls but
+    the last: DDP's buckets, ``cost_model.Cost.exposed``); world rank 0's pick
+    (:func:`_pick`) and rows, broadcast to every rank of the world (over a sub-mesh: to
+    every DP group)."""
     rows = []
+    cover = cover_share * (compute_s or 0.0)
     for plan in plans:
         cost = cost_of(plan)
-        exposed = cost.exposed(overlap)
+        exposed = cost.exposed(overlap, cover)
         rows.append({"plan": plan.label, "wire_s": cost.wire, "codec_s": cost.codec,
+                     "tail_s": cost.tail,
                      "exposed_s": exposed, "compressed_kinds": len(plan.evidence()),
                      "parts": {k: {"wire_s": v[0], "codec_s": v[1]}
                                for k, v in cost.parts.items()},
@@ -159,27 +169,51 @@ def _decide(plans: list[Plan], cost_of, margin: float, overlap: float,
     return next(p for p in plans if p.label == label), rows
 
 
+def hpz_available(resharding: LayerResharding | None, units: list[Unit], weight_bytes: int,
+                  device: torch.device, pinned: str | None) -> tuple[bool, str]:
+    """Whether ``auto`` may choose hpZ here, and why (for the choice's layout facts); the
+    memory agreed over the world (every DP group runs world rank 0's choice). ValueError
+    if the ``pinned`` weights option needs hpZ and it is not available."""
+    held = 0 if resharding is None else resharding.held_bytes(units, weight_bytes)
+    if resharding is None or not resharding.available:
+        ok, why = False, resharding.unavailable if resharding else "not an auto install"
+    elif not hpz_fits(held, device):
+        ok, why = False, (f"the layers' weights ({gib(held)} per rank) exceed "
+                          f"{HPZ_SHARE:.0%} of the memory available")
+    else:
+        ok, why = True, f"available: holds {gib(held)} per rank"
+    if pinned in HPZ_OPTIONS and not ok:
+        raise ValueError(f"hfcompress auto: weights={pinned} is pinned, but hpZ is not "
+                         f"available here ({why}); pin weights=qwz or qwd instead")
+    return ok, why
+
+
 def choose_fsdp(model: nn.Module, modules: list[tuple[str, nn.Module]], topology: Topology,
                 settings: AutoSettings, exact_patterns=("norm", "bias"), min_numel: int = 0,
-                compute_s: float | None = None, replicas: Topology | None = None) -> Choice:
+                compute_s: float | None = None, replicas: Topology | None = None,
+                resharding: LayerResharding | None = None) -> Choice:
     """Probe and choose the FSDP2 plan (weight all-gather, gradient hops) for ``model`` on
     its DP group ``topology``; ``replicas`` (native HSDP: the replica group's topology):
-    its gradient all-reduce is chosen and priced too."""
+    its gradient all-reduce is chosen and priced too; ``resharding``: the layers' hpZ
+    switch (the hpZ options are candidates where it is available and their weights fit)."""
     t0 = time.perf_counter()
     units, wdt, gdt, device = fsdp_units(model, modules, exact_patterns, min_numel)
+    units = resharding.as_sharded(units) if resharding is not None else units
     x, y, w = topology.ranks_per_node, topology.num_nodes, topology.world_size
     layout = GroupLayout(w, x, wdt.itemsize, gdt.itemsize)
     check_same_layout(topology, *([replicas] if replicas else []))
     pins = _settings(settings, FSDP_ROLES + (DDP_ROLES if replicas else ()))
-    plans = candidates("fsdp2", x, y, pins)
+    hpz, hpz_why = hpz_available(resharding, units, wdt.itemsize, device, pins.get("weights"))
+    plans = candidates("fsdp2", x, y, pins, hpz=hpz)
     links = probe_links(topology, fsdp_needs(layout), device, settings.reps)
     s = max(u.numel for u in units)
     sizes = {"weights": (s, wdt), "grad_intra": (y * s, gdt), "grad_inter": (s, gdt)}
-    needed = {getattr(p, k): (k, *sizes[k]) for p in plans for k in sizes
-              if getattr(p, k) != "exact"}
+    needed = {p.option(k): (k, *sizes[k]) for p in plans for k in sizes
+              if p.option(k) != "exact"}
     codecs = _codecs(needed, w, device, settings.reps)
     n = min(s, CONTEXT_CAP)
-    weights = {p.weights: fresh("weights", p.weights) for p in plans if p.weights != "exact"}
+    weights = {p.option("weights"): fresh("weights", p.option("weights")) for p in plans
+               if p.option("weights") != "exact"}
     grads = {f"{p.grad_intra}+{p.grad_inter}": (fresh("grad_intra", p.grad_intra),
                                                 fresh("grad_inter", p.grad_inter))
              for p in plans if (p.grad_intra, p.grad_inter) != ("exact", "exact")}
@@ -211,7 +245,8 @@ def choose_fsdp(model: nn.Module, modules: list[tuple[str, nn.Module]], topology
                   {**_codec_dict(codecs), **{k: {"ns_per_value": 1e9 * v}
                                              for k, v in measured.items()}},
                   {**asdict(layout), "nodes": layout.nodes, "units": len(units),
-                   "values_per_rank": sum(u.numel + u.exact_numel for u in units), **shape},
+                   "values_per_rank": sum(u.numel + u.exact_numel for u in units),
+                   "hpz": hpz_why, **shape},
                   pins, probe_s, settings.overlap)
 
 
@@ -257,10 +292,10 @@ def choose_ddp(model: nn.Module, topology: Topology, group_size: int,
     codecs = _codecs(needed, group_size, device, settings.reps)
     probe_s = time.perf_counter() - t0
     plan, rows = _decide(plans, lambda p: ddp_cost(p, numel, layout, links, codecs),
-                         settings.margin, settings.overlap, compute_s)
+                         settings.margin, settings.overlap, compute_s, BACKWARD_SHARE)
     return Choice("ddp", plan, rows, links.to_dict(), _codec_dict(codecs),
                   {**asdict(layout), "nodes": layout.nodes, "values": numel},
-                  pins, probe_s, settings.overlap)
+                  pins, probe_s, settings.overlap, cover_share=BACKWARD_SHARE)
 
 
 def fresh(kind: str, option: str):

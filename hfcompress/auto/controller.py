@@ -2,9 +2,11 @@
 its switches at step boundaries and what it reports.
 
 ``Compression.step()`` calls :meth:`AutoController.on_step` after every optimizer step. With
-``reprobe_every = N`` (FSDP2), every N steps it measures the step time since the last
+``reprobe_every = N``, every N steps it measures the step time since the last
 re-probe (one device sync per N steps, never inside a step; the slowest rank's, agreed over
-the world), takes ``compute = step - the current plan's predicted exposed communication``,
+the world), takes ``compute = step - the current plan's predicted exposed communication``
+(under DDP, whose buckets hide behind backward, the compute that solves it:
+``cost_model.compute_from_step``),
 probes again and predicts every plan's step time (as at start: every rank of the world, over
 a sub-mesh every DP group at once, world rank 0's choice); if another plan wins, the
 collectives of every group are switched before the next forward. A switch starts fresh
@@ -31,6 +33,7 @@ import torch.distributed as dist
 from ..config import AutoSettings, CompressionConfig
 from .candidates import PIN_ENV, Plan
 from .choose import Choice
+from .cost_model import compute_from_step
 from .probe import agree
 
 logger = logging.getLogger(__name__)
@@ -80,8 +83,9 @@ class AutoController:
         step_s = (self._now(handle) - self._mark[1]) / (self.steps - self._mark[0])
         step_s = agree([step_s], self._device)[0]    # the slowest rank's: the same everywhere
         old = self.choice
-        exposed = (old.predicted() or {}).get("exposed_s", 0.0)
-        compute = max(step_s - exposed, 0.0)
+        row = old.predicted()
+        compute = step_s if row is None else \
+            compute_from_step(step_s, row, old.overlap, old.cover_share)
         new = self._reprobe(compute)
         new.history = old.history + [{"step": self.steps, "measured_step_s": step_s,
                                       "compute_s": compute, "was": old.plan.label,
@@ -98,7 +102,7 @@ class AutoController:
         """Install ``choice``'s collectives on ``handle`` (at a step boundary)."""
         if self._rebuild is None:
             raise ValueError(f"hfcompress auto: switching collectives is supported under "
-                             f"FSDP2 only (this is {handle.kind})")
+                             f"FSDP2 and DDP only (this is {handle.kind})")
         if _rank0():
             logger.warning(f"hfcompress auto: step {self.steps}: switching from "
                            f"{self.choice.plan.label!r} to {choice.plan.label!r}")

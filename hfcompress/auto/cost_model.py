@@ -25,13 +25,17 @@ DDP / HSDP: ``QuantizedAllReduce.traffic`` per bucket (exact: torch's ``all_redu
 ``TreeCombined``: an ``all_to_all`` of code chunks and an ``all_gather`` of the combined
 ones, Global-QSGD 4.3).
 
-``exposed = wire x (1 - overlap) + codec``: ``overlap`` is the share of the wire time the
-framework hides behind compute (0 here: on CPU / gloo these collectives, and the two hops of
-a 2-hop reduce-scatter, run in the step's critical path one after the other; the slow-link
-benchmark measures how close that is; the planner's FSDP2 prefetch and 2-hop pipelining
-rules are for NCCL on GPUs). Codec work is never hidden (it runs on the same device). The
-step time is ``compute + exposed``, with ``compute`` measured from the running job
-(``AutoController``).
+FSDP2: ``exposed = wire x (1 - overlap) + codec``: ``overlap`` is the share of the wire time
+the framework hides behind compute (0 here: on CPU / gloo these collectives, and the two
+hops of a 2-hop reduce-scatter, run in the step's critical path one after the other; the
+slow-link benchmark measures how close that is; the planner's FSDP2 prefetch and 2-hop
+pipelining rules are for NCCL on GPUs). DDP: the planner's ``ddp`` engine
+(``cost/step_model.py``): the buckets' all-reduces hide behind backward
+(``BACKWARD_SHARE`` of the compute, ``cover``) but the last bucket (``Cost.tail``):
+``exposed = max(tail, wire x (1 - overlap) - cover) + codec``; before the compute is
+measured (the first choice) nothing is taken as hidden. Codec work is never hidden (it runs
+on the same device). The step time is ``compute + exposed``, with ``compute`` measured from
+the running job (``AutoController``, :func:`compute_from_step`).
 """
 
 from __future__ import annotations
@@ -71,16 +75,37 @@ class Cost:
     wire: float = 0.0
     codec: float = 0.0
     parts: dict[str, list[float]] = field(default_factory=dict)
+    tail: float = 0.0          # the wire time of the longest single call (DDP: a bucket)
 
-    def add(self, kind: str, wire: float = 0.0, codec: float = 0.0) -> None:
+    def add(self, kind: str, wire: float = 0.0, codec: float = 0.0, calls: int = 1) -> None:
         self.wire += wire
         self.codec += codec
+        self.tail = max(self.tail, wire / max(1, calls))
         part = self.parts.setdefault(kind, [0.0, 0.0])
         part[0] += wire
         part[1] += codec
 
-    def exposed(self, overlap: float = 0.0) -> float:
-        return self.wire * (1.0 - overlap) + self.codec
+    def exposed(self, overlap: float = 0.0, cover: float = 0.0) -> float:
+        """Seconds not hidden (module docstring): ``cover`` seconds of compute hide all but
+        the last call (DDP's backward; 0: nothing hidden but ``overlap``)."""
+        wire = self.wire * (1.0 - overlap)
+        if cover > 0:
+            wire = max(self.tail, wire - cover)
+        return wire + self.codec
+
+
+def compute_from_step(step_s: float, row: dict, overlap: float, cover_share: float) -> float:
+    """The compute of a measured step that ran the plan of ``row`` (a choice's table row:
+    ``wire_s``, ``codec_s``, ``tail_s``): the one solution of ``step = compute +
+    exposed(compute)``, whose exposed part shrinks as ``cover_share`` x compute hides more
+    buckets (:meth:`Cost.exposed`); at least 0."""
+    wire, codec = row["wire_s"] * (1.0 - overlap), row["codec_s"]
+    if cover_share <= 0:
+        return max(step_s - wire - codec, 0.0)
+    partly = (step_s - wire - codec) / (1.0 - cover_share)     # buckets beyond the tail
+    if wire - cover_share * partly >= row["tail_s"]:
+        return max(partly, 0.0)
+    return max(step_s - row["tail_s"] - codec, 0.0)            # all but the last hidden
 
 
 def scheme(kind: str, option: str, world: int) -> Compressor | None:
@@ -127,16 +152,17 @@ def _price(cost: Cost, plan: Plan, collectives: list[Collective], layout: GroupL
     """Add each collective's wire and codec seconds to ``cost`` under its part. ``measured``:
     codec seconds per value of a compressed collective as a whole (``weights:<option>``,
     ``grads:<intra>+<inter>``), used instead of its kernels' rates."""
-    keys = {"weights": f"weights:{plan.weights}",
+    keys = {"weights": f"weights:{plan.option('weights')}",
             "grads": f"grads:{plan.grad_intra}+{plan.grad_inter}"}
     for c in collectives:
         key = keys.get(c.part)
         if c.codec and key in measured:
             codec = measured[key] * c.numel
         else:
-            codec = sum(codecs[getattr(plan, w.role)].seconds(w.compressed, w.decompressed)
+            codec = sum(codecs[plan.option(w.role)].seconds(w.compressed, w.decompressed)
                         for w in c.codec)
-        cost.add(c.part, wire=wire_seconds(list(c.phases), layout, links, c.calls), codec=codec)
+        cost.add(c.part, wire=wire_seconds(list(c.phases), layout, links, c.calls), codec=codec,
+                 calls=c.calls)
 
 
 def fsdp_cost(plan: Plan, units: list[Unit], layout: GroupLayout, links: ProbedLinks,

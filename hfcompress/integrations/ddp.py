@@ -132,6 +132,14 @@ class AllReduceState:
     def install(self) -> None:
         self.enabled = True
 
+    def adopt(self, config: CompressionConfig) -> "AllReduceState":
+        """Another config's all-reduce from the next bucket on, every stream fresh (``auto``
+        switching plans at a step boundary: DDP keeps the hook it registered)."""
+        self.config, self.prototype = get_config(config), None
+        self.streams, self._used = {}, set()
+        self._compressor("check")
+        return self
+
     def uninstall(self) -> None:
         self.enabled = False
 

@@ -74,3 +74,21 @@ def check_fits(config: CompressionConfig | str, shard_numels: Sequence[int], wor
             f"{', '.join(map(repr, lean)) or 'none'}; or more ranks per node (references "
             f"are 1/ranks_per_node of the model) or more GPUs")
     return need
+
+
+#: the share of the memory available before training that hpZ's held weights may take under
+#: ``auto`` (the rest: the optimizer state, not allocated yet, and the activations)
+HPZ_SHARE = 0.5
+
+
+def hpz_fits(held_bytes: int, device: torch.device,
+             group: dist.ProcessGroup | None = None, available: int | None = None) -> bool:
+    """Whether hpZ's weights (``hpz_switch.LayerResharding.held_bytes``) take at most
+    ``HPZ_SHARE`` of the memory available on the fullest rank of ``group`` (the same answer
+    on every rank). Checked on CUDA, or when ``available`` is given (a test); elsewhere (CPU)
+    True, as :func:`check_fits`."""
+    if device.type != "cuda" and available is None:
+        return True
+    have = available if available is not None else available_bytes(device)
+    refuse, _, _ = _agree(held_bytes > HPZ_SHARE * have, held_bytes, have, device, group)
+    return not refuse

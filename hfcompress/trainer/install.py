@@ -33,7 +33,8 @@ def uses_loco(request: Request) -> bool:
 
 
 def uses_hpz(request: Request) -> bool:
-    """Whether layers must reshard to the node after forward (``auto`` never chooses hpZ)."""
+    """Whether layers must reshard to the node after forward (a preset's hpZ; ``auto``
+    switches its own on the sharded layers: ``integrations/hpz_switch.py``)."""
     return isinstance(request, CompressionConfig) and request.hpz
 
 
