@@ -63,6 +63,14 @@ SECTIONS = [
      "44 runs of 2-4 min on 2 busy cores (~2 h) per corpus",
      "LoCo Table 9's rows at small scale (issue 39): the same quantizer without feedback, plain "
      "feedback, + moving average, + 8-bit error, + reset (`loco`), against `none`."),
+    ("zeropp_weights", "ZeRO++'s weights alone (auto's `qwz` / hpZ options)",
+     "python benchmarks/bench_loss.py --out benchmarks/results/zeropp_weights --compute "
+     "fp32_matmul --presets none zeropp_weights --headline none zeropp_weights --seeds 0 1 2 3 "
+     "--lr-check-presets none zeropp_weights",
+     "zeropp_weights/loss.{md,png}, zeropp_weights/loss_*.csv",
+     "16 runs of ~3 min on 2 busy cores",
+     "`zeropp`'s int8 blocks of 2048 with hpZ and exact gradients against `none`, 4 seeds at "
+     "both learning rates: the loss evidence of `comm_compressor=\"auto\"`'s `qwz` options."),
     ("gpu_check", "GPU check (one GPU)",
      "bash benchmarks/gpu_run.sh OUTDIR   # --dry-run: the same steps on CPU",
      "gpu_check/<date>_<gpu>_run<N>/ (7 files)", "3 min on an H200",
@@ -345,6 +353,11 @@ def build(results: Path, out: Path) -> str:
         elif key == "loco_ablation":
             frag = results / key / f"{key}.md"
             body = frag.read_text().rstrip() if frag.exists() else None
+        elif key == "zeropp_weights":     # a loss run of its own: its loss.md, retitled
+            frag = results / key / "loss.md"
+            body = None if not frag.exists() else relink(
+                f"### {title}\n" + frag.read_text().rstrip().split("\n", 1)[1],
+                results / key, out)
         else:
             frag = results / f"{key}.md"
             body = relink(frag.read_text().rstrip(), results, out) if frag.exists() else None

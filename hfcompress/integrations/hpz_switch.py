@@ -28,23 +28,26 @@ from . import _fsdp2
 
 
 class LayerResharding:
-    """The layers (every FSDP unit but the root) of a sharded model, how the user sharded
-    them, and hpZ on / off for them (:meth:`set`)."""
+    """The layers of a sharded model that reshard after forward (FSDP units but the root,
+    as the user sharded them) and hpZ on / off for them (:meth:`set`)."""
 
     def __init__(self, model: nn.Module, modules: list[tuple[str, FSDPModule]],
                  topology: Topology) -> None:
-        self.layers = [(name, m) for name, m in modules if m is not model]
-        sizes = {_fsdp2.post_forward_shard_size(pg) for _, m in self.layers
-                 for pg in _fsdp2.param_groups(m)}
+        size = {name: {_fsdp2.post_forward_shard_size(pg) for pg in _fsdp2.param_groups(m)}
+                for name, m in modules if m is not model}
+        # the layers that reshard fully after forward (others, e.g. Accelerate's final norm
+        # + lm_head kept gathered, have no backward all-gather to save)
+        self.layers = [(name, m) for name, m in modules if size.get(name) == {True}]
+        partitioned = sorted({s for v in size.values() for s in v if type(s) is int})
         x, w = topology.ranks_per_node, topology.world_size
         if x > 1:
             self.unavailable = (f"{x} ranks per node: hpZ needs reshard_after_forward={x} "
                                 f"at fully_shard, which FSDP2 cannot switch later")
+        elif partitioned:
+            self.unavailable = (f"layers sharded with reshard_after_forward={partitioned[0]} "
+                                f"(a node partition already)")
         elif w == 1 or not self.layers:
             self.unavailable = "no backward all-gather to save"
-        elif sizes != {True}:
-            self.unavailable = (f"the layers were sharded with reshard_after_forward "
-                                f"{sorted(map(str, sizes))}, not True: nothing to switch")
         else:
             self.unavailable = None
         self.world = w
