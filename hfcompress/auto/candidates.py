@@ -7,7 +7,8 @@ gradient reduce-scatter's intra-node and inter-node hops (ZeRO++ B.3 / SDP4Bit A
 the DDP / HSDP replica all-reduce. The weight options include hpZ (ZeRO++ 3.3: the layers
 keep the weights the forward gathered for the backward; :data:`HPZ_OPTIONS`), which adds no
 error but holds every layer's weights from forward to backward: it is a candidate only where
-FSDP2 can switch it on an already sharded model and the weights fit (``hpz_options``).
+FSDP2 can switch it on an already sharded model and the weights fit
+(``choose.hpz_available``).
 Options that lose loss for speed (4-bit weights ``qw``:
 +1.7% and +32% after one fine-tuning step; ``global_qsgd`` linear dithering per bucket:
 +4.0%; PowerSGD: +5.9%) are never candidates; neither are options whose loss was measured
@@ -110,7 +111,7 @@ def candidates(kind: str, ranks_per_node: int, num_nodes: int,
                pins: dict[str, str] | None = None, hpz: bool = False) -> list[Plan]:
     """Every plan for ``kind`` ("fsdp2", or "ddp" / "hsdp": the all-reduce) that differs on
     this layout (no intra-node hop with one rank per node, no inter-node hop on one node),
-    restricted to ``pins``; the hpZ options only if ``hpz`` (``hpz_options``)."""
+    restricted to ``pins``; the hpZ options only if ``hpz`` (``choose.hpz_available``)."""
     pins = pins or {}
     kinds = FSDP_ROLES if kind == "fsdp2" else DDP_ROLES
     choices = {k: ([pins[k]] if k in pins else list(OPTIONS[k])) for k in kinds}
