@@ -23,7 +23,8 @@ def pin(env: str | None) -> None:
         os.environ["HFCOMPRESS_AUTO"] = env
 
 
-def train(model, handle, steps: int) -> list[float]:
+def train(model, handle, steps: int, after=None) -> list[float]:
+    """``steps`` AdamW steps; ``after(step)`` runs after each step's ``handle.step()``."""
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
     for step in range(steps):
@@ -32,6 +33,8 @@ def train(model, handle, steps: int) -> list[float]:
         opt.zero_grad()
         handle.step()
         losses.append(global_mean(loss))
+        if after is not None:
+            after(step)
     return losses
 
 
@@ -145,15 +148,11 @@ def hpz_switch(rank: int, world: int) -> dict:
     out = {"first": handle.auto.choice.plan.label, "config": handle.config.to_dict(),
            "hpz_fact": handle.auto.choice.layout["hpz"], "reshard_on": reshard()}
     os.environ["HFCOMPRESS_AUTO"] = "weights=qwz,grad_inter=exact"
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for step in range(5):                    # the re-probe after step 3 switches
-        losses.append(global_mean(train_step(model, step)))
-        opt.step()
-        opt.zero_grad()
-        handle.step()
+    def hpz_on_step(step: int) -> None:
         if step == 1:
             out["bwd_bytes_on"] = backward_gathered()
+
+    losses = train(model, handle, 5, after=hpz_on_step)   # the re-probe after step 3 switches
     out.update(chosen=handle.auto.choice.plan.label, reshard_off=reshard(),
                bwd_bytes_off=backward_gathered(), losses=losses)
     os.environ.pop("HFCOMPRESS_AUTO", None)

@@ -116,9 +116,9 @@ def candidates(kind: str, ranks_per_node: int, num_nodes: int,
     pins = pins or {}
     kinds = FSDP_ROLES if kind == "fsdp2" else DDP_ROLES
     choices = {k: ([pins[k]] if k in pins else list(OPTIONS[k])) for k in kinds}
-    if kind == "fsdp2" and not hpz and "weights" not in pins:
-        choices["weights"] = [o for o in choices["weights"] if o not in HPZ_OPTIONS]
     if kind == "fsdp2":
+        if not hpz and "weights" not in pins:
+            choices["weights"] = [o for o in choices["weights"] if o not in HPZ_OPTIONS]
         if ranks_per_node == 1 and "grad_intra" not in pins:
             choices["grad_intra"] = ["exact"]
         if num_nodes == 1 and "grad_inter" not in pins:

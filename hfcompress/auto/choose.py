@@ -174,14 +174,13 @@ def hpz_available(resharding: LayerResharding | None, units: list[Unit], weight_
     """Whether ``auto`` may choose hpZ here, and why (for the choice's layout facts); the
     memory agreed over the world (every DP group runs world rank 0's choice). ValueError
     if the ``pinned`` weights option needs hpZ and it is not available."""
-    held = 0 if resharding is None else resharding.held_bytes(units, weight_bytes)
     if resharding is None or not resharding.available:
         ok, why = False, resharding.unavailable if resharding else "not an auto install"
-    elif not hpz_fits(held, device):
-        ok, why = False, (f"the layers' weights ({gib(held)} per rank) exceed "
-                          f"{HPZ_SHARE:.0%} of the memory available")
     else:
-        ok, why = True, f"available: holds {gib(held)} per rank"
+        held = resharding.held_bytes(units, weight_bytes)
+        ok = hpz_fits(held, device)
+        why = (f"available: holds {gib(held)} per rank" if ok else f"the layers' weights "
+               f"({gib(held)} per rank) exceed {HPZ_SHARE:.0%} of the memory available")
     if pinned in HPZ_OPTIONS and not ok:
         raise ValueError(f"hfcompress auto: weights={pinned} is pinned, but hpZ is not "
                          f"available here ({why}); pin weights=qwz or qwd instead")

@@ -68,9 +68,10 @@ class LayerResharding:
 
     def held_bytes(self, units: list[Unit], weight_bytes: int) -> int:
         """Bytes per rank hpZ holds at the end of the forward: every layer's weights,
-        unsharded (``world`` shards of each unit that is gathered again in backward)."""
+        unsharded (``world`` shards of each unit that is gathered again in backward), from
+        the :meth:`as_sharded` ``units``."""
         return sum((u.numel + u.exact_numel) * self.world * weight_bytes
-                   for u in self.as_sharded(units) if u.backward_gather)
+                   for u in units if u.backward_gather)
 
     def set(self, hpz: bool) -> None:
         """Every layer keeps its forward's weights for backward (``hpz``) or reshards after
