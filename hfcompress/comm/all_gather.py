@@ -32,13 +32,14 @@ import torch
 import torch.distributed as dist
 
 from ..compressors.base import Compressor, ReferenceCoded
+from ..compressors.runs import Runs
 from .hop import all_gather_single
 from .futures import finish, inline, overlaps, side_stream_call
 from .reference_gather import ShardedReferences
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
 from .traffic import Phase, gather, payload_bytes
-from .wire_meter import WireMeter, peer_is_remote
+from .wire_meter import WireMeter, peer_is_remote, rank_size
 
 
 class QuantizedAllGather(StreamOwner):
@@ -57,15 +58,22 @@ class QuantizedAllGather(StreamOwner):
 
     def __call__(self, output: torch.Tensor, input: torch.Tensor,
                  group: dist.ProcessGroup | None = None, unchanged: bool = False,
-                 async_op: bool = False) -> torch.futures.Future | None:
+                 async_op: bool = False, exact: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 columns: Runs | None = None) -> torch.futures.Future | None:
+        """qWD only: ``exact``, ``(values [E], out [world, E])``, columns gathered exactly in
+        the same collectives; ``columns``: ``output`` is ``[world, S]`` rows and the slots go
+        to these column runs (``ShardedReferences``)."""
         if group is None:
             group = self.topology.group if self.topology else dist.group.WORLD
-        world, me, s = dist.get_world_size(group), dist.get_rank(group), input.numel()
-        if output.numel() != world * s:
+        (me, world), s = rank_size(group), input.numel()
+        if (exact is not None or columns is not None) and self.references is None:
+            raise ValueError("all_gather: exact / columns are qWD's (a ReferenceCoded scheme)")
+        if columns is None and output.numel() != world * s:
             raise ValueError(f"all_gather: output has {output.numel()} values, expected "
                              f"world size {world} x input {s} = {world * s}")
         if async_op and inline(input.device):   # CUDA: the side stream (futures.py)
-            return side_stream_call(lambda: self(output, input, group, unchanged), output,
+            return side_stream_call(lambda: self(output, input, group, unchanged,
+                                                 exact=exact, columns=columns), output,
                                     keep=[input])
         launch = overlaps(input.device, async_op)
         if self.compressor is None:
@@ -76,9 +84,11 @@ class QuantizedAllGather(StreamOwner):
         if s == 0:
             return finish(None, None, async_op, input.device)
         flat = input.reshape(-1)
-        out = output.view(world, s)    # may be row-strided (FSDP's compressed columns)
+        # may be row-strided (FSDP's compressed columns)
+        out = output.view(world, s if columns is None else -1)
         if self.references is not None:
-            return self.references(out, flat, group, unchanged, self.meter, self.tag, async_op)
+            return self.references(out, flat, group, unchanged, self.meter, self.tag, async_op,
+                                   exact=exact, columns=columns)
         slots = self.streams["slots"]
         buf = slots[me].compress(flat).flat()
         n = buf.numel()

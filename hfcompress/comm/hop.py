@@ -19,8 +19,9 @@ import torch
 import torch.distributed as dist
 
 from ..compressors.base import Compressor, Packed, into, stack_payloads
+from .riders import attach
 from .streams import Streams
-from .wire_meter import WireMeter
+from .wire_meter import WireMeter, rank_size
 
 # torch 2.13 renamed the flat collectives (the old names warn); torch < 2.13 has only those
 all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
@@ -62,16 +63,17 @@ class RawCodec(Compressor):
 
 
 def compress_rows(streams: Streams, rows: torch.Tensor, key: Callable[[int], Hashable],
-                  rotated: bool = False) -> torch.Tensor:
+                  rotated: bool = False, rider: torch.Tensor | None = None) -> torch.Tensor:
     """The uint8 ``[peers, nbytes]`` send buffer of a hop: row k of 2-D ``rows`` compressed for
-    peer k. Stateless: one ``compress_rows`` (``compress_rotated_rows`` if ``rotated``) call;
-    stateful: row k through its own stream ``streams[key(k)]``."""
+    peer k, followed by row k of ``rider`` (exact values, ``riders.py``). Stateless: one
+    ``compress_rows`` (``compress_rotated_rows`` if ``rotated``) call; stateful: row k
+    through its own stream ``streams[key(k)]`` (the rider in the same ``cat``)."""
     if not streams.stateful:
         c = streams.compressor
-        return c.compress_rotated_rows(rows) if rotated else c.compress_rows(rows)
+        return attach(c.compress_rotated_rows(rows) if rotated else c.compress_rows(rows), rider)
     return stack_payloads([
         (streams[key(k)].compress_rotated if rotated else streams[key(k)].compress)(rows[k])
-        for k in range(rows.shape[0])])
+        for k in range(rows.shape[0])], rider)
 
 
 class Exchange:
@@ -86,7 +88,7 @@ class Exchange:
         self.recv = torch.empty_like(self.send)
         self.work = dist.all_to_all_single(self.recv, self.send, group=group, async_op=async_op)
         if meter is not None:
-            meter.record_sends(tag, [self.nbytes] * self.count, remote, dist.get_rank(group))
+            meter.record_sends(tag, [self.nbytes] * self.count, remote, rank_size(group)[0])
 
     def received(self) -> torch.Tensor:
         """The received rows (valid once the exchange is done)."""

@@ -19,10 +19,11 @@ import torch.distributed as dist
 from ..compressors.base import Compressor
 from .hop import Exchange, compress_rows, reduce_scatter_single
 from .one_rank import skips
+from .riders import check_exact, detach, rider_nbytes
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
 from .traffic import Phase, exchange, payload_bytes
-from .wire_meter import WireMeter, peer_is_remote
+from .wire_meter import WireMeter, peer_is_remote, rank_size
 
 
 def premul_factor(op: Any) -> Any:
@@ -88,6 +89,16 @@ def sum_target(output: torch.Tensor, op: Any) -> torch.Tensor | None:
     return None
 
 
+def final_sum(values: torch.Tensor, out: torch.Tensor, op: Any, world: int) -> None:
+    """``out <- `` the float32 sum of the peers' rows under ``op`` (SUM, AVG over ``world``,
+    PREMUL_SUM), in ``out``'s dtype; one op for a SUM into float32."""
+    target = sum_target(out, op)
+    if target is not None:
+        torch.sum(values.reshape(values.shape[0], -1), 0, dtype=torch.float32, out=target)
+        return
+    write_result(out, torch.sum(values, 0, dtype=torch.float32), op, world)
+
+
 class QuantizedReduceScatter(StreamOwner):
     """1-hop all-to-all reduce-scatter through ``compressor`` (None: exact)."""
 
@@ -98,10 +109,13 @@ class QuantizedReduceScatter(StreamOwner):
         self.topology, self.meter, self.tag = topology, meter, tag
 
     def __call__(self, output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
-                 group: dist.ProcessGroup | None = None) -> None:
+                 group: dist.ProcessGroup | None = None,
+                 exact: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """``exact``: ``(values [world, E], out [E])``, columns reduced exactly in the same
+        all-to-all (``riders.py``; a compressor's call only)."""
         if group is None:
             group = self.topology.group if self.topology else dist.group.WORLD
-        world, me = dist.get_world_size(group), dist.get_rank(group)
+        me, world = rank_size(group)
         s = check_sizes("reduce_scatter", output, input, world)
         remote = peer_is_remote(group, self.topology)
         if self.compressor is None:
@@ -111,18 +125,26 @@ class QuantizedReduceScatter(StreamOwner):
             reduce_scatter_single(output, flat, op=op, group=group)
             return
         check_scatter_op(op)
+        check_exact(exact, world)
+        values = exact[0] if exact is not None else None
         rows = input.reshape(world, s)
         if s == 0 or skips(world):
             write_result(output, rows[0].float(), op, world)
+            if exact is not None:
+                write_result(exact[1], values[0].float(), op, world)
             return
         streams = self.streams["hop"]
         streams.check_layout((world, s))
-        send = compress_rows(streams, rows, lambda k: ("send", k))
+        send = compress_rows(streams, rows, lambda k: ("send", k), rider=values)
         got = Exchange(send, group, self.meter, self.tag, remote).wait()
+        got, received = detach(got, send.shape[1] - rider_nbytes(values),
+                               None if values is None else values.dtype)
         target = sum_target(output, op)
         total = streams["recv"].reduce_rows(got, (s,), input.dtype, out=target)
         if target is None:
             write_result(output, total, op, world)
+        if received is not None:
+            final_sum(received, exact[1], op, world)
 
     @staticmethod
     def traffic(numel: int, ranks_per_node: int, nodes: int, compressor: Compressor | None,

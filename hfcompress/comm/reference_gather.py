@@ -43,13 +43,24 @@ import torch.distributed as dist
 
 from ..compressors.base import ReferenceCoded
 from .hop import all_gather_single
+from ..compressors.runs import Runs, put
 from .futures import finish, overlaps
+from .one_rank import skips
+from .riders import attach, detach
 from .topology import Topology
 from .traffic import Phase, gather, payload_bytes
 from .wire_meter import WireMeter, peer_is_remote
 
 if TYPE_CHECKING:
     from .frozen import SentBytes
+
+
+def place_slots(out: torch.Tensor, columns: Runs | None, slots: torch.Tensor) -> None:
+    """``out <- slots`` (same shape), or into the ``columns`` runs of ``out``'s last dim."""
+    if columns is None:
+        out.copy_(slots.view(out.shape) if slots.is_contiguous() else slots)
+    else:
+        put(out, columns, slots)
 
 
 @dataclass(frozen=True)
@@ -115,33 +126,53 @@ class ShardedReferences:
                      tuple(peer_is_remote(group, topo)), (False,))
 
     # -- the collective -------------------------------------------------------------------
+    def sends_differences(self, unchanged: bool) -> bool:
+        """Whether a call (without ``sent``) runs step 1: exact columns can ride it."""
+        return self.qwd.reference is None or not unchanged
+
     def __call__(self, out: torch.Tensor, flat: torch.Tensor, group: dist.ProcessGroup,
                  unchanged: bool, meter: WireMeter | None, tag: str,
-                 async_op: bool = False, sent: SentBytes | None = None
-                 ) -> torch.futures.Future | None:
-        """``sent``: only those payload bytes cross nodes (frozen parameters, ``frozen.py``)."""
+                 async_op: bool = False, sent: SentBytes | None = None,
+                 exact: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 columns: Runs | None = None) -> torch.futures.Future | None:
+        """``sent``: only those payload bytes cross nodes (frozen parameters, ``frozen.py``).
+        ``exact``: ``(values [E], out [world, E])``, columns gathered exactly in steps 1 and
+        3 (``riders.py``; only where :meth:`sends_differences`). ``columns``: ``out`` is
+        the ``[world, S]`` rows of a larger buffer, the slots go to these column runs (no
+        staging buffer)."""
         route = self._used = self.route(group)
         s, y, x = flat.numel(), route.rows, route.ranks_per_node
         self._check_layout((route.world, x, s))
         intra_bytes = inter_bytes = 0
-        launch, work, rebuild = overlaps(out.device, async_op) and x == 1, None, None
+        launch, work, rebuild, values = overlaps(out.device, async_op) and x == 1, None, None, None
         sent = None if self.qwd.reference is None else sent    # the first gather is exact
-        if self.qwd.reference is None or not (unchanged or (sent is not None and not sent.count)):
+        step1 = self.qwd.reference is None or not (unchanged or (sent is not None
+                                                                 and not sent.count))
+        if exact is not None and (not step1 or sent is not None):
+            raise ValueError("qwd: exact columns ride step 1 only (sends_differences(), no "
+                             "frozen columns)")
+        if step1:
             payload = self.qwd.compress_slot(flat, route.row, y).flat()
             if sent is not None:
                 payload = sent.select(payload)
             n = payload.numel()
-            if y > 1:
-                wire = torch.empty(y * n, dtype=torch.uint8, device=payload.device)
-                work = all_gather_single(wire, payload, group=route.inter, async_op=launch)
-            else:
-                wire = payload
+            riding = None if exact is None else exact[0].reshape(1, -1)
+            exchanged = y > 1 or not skips(y)
+            if exchanged:
+                row = attach(payload.view(1, -1), riding)
+                wire = torch.empty(y, row.shape[1], dtype=torch.uint8, device=payload.device)
+                work = all_gather_single(wire.view(-1), row.view(-1), group=route.inter,
+                                         async_op=launch)
+            else:   # this rank alone holds its slot: nothing to send
+                row = wire = payload.view(1, -1)
 
             def rebuild() -> None:
-                rows = wire.view(y, n)
+                nonlocal values
+                rows, values = detach(wire, n, riding.dtype) if exchanged and riding is not None \
+                    else (wire, riding)
                 self.qwd.decompress_rows(rows if sent is None else sent.expand(rows), s,
                                          flat.dtype)
-            intra_bytes, inter_bytes = sends(n, route.inter_remote, route.row)
+            intra_bytes, inter_bytes = sends(row.shape[1], route.inter_remote, route.row)
         if x == 1:   # no intra-node step: the rebuilt references are the output
             if meter is not None:
                 meter.record(tag, intra_bytes, inter_bytes)
@@ -149,21 +180,27 @@ class ShardedReferences:
             def rebuild_and_copy() -> None:
                 if rebuild is not None:
                     rebuild()
-                out.copy_(self.qwd.reference.view(out.shape))
+                place_slots(out, columns, self.qwd.reference.view(y, s))
+                if values is not None:
+                    exact[1].copy_(values)
             return finish(work, rebuild_and_copy, async_op, out.device)
         if rebuild is not None:   # step 3 gathers the rebuilt references: rebuild first
             rebuild()
         ref = self.qwd.reference
-        a, b = sends(y * s * ref.element_size(), route.intra_remote, route.local)
+        slots = ref.view(y, s) if values is None else torch.cat([ref.view(y, s), values], 1)
+        width = slots.shape[1]
+        a, b = sends(y * width * ref.element_size(), route.intra_remote, route.local)
         if meter is not None:
             meter.record(tag, intra_bytes + a, inter_bytes + b)
-        gathered = torch.empty(x * y * s, dtype=ref.dtype, device=ref.device)
-        work = all_gather_single(gathered, ref, group=route.intra,
+        gathered = torch.empty(x, y, width, dtype=ref.dtype, device=ref.device)
+        work = all_gather_single(gathered.view(-1), slots.reshape(-1), group=route.intra,
                                  async_op=overlaps(out.device, async_op))
 
         def place() -> None:
             # gathered is [local, node, s]; the output is rank-major [node, local, s]
-            out.view(y, x, s).copy_(gathered.view(x, y, s).transpose(0, 1))
+            place_slots(out.view(y, x, -1), columns, gathered[:, :, :s].transpose(0, 1))
+            if values is not None:
+                exact[1].view(y, x, -1).copy_(gathered[:, :, s:].transpose(0, 1))
         return finish(work, place, async_op, out.device)
 
     @staticmethod

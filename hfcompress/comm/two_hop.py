@@ -37,11 +37,12 @@ import torch.distributed as dist
 from ..compressors.base import Compressor, RotatedDomain, into
 from .hop import Exchange, RawCodec, compress_rows
 from .one_rank import skips
-from .reduce_scatter import check_scatter_op, check_sizes, sum_target, write_result
+from .reduce_scatter import check_scatter_op, check_sizes, final_sum, sum_target, write_result
+from .riders import attach, check_exact, detach, forwarded, rider_nbytes
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
 from .traffic import Phase, exchange, payload_bytes
-from .wire_meter import WireMeter, peer_is_remote
+from .wire_meter import WireMeter, peer_is_remote, rank_size
 
 def slice_order(ranks_per_node: int, num_nodes: int) -> list[int]:
     """ZeRO++ B.3.2 Eq. 2: position ``l*Y + n`` holds row ``n*X + l``."""
@@ -73,15 +74,19 @@ class TwoHopReduceScatter(StreamOwner):
                         if g is not None}       # None: this rank alone, that hop never runs
 
     def __call__(self, output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
-                 group: dist.ProcessGroup | None = None) -> None:
-        """``group`` (optional, e.g. FSDP's) must span the topology's world."""
+                 group: dist.ProcessGroup | None = None,
+                 exact: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """``group`` (optional, e.g. FSDP's) must span the topology's world. ``exact``:
+        ``(values [P, E], out [E])``, columns reduced exactly on the same two hops (in the
+        first pipeline chunk's exchanges, ``riders.py``)."""
         topo = self.topology
         p, x = topo.world_size, topo.ranks_per_node
-        if group is not None and dist.get_world_size(group) != p:
+        if group is not None and rank_size(group)[1] != p:
             raise ValueError(f"reduce_scatter_2hop runs over the topology's {p} ranks; got a "
                              f"group of {dist.get_world_size(group)}")
         s = check_sizes("reduce_scatter_2hop", output, input, p)
         check_scatter_op(op)
+        check_exact(exact, p)
         rows = input.reshape(p, s)
         bounds = _chunk_bounds(s, self.chunks)
         for name in self.streams:
@@ -98,15 +103,19 @@ class TwoHopReduceScatter(StreamOwner):
         # g_i = H sum_i g_i) and written straight into a SUM's output
         last = dict(out=sum_target(output, op), inverse=rotated_sums) \
             if len(bounds) == 1 else {}
-        hop1 = self._hop1(rows, bounds, 0, rotated_rows) if bounds else None
+        riding = None if exact is None else exact[0]
+        hop1 = self._hop1(rows, bounds, 0, rotated_rows, riding) if bounds else None
         hop2, partial = [], None
         for c, (a, b) in enumerate(bounds):
-            partial = hop1()
+            partial, riding = hop1()
             if c + 1 < len(bounds):
                 hop1 = self._hop1(rows, bounds, c + 1, rotated_rows)
+            finish_exact = None if riding is None else \
+                lambda values: final_sum(values, exact[1], op, p)
             hop2.append((a, b, self._hop2(partial, b - a, c, input.dtype,
-                                          x > 1 or rotated_rows, **last)))
-        del rows, partial, hop1   # the input's views: nothing of it is read from here on
+                                          x > 1 or rotated_rows, riding=riding,
+                                          finish_exact=finish_exact, **last)))
+        del rows, partial, hop1, riding   # the input's views: nothing of it is read from here
         if len(hop2) == 1:
             total = hop2[0][2]()
         else:
@@ -140,18 +149,20 @@ class TwoHopReduceScatter(StreamOwner):
                             "ranks_per_node": self.topology.ranks_per_node})
 
     def _hop1(self, rows: torch.Tensor, bounds: list[tuple[int, int]], c: int,
-              rotated_rows: bool):
+              rotated_rows: bool, exact: torch.Tensor | None = None):
         """Start the intra-node all-to-all of chunk c; returns a function giving the node's
         partial sums of this local rank's Y rows, flat ``(Y * width,)`` (rotated for TLq-HS;
-        ``rotated_rows``: ``rows`` are rotated already). Local rank l gets rows ``l, X + l,
-        ..`` (positions ``l*Y ..`` of :func:`slice_order`): row l of the ``[X, Y * width]``
-        reordering of the chunk's columns, built half of its rows at a time (module
-        docstring, "Memory")."""
+        ``rotated_rows``: ``rows`` are rotated already), and the ``[k, Y, E]`` exact values
+        to sum for them (``exact``, ``[P, E]``, rides along; else None). Local rank l gets
+        rows ``l, X + l, ..`` (positions ``l*Y ..`` of :func:`slice_order`): row l of the
+        ``[X, Y * width]`` reordering of the chunk's columns, built half of its rows at a
+        time (module docstring, "Memory")."""
         x, y = self.topology.ranks_per_node, self.topology.num_nodes
         a, b = bounds[c]
         if x == 1:   # no intra-node hop: this rank's rows as they are (not rotated yet)
             part = rows[:, a:b]
-            return lambda: part
+            riding = None if exact is None else exact.unsqueeze(0)
+            return lambda: (part, riding)
         width = b - a
         order = rows[:, a:b].reshape(y, x, width).transpose(0, 1)   # a view, [X, Y, width]
         streams, half = self.streams["intra"], (x + 1) // 2
@@ -167,39 +178,71 @@ class TwoHopReduceScatter(StreamOwner):
                 return compress_rows(streams, part.view(hi - lo, y * width), key, True)
             return compress_rows(streams, part.reshape(hi - lo, y * width), key)
         sends = torch.cat([send(0, half), send(half, x)])
-        return self._exchange("intra", sends, c, self.topology.intra_group, y * width,
-                              rows.dtype)
+        # local rank l's exact values: rows l, X + l, .. side by side
+        rider = None if exact is None else \
+            exact.reshape(y, x, -1).transpose(0, 1).reshape(x, -1)
+        finish = self._exchange("intra", attach(sends, rider), c, self.topology.intra_group,
+                                y * width, rows.dtype, rider=rider)
+
+        def partial() -> tuple[torch.Tensor, torch.Tensor | None]:
+            total, got = finish()
+            return total, None if got is None else got.view(x, y, -1)
+        return partial
 
     def _hop2(self, partial: torch.Tensor, width: int, c: int, dtype: torch.dtype,
-              rotated_partial: bool, out: torch.Tensor | None = None, inverse: bool = False):
+              rotated_partial: bool, out: torch.Tensor | None = None, inverse: bool = False,
+              riding: torch.Tensor | None = None, finish_exact=None):
         """Start the inter-node all-to-all of chunk c; returns a function giving its sum.
         ``partial`` is the intra-node hop's float32 sum, or with no intra-node hop this
         rank's ``[Y, width]`` rows of the input; for TLq-HS ``rotated_partial`` says whether
         it is in the rotated domain already (else the quantize kernel rotates it).
-        ``inverse``: the sum rotated back (TLq-HS's final H); ``out``: written there."""
+        ``inverse``: the sum rotated back (TLq-HS's final H); ``out``: written there.
+        ``riding``: ``[k, Y, E]`` exact values, summed over k (and over the nodes once
+        exchanged) and handed to ``finish_exact``."""
         if self.raw_inter:  # compression off sends the input's dtype, as torch's collective
             partial = partial.to(dtype)
         parts = partial.reshape(self.topology.num_nodes, width)
         if skips(parts.shape[0]) or self.topology.inter_group is None:
             # one node: nothing to send (one_rank.py runs it over a one-rank world)
             rotate = self.streams["inter"].compressor.rotate if inverse else torch.Tensor.float
-            return lambda: into(rotate(parts[0]), out)
+
+            def alone() -> torch.Tensor:
+                if riding is not None:
+                    finish_exact(riding[:, 0])
+                return into(rotate(parts[0]), out)
+            return alone
         # TLq-HS: the sums are rotated already; rows of the input are rotated in the kernel
+        rider = None if riding is None else forwarded(riding)
         send = compress_rows(self.streams["inter"], parts, lambda k: (k, c),
-                             self.rotated and rotated_partial)
-        return self._exchange("inter", send, c, self.topology.inter_group, width, parts.dtype,
-                              out, inverse)
+                             self.rotated and rotated_partial, rider)
+        finish = self._exchange("inter", send, c, self.topology.inter_group, width,
+                                parts.dtype, out, inverse, rider)
+
+        def total() -> torch.Tensor:
+            result, got = finish()
+            if got is not None:
+                finish_exact(got)
+            return result
+        return total
 
     def _exchange(self, hop: str, send: torch.Tensor, c: int, group: dist.ProcessGroup,
                   width: int, dtype: torch.dtype, out: torch.Tensor | None = None,
-                  inverse: bool = False):
-        """Row k of the uint8 ``send`` (one compressed part per peer) to group rank k;
-        returns a function giving the float32 sum of the ``width`` values received per row
-        (in the rotated domain for TLq-HS unless ``inverse``), into ``out`` if given."""
+                  inverse: bool = False, rider: torch.Tensor | None = None):
+        """Row k of the uint8 ``send`` (one compressed part per peer, then row k of
+        ``rider``, exact values, if given) to group rank k; returns a function giving the
+        float32 sum of the ``width`` values received per row (in the rotated domain for
+        TLq-HS unless ``inverse``), into ``out`` if given, and the received exact rows (or
+        None)."""
         ex = Exchange(send, group, self.meter, self.tag, self._remote[hop], async_op=True)
         recv = self.streams[hop][("recv", c)]
         reduce = recv.reduce_rotated_rows if self.rotated and not inverse else recv.reduce_rows
-        return lambda: reduce(ex.take(), (width,), dtype, out=out).reshape(-1).float()
+        nbytes = send.shape[1] - rider_nbytes(rider)
+        rider_dtype = None if rider is None else rider.dtype
+
+        def finish() -> tuple[torch.Tensor, torch.Tensor | None]:
+            got, values = detach(ex.take(), nbytes, rider_dtype)
+            return reduce(got, (width,), dtype, out=out).reshape(-1).float(), values
+        return finish
 
 
 def _chunk_bounds(s: int, chunks: int) -> list[tuple[int, int]]:

@@ -51,6 +51,20 @@ def peer_is_remote(group: dist.ProcessGroup | None, topology: Topology | None
 _REMOTE: dict[tuple[int, int, int], tuple] = {}
 
 
+def rank_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    """``(dist.get_rank(group), dist.get_world_size(group))``, read once per group (each
+    call walks torch's group maps; every collective asks). The cache holds the group, so its
+    id stays its own."""
+    group = group if group is not None else dist.group.WORLD
+    hit = _RANK_SIZE.get(id(group))
+    if hit is None or hit[0] is not group:
+        hit = _RANK_SIZE[id(group)] = (group, dist.get_rank(group), dist.get_world_size(group))
+    return hit[1], hit[2]
+
+
+_RANK_SIZE: dict[int, tuple] = {}
+
+
 class Timer:
     """Seconds inside ``with timer(device):`` blocks (CUDA: events on the current stream,
     resolved when read). Pairs of events whose end the GPU has passed are folded into the
@@ -123,7 +137,7 @@ class WireMeter:
                             group: dist.ProcessGroup, topology: Topology | None) -> None:
         """Count what an exact collective over ``group`` sends to each of its peers (an int:
         the same to every peer); this rank's own slot is not sent."""
-        remote, me = peer_is_remote(group, topology), dist.get_rank(group)
+        remote, me = peer_is_remote(group, topology), rank_size(group)[0]
         sizes = [per_peer_bytes] * len(remote) if isinstance(per_peer_bytes, int) \
             else per_peer_bytes
         for k, (b, r) in enumerate(zip(sizes, remote)):

@@ -240,14 +240,19 @@ def check_group_size(scheme: str, group_size: Any, multiple: int, param: str = "
                          f"{multiple} (e.g. {multiple}, {4 * multiple}, 2048)")
 
 
-def stack_payloads(packeds: Sequence[Packed]) -> torch.Tensor:
+def stack_payloads(packeds: Sequence[Packed], tails: torch.Tensor | None = None
+                   ) -> torch.Tensor:
     """The ``Packed.flat()`` buffers of several payloads as the rows of one uint8 tensor
-    (one ``cat`` of every payload's tensors)."""
+    (one ``cat`` of every payload's tensors), each followed by the bytes of its row of
+    ``tails`` (``[rows, E]``, any dtype: exact values riding along, ``comm/riders.py``)."""
     sizes = [p.nbytes() for p in packeds]
     if any(n != sizes[0] for n in sizes):
         raise RuntimeError(f"payload sizes differ between parts: {sizes}")
+    tail = [] if tails is None else \
+        [t.contiguous().view(torch.uint8) for t in tails] if tails.numel() else []
     parts = [t.contiguous().reshape(-1).view(torch.uint8)
-             for p in packeds for t in p.payload.values()]
+             for k, p in enumerate(packeds)
+             for t in (*p.payload.values(), *tail[k:k + 1])]
     if not parts:
         return torch.empty(len(packeds), 0, dtype=torch.uint8)
     return torch.cat(parts).view(len(packeds), -1)

@@ -47,8 +47,9 @@ def view(rows: torch.Tensor, runs: Runs) -> torch.Tensor | None:
 
 
 def put(rows: torch.Tensor, runs: Runs, cols: torch.Tensor) -> None:
-    """Inverse of :func:`take`: write ``cols`` into the columns ``runs`` of ``rows``."""
+    """Inverse of :func:`take`: write ``cols`` into the columns ``runs`` of ``rows`` (the
+    last dim; any leading dims, ``cols`` may be a strided view)."""
     offset = 0
     for a, b in runs:
-        rows[:, a:b].copy_(cols[:, offset:offset + b - a])
+        rows[..., a:b].copy_(cols[..., offset:offset + b - a])
         offset += b - a

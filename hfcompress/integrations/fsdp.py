@@ -138,24 +138,42 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
         if not layout.mixed:
             return self.compressed(output_tensor, input_tensor, group, unchanged=unchanged,
                                    async_op=async_op)
-        world = group.size()
+        return self._gather_mixed(output_tensor, input_tensor, group, unchanged, async_op)
+
+    def _gather_mixed(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                      group: dist.ProcessGroup, unchanged: bool, async_op: bool):
+        """Compressed and exact columns. qWD sending differences carries the exact ones in
+        its own gathers (``comm/riders.py``) and writes both into their columns of the
+        output; otherwise two collectives: the compressed columns decode into the output
+        where they are one run (a row-strided view), torch's all-gather fills a buffer, put
+        there after."""
+        layout, world = self.layouts.full, group.size()
         comp_in, exact_in = layout.split(input_tensor.reshape(1, -1))
         rows = output_tensor.view(world, -1)
-        # the compressed columns decode straight into the output when they are one run (a
-        # row-strided view); the exact ones arrive contiguous from torch's all-gather
-        comp_view = view(rows, layout.compressed_runs)
-        comp_out = comp_view if comp_view is not None else torch.empty(
-            world, comp_in.numel(), dtype=input_tensor.dtype, device=input_tensor.device)
-        exact_out = torch.empty(world, exact_in.numel(), dtype=input_tensor.dtype,
-                                device=input_tensor.device)
-        futures = [self.compressed(comp_out, comp_in.reshape(-1), group, unchanged=unchanged,
-                                   async_op=async_op),
-                   self.exact(exact_out, exact_in.reshape(-1), group, async_op=async_op)]
+
+        def staged(cols: torch.Tensor) -> torch.Tensor:
+            return torch.empty(world, cols.shape[1], dtype=input_tensor.dtype,
+                               device=input_tensor.device)
+        refs = self.compressed.references
+        if refs is not None and refs.sends_differences(unchanged):
+            exact_view = view(rows, layout.exact_runs)
+            exact_out = staged(exact_in) if exact_view is None else exact_view
+            futures = [self.compressed(rows, comp_in.reshape(-1), group, unchanged=unchanged,
+                                       async_op=async_op, exact=(exact_in, exact_out),
+                                       columns=layout.compressed_runs)]
+            puts = [] if exact_view is not None else [(layout.exact_runs, exact_out)]
+        else:
+            comp_view, exact_out = view(rows, layout.compressed_runs), staged(exact_in)
+            comp_out = staged(comp_in) if comp_view is None else comp_view
+            futures = [self.compressed(comp_out, comp_in.reshape(-1), group,
+                                       unchanged=unchanged, async_op=async_op),
+                       self.exact(exact_out, exact_in.reshape(-1), group, async_op=async_op)]
+            puts = [(layout.exact_runs, exact_out)] + \
+                ([(layout.compressed_runs, comp_out)] if comp_view is None else [])
 
         def merge() -> None:
-            if comp_view is None:
-                put(rows, layout.compressed_runs, comp_out)
-            put(rows, layout.exact_runs, exact_out)
+            for runs, buf in puts:
+                put(rows, runs, buf)
         return finish_all(futures, merge, async_op, input_tensor.device)
 
     def _compressible(self, input_tensor: torch.Tensor) -> bool:
@@ -225,8 +243,9 @@ class FSDPReduceScatter(_Alloc, _fsdp2.ReduceScatter):
                 out = view(row, runs)
                 outs.append((runs, out, out if out is not None else torch.empty(
                     1, cols.shape[1], dtype=output_tensor.dtype, device=output_tensor.device)))
-            self.compressed(outs[0][2].view(-1), comp_in, op, group)
-            self.exact(outs[1][2].view(-1), exact_in, op, group)
+            # the exact columns ride the compressed exchange (comm/riders.py)
+            self.compressed(outs[0][2].view(-1), comp_in, op, group,
+                            exact=(exact_in, outs[1][2].view(-1)))
             for runs, out, buf in outs:
                 if out is None:
                     put(row, runs, buf)

@@ -1,0 +1,64 @@
+"""Exact columns riding a compressed exchange (QSDP 5.1's full-precision parameters; the wire
+layout is ours).
+
+FSDP2 hands a module's gradients and weights to the collectives as one flat buffer whose
+norm / bias columns travel exactly (``integrations/exact_params.py``). Sent through a
+collective of their own they cost a second launch and a second latency per unit and
+direction, a ring over the whole world for a few kilobytes. Here they ride the compressed
+payload's own exchange: each wire row is the payload's bytes followed by the row's exact
+values (their own dtype, as torch's collective would send them); the receiver sums them
+(reduce-scatter, in float32 in peer order) or copies them (all-gather). The bytes on the
+wire are the exact collective's; nothing about the payload changes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def attach(send: torch.Tensor, values: torch.Tensor | None) -> torch.Tensor:
+    """uint8 ``[rows, nbytes + E * itemsize]``: row r of ``send`` (uint8 ``[rows, nbytes]``)
+    followed by the bytes of row r of ``values`` (``[rows, E]``, any dtype, any strides);
+    ``send`` itself when there is nothing to carry."""
+    if values is None:
+        return send
+    if values.stride(-1) != 1:
+        values = values.contiguous()
+    return torch.cat([send, values.view(torch.uint8)], dim=1)
+
+
+def rider_nbytes(values: torch.Tensor | None) -> int:
+    """Bytes per wire row that ``values`` (``[rows, E]``) add."""
+    return 0 if values is None else values.shape[1] * values.element_size()
+
+
+def detach(wire: torch.Tensor, nbytes: int, dtype: torch.dtype | None
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The received ``[rows, nbytes]`` payloads and ``[rows, E]`` exact values (views,
+    copied only where the values' bytes are not aligned to ``dtype``); ``dtype`` None: no
+    values rode along."""
+    if dtype is None:
+        return wire, None
+    raw = wire[:, nbytes:]
+    size = dtype.itemsize
+    if raw.storage_offset() % size or (raw.shape[0] > 1 and raw.stride(0) % size):
+        raw = raw.contiguous()
+    return wire[:, :nbytes], raw.view(dtype)
+
+
+def forwarded(values: torch.Tensor) -> torch.Tensor:
+    """What an intermediate hop sends on: ``[k, Y, E]`` contributions -> ``[Y, E]``, the only
+    one as it is, or their sum (float32 accumulation, peer order) rounded to their dtype, as
+    a ring reduce-scatter's partial sums are."""
+    return values[0] if values.shape[0] == 1 else torch.sum(values, 0)
+
+
+def check_exact(exact: tuple[torch.Tensor, torch.Tensor] | None, world: int) -> None:
+    """``exact`` is ``(values [world, E], out [E])``."""
+    if exact is None:
+        return
+    values, out = exact
+    if values.dim() != 2 or values.shape[0] != world or values.shape[1] != out.numel():
+        raise ValueError(f"exact columns {tuple(values.shape)} do not match world size {world} "
+                         f"x output {out.numel()}")
+

@@ -1,0 +1,90 @@
+"""Exact columns riding the compressed exchanges (``comm/riders.py``) on 4 gloo ranks, as 1,
+2 and 4 emulated nodes: the riding values come out as torch's exact collectives give them
+(integer-valued inputs: every sum exact in any order, so bitwise), the compressed columns
+bit for bit as without a rider, and the wire carries exactly the exact values' bytes more."""
+
+import torch
+import torch.distributed as dist
+
+from dist_utils import run_distributed
+from hfcompress import get_compressor
+from hfcompress.comm import (QuantizedAllGather, QuantizedReduceScatter, Topology,
+                             TwoHopReduceScatter, WireMeter)
+from hfcompress.comm.hop import all_gather_single, reduce_scatter_single
+from test_comm_collectives import inputs
+
+E = 24      # exact values per slot
+
+
+def _ints(world, numel, dtype, seed):
+    return inputs(world, numel, dtype, seed, kind="int")
+
+
+def check_reduce_scatter(rank, world, topo, meter):
+    h8 = get_compressor("hadamard", bits=8, group_size=128, hadamard_size=32, rounding="nearest")
+    h4 = get_compressor("hadamard", bits=4, group_size=128, hadamard_size=32, rounding="nearest")
+    int4 = get_compressor("int", bits=4, group_size=128, rounding="nearest")
+    s = 300
+    for dtype in (torch.float32, torch.bfloat16):
+        xs = inputs(world, world * s, dtype, seed=7)
+        es = _ints(world, world * E, dtype, seed=8)
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            exact = torch.empty(E, dtype=dtype)
+            reduce_scatter_single(exact, es[rank].clone(), op=op)
+            for make in (lambda: TwoHopReduceScatter(topo, h8, h4, meter=meter),
+                         lambda: QuantizedReduceScatter(h4, topo, meter),
+                         lambda: QuantizedReduceScatter(get_compressor("loco", inner=int4),
+                                                        topo, meter)):
+                meter.reset()
+                plain = torch.empty(s, dtype=dtype)
+                make()(plain, xs[rank], op)
+                alone = meter.current()
+                meter.reset()
+                got, got_e = torch.empty(s, dtype=dtype), torch.empty(E, dtype=dtype)
+                make()(got, xs[rank], op, exact=(es[rank].view(world, E), got_e))
+                assert torch.equal(got, plain), (dtype, op)          # payload untouched
+                assert torch.equal(got_e, exact), (dtype, op, got_e, exact)
+                cur = meter.current()
+                rider = sum(cur[k] - alone[k] for k in ("intra_bytes", "inter_bytes"))
+                # (world - 1) rows of E values sent, as a ring reduce-scatter would (2-hop:
+                # (X - 1) Y rows in the node, then Y - 1 partial sums across nodes)
+                assert rider == (world - 1) * E * es[0].element_size(), rider
+
+
+def check_qwd_all_gather(rank, world, topo, meter):
+    s = 4096
+    for dtype in (torch.float32, torch.bfloat16):
+        plain_ag = QuantizedAllGather(get_compressor("qwd"), topology=topo, meter=meter)
+        ride_ag = QuantizedAllGather(get_compressor("qwd"), topology=topo, meter=meter)
+        for step in range(3):     # the exact first gather, then differences
+            xs = inputs(world, s, dtype, seed=20 + step)
+            es = _ints(world, E, dtype, seed=30 + step)
+            exact = torch.empty(world * E, dtype=dtype)
+            all_gather_single(exact, es[rank].clone())
+            plain = torch.empty(world * s, dtype=dtype)
+            meter.reset()
+            plain_ag(plain, xs[rank])
+            alone = meter.current()
+            # the slots into columns of a wider buffer, the exact values into a strided view
+            rows = torch.full((world, s + E + 8), -1.0, dtype=dtype)
+            meter.reset()
+            ride_ag(rows, xs[rank], exact=(es[rank], rows[:, s + 8:]), columns=((0, s),))
+            cur = meter.current()
+            assert torch.equal(rows[:, :s].reshape(-1), plain), (dtype, step)
+            assert torch.equal(rows[:, s + 8:].reshape(-1), exact), (dtype, step)
+            assert (rows[:, s:s + 8] == -1).all()                # other columns untouched
+            extra = sum(cur[k] - alone[k] for k in ("intra_bytes", "inter_bytes"))
+            assert extra == (world - 1) * E * es[0].element_size(), (extra, step)
+
+
+def worker(rank, world):
+    for x in (1, 2, 4):
+        meter = WireMeter()
+        topo = Topology(ranks_per_node=x)
+        check_reduce_scatter(rank, world, topo, meter)
+        check_qwd_all_gather(rank, world, topo, meter)
+    return True
+
+
+def test_exact_columns_ride_the_compressed_exchanges():
+    assert run_distributed(worker, 4) == [True] * 4
