@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import time
 from typing import Iterator, Sequence
 
@@ -63,6 +64,13 @@ def rank_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
 
 
 _RANK_SIZE: dict[int, tuple] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def peer_counts(remote: tuple[bool, ...], me: int) -> tuple[int, int]:
+    """(peers on this node, peers on other nodes) of a group, ``me`` excluded."""
+    inter = sum(r for k, r in enumerate(remote) if k != me)
+    return len(remote) - 1 - inter if 0 <= me < len(remote) else len(remote) - inter, inter
 
 
 class Timer:
@@ -138,9 +146,12 @@ class WireMeter:
         """Count what an exact collective over ``group`` sends to each of its peers (an int:
         the same to every peer); this rank's own slot is not sent."""
         remote, me = peer_is_remote(group, topology), rank_size(group)[0]
-        sizes = [per_peer_bytes] * len(remote) if isinstance(per_peer_bytes, int) \
-            else per_peer_bytes
-        for k, (b, r) in enumerate(zip(sizes, remote)):
+        if isinstance(per_peer_bytes, int):    # the peers of each kind, counted once
+            intra, inter = peer_counts(remote, me)
+            self._current["uncompressed_intra_bytes"] += intra * per_peer_bytes
+            self._current["uncompressed_inter_bytes"] += inter * per_peer_bytes
+            return
+        for k, (b, r) in enumerate(zip(per_peer_bytes, remote)):
             if k != me:
                 self._current["uncompressed_inter_bytes" if r else
                               "uncompressed_intra_bytes"] += int(b)

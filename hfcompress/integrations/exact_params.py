@@ -105,7 +105,7 @@ class GroupLayouts:
         return self._trainable[1]
 
     def for_numel(self, numel: int) -> SlotLayout | None:
-        for layout in (self.full, self.trainable):
-            if layout.numel == numel:
-                return layout
-        return None
+        if self.full.numel == numel:      # every parameter got a gradient: no flags read
+            return self.full
+        trainable = self.trainable
+        return trainable if trainable.numel == numel else None

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .hadamard import inv_sqrt
 from .packing import _UNIT
-from .triton_tiles import per_program
+from .triton_tiles import cdiv, per_program
 
 #: values per program under TRITON_INTERPRET (few large programs: its cost is per program);
 #: on a GPU ``GPU_ROWS`` rows per program, one per thread of ``NUM_WARPS`` warps (<= 128
@@ -202,7 +202,7 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
     rows = per_program(packed, BLOCK_ELEMS // k["ROWV"], GPU_ROWS)
     rows = max(rows, hadamard_size // k["ROWV"])
     bf16 = dtype == torch.bfloat16
-    _dequantize_sum_kernel[(triton.cdiv(n_rows, rows),)](
+    _dequantize_sum_kernel[(cdiv(n_rows, rows),)](
         src, scale, out.view(torch.uint16) if bf16 else out, n_rows, n_peers, src.stride(0),
         scale.stride(0), torch.finfo(dtype).max, PEERS=n_peers if unroll else 0,
         GS=group_size, BITS=bits, **k, V=max(v, 1), WORDS=v > 0, R=rows, N=hadamard_size,

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .triton_noise import MUL1, MUL2, ONE_KEY, _uniform, noise_at, noise_operand
-from .triton_tiles import per_program
+from .triton_tiles import cdiv, per_program
 
 #: output elements per program: few large programs under TRITON_INTERPRET (its cost is per
 #: program); on a GPU over ``NUM_WARPS`` warps (<= 128 registers and no spill on sm_90:
@@ -42,7 +42,7 @@ INF_BITS = tl.constexpr(0x7F800000)
 def _launch(kernel, n: int, t: torch.Tensor, *args, **consts) -> None:
     """Run ``kernel(*args, **consts, BLOCK)`` over ``n`` output elements on ``t``'s device."""
     block = per_program(t, BLOCK, GPU_BLOCK)
-    kernel[(triton.cdiv(n, block),)](*args, **consts, BLOCK=block, num_warps=NUM_WARPS,
+    kernel[(cdiv(n, block),)](*args, **consts, BLOCK=block, num_warps=NUM_WARPS,
                                      enable_fp_fusion=False)
 
 
@@ -194,7 +194,7 @@ def local_scale(x: torch.Tensor, block_size: int | None = None, rows: int = 1) -
     n_segs = rows * blocks * segs
     out = (torch.zeros if segs > 1 else torch.empty)(rows * blocks, dtype=torch.float32,
                                                      device=x.device)
-    _abs_max_kernel[(triton.cdiv(n_segs, g),)](
+    _abs_max_kernel[(cdiv(n_segs, g),)](
         x.contiguous(), out.view(torch.int32), n, segs, blocks, width, per, n_segs,
         RAGGED=rows > 1 and width % per != 0, ATOMIC=segs > 1, G=g, W=w, num_warps=NUM_WARPS)
     return out
@@ -240,7 +240,7 @@ def linear_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, noise: to
     if n:
         u, hashed, row = noise_operand(noise, n, x)
         block, mode, per = _linear_tiles(x, block_size, n, hashed == ONE_KEY)
-        _linear_quantize_kernel[(triton.cdiv(n, block),)](
+        _linear_quantize_kernel[(cdiv(n, block),)](
             x, scale.reshape(-1), u, row, out, n, per, float(levels), HASH=hashed, SCALES=mode,
             EVEN=n % block == 0, BLOCK=block, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
@@ -254,7 +254,7 @@ def linear_dequantize(codes: torch.Tensor, scale: torch.Tensor, levels: int,
     out = torch.empty(n, dtype=dtype, device=codes.device)
     if n:
         block, mode, per = _linear_tiles(codes, block_size, n, True)
-        _linear_dequantize_kernel[(triton.cdiv(n, block),)](
+        _linear_dequantize_kernel[(cdiv(n, block),)](
             codes, scale.reshape(-1), out, n, per, float(levels), SCALES=mode, BLOCK=block,
             num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out

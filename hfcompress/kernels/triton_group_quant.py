@@ -34,7 +34,7 @@ from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
 from .packing import _UNIT, packed_nbytes, payload_buffers, row_wire
 from .triton_noise import group_noise_at, noise_operand
-from .triton_tiles import per_program
+from .triton_tiles import cdiv, per_program
 
 #: values per program (a power of two; a quantizing tile holds whole groups): few large
 #: programs under TRITON_INTERPRET (its cost is per program); on a GPU ``NUM_WARPS`` warps,
@@ -342,7 +342,7 @@ def _launch_quantize(x: torch.Tensor, ref: torch.Tensor | None, noise: torch.Ten
     """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows."""
     numel = x.numel()
     u, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
-    _quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
+    _quantize_kernel[(cdiv(n_groups, k["BLOCK_G"]),)](
         x, x if ref is None else ref.reshape(-1).contiguous(), u, row, words, scale, n_groups,
         numel, gpr, row_words, GS=group_size, BITS=bits, STOCHASTIC=noise is not None,
         HASH=hashed, DIFF=ref is not None, RAGGED=numel % group_size != 0,
@@ -408,7 +408,7 @@ def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int
     if n_groups and n_peers:
         cpu, bpu = _UNIT[bits]
         u, hashed, row = noise_operand(noise, numel, scale, out_group_size)
-        _dequantize_sum_quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
+        _dequantize_sum_quantize_kernel[(cdiv(n_groups, k["BLOCK_G"]),)](
             packed, scale, u, row, words, out_scale, n_groups, n_peers, packed.shape[1],
             n_in_groups, GS=group_size, BITS=bits, CPU=cpu, BPU=bpu, OGS=out_group_size,
             BLOCK_G=k["BLOCK_G"], L=k["L"], LOG2V=k["LOG2V"], VEC=k["VEC"], OBITS=out_bits,
@@ -437,7 +437,7 @@ def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
         if k["BPU"] == 4 and (packed.storage_offset() % 4 or packed.numel() % 4):
             k = {**k, "CPU": _UNIT[bits][0], "BPU": _UNIT[bits][1]}  # words: aligned, whole
         bf16 = ref.dtype == torch.bfloat16
-        _dequantize_add_kernel[(triton.cdiv(triton.cdiv(numel, group_size), k["BLOCK_G"]),)](
+        _dequantize_add_kernel[(cdiv(cdiv(numel, group_size), k["BLOCK_G"]),)](
             packed.view(torch.int32) if k["BPU"] == 4 else packed, scale.reshape(-1), flat,
             out.view(torch.int16) if bf16 else out, numel, GS=group_size, BITS=bits,
             RAGGED=numel % group_size != 0, OUT_BF16=bf16, **k, num_warps=NUM_WARPS,

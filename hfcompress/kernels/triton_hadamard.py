@@ -32,7 +32,7 @@ from .group_quant import join_rows
 from .hadamard import inv_sqrt
 from .packing import packed_nbytes, payload_buffers, row_wire
 from .triton_noise import group_noise_at, noise_operand
-from .triton_tiles import per_program
+from .triton_tiles import cdiv, per_program
 
 #: values per program (a power of two; tiles of whole groups / whole n-blocks): few large
 #: programs under TRITON_INTERPRET (its cost is per program); on a GPU ``GPU_BLOCK_ELEMS``
@@ -186,7 +186,7 @@ def rotate(x: torch.Tensor, hadamard_size: int) -> torch.Tensor:
     n_rows = x.numel() // hadamard_size
     if n_rows:
         rows = max(1, _block(x) // hadamard_size)
-        _rotate_kernel[(triton.cdiv(n_rows, rows),)](
+        _rotate_kernel[(cdiv(n_rows, rows),)](
             x, out, n_rows, ROWS=rows, N=hadamard_size, LOG2N=hadamard_size.bit_length() - 1,
             SCALE=inv_sqrt(hadamard_size), num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
@@ -211,7 +211,7 @@ def _launch_quantize(x: torch.Tensor, noise: torch.Tensor | None, packed: torch.
     """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows."""
     u, hashed, row = noise_operand(noise, x.numel(), x, group_size)
     warps = min(NUM_WARPS, max(QUANT_WARPS, k["BLOCK_G"] * k["RPG"] // 32))
-    _quantize_kernel[(triton.cdiv(n_groups, k["BLOCK_G"]),)](
+    _quantize_kernel[(cdiv(n_groups, k["BLOCK_G"]),)](
         x, u, row, packed, scale, n_groups, gpr, row_words, **k,
         STOCHASTIC=noise is not None, HASH=hashed, ROWS=row_words > 0, num_warps=warps,
         enable_fp_fusion=False)

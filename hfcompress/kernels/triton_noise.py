@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from . import noise
+from .triton_tiles import cdiv
 
 #: values per program (few large programs: cheap under TRITON_INTERPRET; on GPU 16 lanes
 #: per thread with ``NUM_WARPS`` warps)
@@ -160,6 +161,6 @@ def uniform_like(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     n = out.numel()
     if n:
         k, mode, row_len = noise_operand(keys, n, out)
-        _uniform_kernel[(triton.cdiv(n, BLOCK),)](k, out, n, row_len, HASH=mode, BLOCK=BLOCK,
+        _uniform_kernel[(cdiv(n, BLOCK),)](k, out, n, row_len, HASH=mode, BLOCK=BLOCK,
                                                   num_warps=NUM_WARPS)
     return out

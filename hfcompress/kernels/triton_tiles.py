@@ -26,6 +26,12 @@ from .packing import pack_codes, unpack_codes
 TILE, GPU_TILE, NUM_WARPS = 8192, 2048, 8
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` on the host (``triton.cdiv`` is a constexpr function: ~3 us a call,
+    several per launch)."""
+    return -(-a // b)
+
+
 def per_program(t: torch.Tensor, interpreted: int, gpu: int) -> int:
     """Values per program of a kernel on ``t``'s device: ``gpu`` on a GPU, else
     ``interpreted`` (TRITON_INTERPRET runs CPU tensors)."""
@@ -219,7 +225,7 @@ def quantize_buckets(kernel, x: torch.Tensor, aux: torch.Tensor, n_params: int, 
     params = [torch.empty(nb, dtype=torch.float32, device=x.device) for _ in range(n_params)]
     if nb:
         block, groups = tile_shape(bucket_size, per_program(x, TILE, gpu_tile))
-        kernel[(triton.cdiv(nb, groups),)](
+        kernel[(cdiv(nb, groups),)](
             x.contiguous(), aux.contiguous(), codes, *params, nb, bucket_size, **consts,
             GROUPS=groups, BLOCK=block, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return (pack(codes, bits) if pack else codes, *params)
@@ -237,7 +243,7 @@ def dequantize_peers(kernel, packed: torch.Tensor, operands: tuple[torch.Tensor,
     out = torch.empty(n, dtype=dtype, device=packed.device)
     if nb:
         block, groups = tile_shape(bucket_size, per_program(codes, TILE, GPU_TILE))
-        kernel[(triton.cdiv(nb, groups),)](
+        kernel[(cdiv(nb, groups),)](
             codes, *(t.contiguous() for t in operands), _out_view(out), nb, bucket_size,
             n_peers, n, **consts, GROUPS=groups, BLOCK=block,
             OUT_BF16=dtype == torch.bfloat16, num_warps=NUM_WARPS, enable_fp_fusion=False)
@@ -267,7 +273,7 @@ def decode_rows(kernel, packed: torch.Tensor, operands: tuple[torch.Tensor, ...]
     rows, nb = operands[0].shape
     if nb and out.numel():
         block, groups = tile_shape(bucket_size, per_program(packed, TILE, gpu_tile))
-        grid = (triton.cdiv(nb, groups), 1 if peers else rows)
+        grid = (cdiv(nb, groups), 1 if peers else rows)
         kernel[grid](
             packed, *operands, _out_view(out), nb, bucket_size, rows if peers else 1,
             out.shape[-1], packed.stride(0), *(t.stride(0) for t in operands), out.stride(0),
