@@ -295,16 +295,27 @@ def test_hpz_backward_gather_stays_in_the_node():
             assert got["weights_bwd"].intra_bytes_per_gpu == (x - 1) * NODES * S * 2
 
 
-def test_exact_columns_travel_in_exact_collectives():
-    """A unit with E exactly sent values: ``none`` sends them in its one call; a compressed
-    preset adds exact all-gathers and reduce-scatter of E values (rings)."""
+def test_exact_columns_ride_or_travel_in_exact_collectives():
+    """A unit with E exactly sent values: ``none`` sends them in its one call; ``sdp4bit``
+    carries them on its compressed collectives' rows (``comm/riders.py``: the qWD forward
+    gather, the 2-hop gradients; no collective of their own) and the backward gather of
+    unchanged qWD weights gathers them exactly; ``zeropp`` (stateless int8 weights) adds an
+    exact all-gather (a ring) in each direction."""
     e, x, w = 4096, 2, 2 * NODES
     unit = [Unit("layer", S, exact_numel=e)]
     assert by_name(price("none", layout(x, 1), unit))["grads"].link_bytes_per_node == \
         (w - 1) * (S + e) * 4
+    plain = by_name(price("sdp4bit", layout(x, 1), [Unit("layer", S)]))
     got = by_name(price("sdp4bit", layout(x, 1), unit))
-    assert got["exact_fwd"].link_bytes_per_node == (w - 1) * e * 2
-    assert got["exact_grads"].link_bytes_per_node == (w - 1) * e * 4
+    assert "exact_fwd" not in got and "exact_grads" not in got
+    assert got["exact_bwd"].link_bytes_per_node == (w - 1) * e * 2
+    # inter-node: the forward gather's step 1 carries E bf16 values to each other node's
+    # rank of the same local index; hop 2 of the gradients E float32 partial sums
+    for name, itemsize in (("weights_fwd", 2), ("grads", 4)):
+        extra = got[name].link_bytes_per_node - plain[name].link_bytes_per_node
+        assert extra == x * (NODES - 1) * e * itemsize, (name, extra)
+    zeropp = by_name(price("zeropp", layout(x, 1), unit))
+    assert zeropp["exact_fwd"].link_bytes_per_node == (w - 1) * e * 2
 
 
 def test_codec_seconds_from_given_rates():

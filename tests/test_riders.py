@@ -11,6 +11,7 @@ from hfcompress import get_compressor
 from hfcompress.comm import (QuantizedAllGather, QuantizedReduceScatter, Topology,
                              TwoHopReduceScatter, WireMeter)
 from hfcompress.comm.hop import all_gather_single, reduce_scatter_single
+from hfcompress.comm.traffic import sent
 from test_comm_collectives import inputs
 
 E = 24      # exact values per slot
@@ -24,17 +25,22 @@ def check_reduce_scatter(rank, world, topo, meter):
     h8 = get_compressor("hadamard", bits=8, group_size=128, hadamard_size=32, rounding="nearest")
     h4 = get_compressor("hadamard", bits=4, group_size=128, hadamard_size=32, rounding="nearest")
     int4 = get_compressor("int", bits=4, group_size=128, rounding="nearest")
-    s = 300
+    s, x, y = 300, topo.ranks_per_node, topo.num_nodes
     for dtype in (torch.float32, torch.bfloat16):
+        size = dtype.itemsize
         xs = inputs(world, world * s, dtype, seed=7)
         es = _ints(world, world * E, dtype, seed=8)
         for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
             exact = torch.empty(E, dtype=dtype)
             reduce_scatter_single(exact, es[rank].clone(), op=op)
-            for make in (lambda: TwoHopReduceScatter(topo, h8, h4, meter=meter),
-                         lambda: QuantizedReduceScatter(h4, topo, meter),
-                         lambda: QuantizedReduceScatter(get_compressor("loco", inner=int4),
-                                                        topo, meter)):
+            declared = (lambda e: TwoHopReduceScatter.traffic(s, x, y, h8, h4, size, exact=e),
+                        lambda e: QuantizedReduceScatter.traffic(s, x, y, h4, size, exact=e),
+                        lambda e: QuantizedReduceScatter.traffic(s, x, y, int4, size, exact=e))
+            for make, traffic in zip(
+                    (lambda: TwoHopReduceScatter(topo, h8, h4, meter=meter),
+                     lambda: QuantizedReduceScatter(h4, topo, meter),
+                     lambda: QuantizedReduceScatter(get_compressor("loco", inner=int4),
+                                                    topo, meter)), declared):
                 meter.reset()
                 plain = torch.empty(s, dtype=dtype)
                 make()(plain, xs[rank], op)
@@ -48,7 +54,9 @@ def check_reduce_scatter(rank, world, topo, meter):
                 rider = sum(cur[k] - alone[k] for k in ("intra_bytes", "inter_bytes"))
                 # (world - 1) rows of E values sent, as a ring reduce-scatter would (2-hop:
                 # (X - 1) Y rows in the node, then Y - 1 partial sums across nodes)
-                assert rider == (world - 1) * E * es[0].element_size(), rider
+                assert rider == (world - 1) * E * size, rider
+                # as the cost model declares it (comm/traffic.py)
+                assert sum(sent(traffic(E), x, y)) - sum(sent(traffic(0), x, y)) == rider
 
 
 def check_qwd_all_gather(rank, world, topo, meter):
@@ -75,6 +83,10 @@ def check_qwd_all_gather(rank, world, topo, meter):
             assert (rows[:, s:s + 8] == -1).all()                # other columns untouched
             extra = sum(cur[k] - alone[k] for k in ("intra_bytes", "inter_bytes"))
             assert extra == (world - 1) * E * es[0].element_size(), (extra, step)
+            x, y, qwd = topo.ranks_per_node, topo.num_nodes, get_compressor("qwd")
+            declared = [sent(QuantizedAllGather.traffic(s, x, y, qwd, dtype.itemsize, exact=e),
+                             x, y) for e in (E, 0)]
+            assert sum(declared[0]) - sum(declared[1]) == extra
 
 
 def worker(rank, world):

@@ -107,12 +107,12 @@ class QuantizedAllGather(StreamOwner):
 
     @staticmethod
     def traffic(numel: int, ranks_per_node: int, nodes: int, compressor: Compressor | None,
-                itemsize: int, unchanged: bool = False) -> list[Phase]:
+                itemsize: int, unchanged: bool = False, exact: int = 0) -> list[Phase]:
         """One call over the world of ``numel`` values of ``itemsize`` bytes per rank
-        (``traffic.py``); qWD: :meth:`ShardedReferences.traffic`."""
+        (``traffic.py``); qWD: :meth:`ShardedReferences.traffic` (``exact`` values riding)."""
         if isinstance(compressor, ReferenceCoded):
             return ShardedReferences.traffic(numel, ranks_per_node, nodes, compressor,
-                                             itemsize, unchanged)
+                                             itemsize, unchanged, exact)
         return [gather("world", payload_bytes(compressor, numel, itemsize))]
 
     # -- state ----------------------------------------------------------------------------

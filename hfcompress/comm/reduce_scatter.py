@@ -148,12 +148,14 @@ class QuantizedReduceScatter(StreamOwner):
 
     @staticmethod
     def traffic(numel: int, ranks_per_node: int, nodes: int, compressor: Compressor | None,
-                itemsize: int) -> list[Phase]:
-        """One call over the world, ``numel`` output values per rank (``traffic.py``)."""
+                itemsize: int, exact: int = 0) -> list[Phase]:
+        """One call over the world, ``numel`` output values per rank (``traffic.py``);
+        ``exact`` values per rank ride a compressor's all-to-all (``riders.py``)."""
         w = ranks_per_node * nodes
         if compressor is None:
             return [Phase("reduce_scatter", "world", w * numel * itemsize, numel * itemsize)]
-        return [exchange("world", w, payload_bytes(compressor, numel, itemsize))] if w > 1 else []
+        per_row = payload_bytes(compressor, numel, itemsize) + exact * itemsize
+        return [exchange("world", w, per_row)] if w > 1 else []
 
     def check_saved_layout(self, layout: Any) -> None:
         """The saved layout is ``(world, S)``: the world size must match the topology's."""

@@ -211,16 +211,19 @@ class ShardedReferences:
 
     @staticmethod
     def traffic(numel: int, ranks_per_node: int, nodes: int, compressor: ReferenceCoded,
-                itemsize: int, unchanged: bool = False) -> list[Phase]:
+                itemsize: int, unchanged: bool = False, exact: int = 0) -> list[Phase]:
         """One call after the first (exact) one over the world, node-sharded (``traffic.py``):
         step 1, the inter-node gather of the coded differences (not when ``unchanged``), and
-        with X > 1 step 3, the intra-node gather of the Y rebuilt slots."""
+        with X > 1 step 3, the intra-node gather of the Y rebuilt slots; ``exact`` values
+        per slot ride both (``riders.py``; not with ``unchanged``, which has no step 1)."""
         x, y = ranks_per_node, nodes
+        e = 0 if unchanged else exact
         phases = []
         if not unchanged and y > 1:     # X = 1: the Y = W ranks hold every slot
-            phases.append(gather("inter", payload_bytes(compressor.steady(), numel, itemsize)))
+            phases.append(gather("inter", payload_bytes(compressor.steady(), numel, itemsize)
+                                 + e * itemsize))
         if x > 1:
-            phases.append(gather("intra", y * numel * itemsize))
+            phases.append(gather("intra", y * (numel + e) * itemsize))
         return phases
 
     @property

@@ -129,17 +129,21 @@ class TwoHopReduceScatter(StreamOwner):
 
     @staticmethod
     def traffic(numel: int, ranks_per_node: int, nodes: int, intra: Compressor | None,
-                inter: Compressor | None, itemsize: int, chunks: int = 1) -> list[Phase]:
+                inter: Compressor | None, itemsize: int, chunks: int = 1,
+                exact: int = 0) -> list[Phase]:
         """One call, ``numel`` output values per rank (``traffic.py``): per chunk, the
         intra-node all-to-all of X rows of Y chunk widths, then the inter-node one of Y
-        rows (None: the input's dtype)."""
+        rows (None: the input's dtype); ``exact`` values per rank ride the first chunk's
+        hops (``riders.py``)."""
         x, y = ranks_per_node, nodes
         phases = []
-        for a, b in _chunk_bounds(numel, chunks):
+        for c, (a, b) in enumerate(_chunk_bounds(numel, chunks)):
+            e = exact * itemsize if c == 0 else 0
             if x > 1:
-                phases.append(exchange("intra", x, payload_bytes(intra, y * (b - a), itemsize)))
+                phases.append(exchange("intra", x,
+                                       payload_bytes(intra, y * (b - a), itemsize) + y * e))
             if y > 1:
-                phases.append(exchange("inter", y, payload_bytes(inter, b - a, itemsize)))
+                phases.append(exchange("inter", y, payload_bytes(inter, b - a, itemsize) + e))
         return phases
 
     def check_saved_layout(self, layout: Any) -> None:

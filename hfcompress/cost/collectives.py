@@ -19,9 +19,10 @@ against the WireMeter by ``tests/test_traffic.py``), with the codec work of that
   (``QuantizedReduceScatter``) or 2-hop (``TwoHopReduceScatter``: ZeRO++ B.3, SDP4Bit Alg. 3);
   the codec: hop 1 compresses every row and decodes X payloads of Y rows, hop 2 the Y partial
   sums (LoCo error feedback, Alg. 1, on the hops ``CompressionConfig.with_loco`` wraps);
-- ``exact_fwd`` / ``exact_bwd`` / ``exact_grads``: the exactly sent columns (norms, biases,
-  ``exact_patterns``) through exact collectives of their own, when the rest is compressed
-  (with nothing compressed every column travels in the one exact call).
+- the exactly sent columns (norms, biases, ``exact_patterns``): with nothing compressed every
+  column travels in the one exact call; compressed gradients and qWD's forward gather carry
+  them on their own wire rows (``comm/riders.py``); elsewhere (the other weight schemes,
+  qWD's backward gather) ``exact_fwd`` / ``exact_bwd``, exact collectives of their own.
 
 DDP presets (``all_reduce`` set): ``all_reduce``, ``QuantizedAllReduce.traffic`` per fp32
 bucket of ``bucket_bytes``; ``exact_all_reduce`` for the exact columns.
@@ -135,10 +136,14 @@ def unit_collectives(s: Senders, unit: Unit, nodes: int, weight_bytes: int = 2,
     if c is None:
         out += _call("weights_fwd", QuantizedAllGather.traffic(n + e, x, y, None, wb), n + e)
     else:
-        rows = ShardedReferences.rows(w, x) if isinstance(c, ReferenceCoded) else w
-        out += _call("weights_fwd", QuantizedAllGather.traffic(n, x, y, c, wb), n,
+        qwd = isinstance(c, ReferenceCoded)   # its gathers carry the exact columns
+        rows = ShardedReferences.rows(w, x) if qwd else w
+        out += _call("weights_fwd", QuantizedAllGather.traffic(n, x, y, c, wb,
+                                                               exact=e if qwd else 0), n,
                      [Work("weights", n, rows * n)])
-        out += _call("exact_fwd", QuantizedAllGather.traffic(e, x, y, None, wb) if e else [], e)
+        if not qwd:
+            out += _call("exact_fwd", QuantizedAllGather.traffic(e, x, y, None, wb) if e else [],
+                         e)
     reshard = hpz_reshard(x, w) if s.config.hpz else True
     if unit.backward_gather and reshard is not False:
         if reshard is not True:      # hpZ: the node's secondary partition, exact, in the node
@@ -163,11 +168,11 @@ def unit_collectives(s: Senders, unit: Unit, nodes: int, weight_bytes: int = 2,
         if y > 1 and s.grad_inter is not None:   # hop 2: the Y partial sums
             work.append(Work("grad_inter", y * n, y * n))
         out += _call("grads", TwoHopReduceScatter.traffic(
-            n, x, y, s.grad_intra, s.grad_inter, gb, chunks), n, work, two_hop=True)
-    else:
-        out += _call("grads", QuantizedReduceScatter.traffic(n, x, y, s.grad_inter, gb), n,
+            n, x, y, s.grad_intra, s.grad_inter, gb, chunks, exact=e), n, work, two_hop=True)
+    else:     # the exact columns ride the compressed all-to-all (comm/riders.py)
+        out += _call("grads", QuantizedReduceScatter.traffic(n, x, y, s.grad_inter, gb,
+                                                             exact=e), n,
                      [Work("grad_inter", w * n, w * n)] if w > 1 else [])
-    out += _call("exact_grads", QuantizedReduceScatter.traffic(e, x, y, None, gb) if e else [], e)
     return out
 
 
