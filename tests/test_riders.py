@@ -89,12 +89,38 @@ def check_qwd_all_gather(rank, world, topo, meter):
             assert sum(declared[0]) - sum(declared[1]) == extra
 
 
+def check_stateless_all_gather(rank, world, topo, meter):
+    """ZeRO++'s int8 weights (a stateless scheme): the exact values ride its one gather."""
+    s, x, y = 4096, topo.ranks_per_node, topo.num_nodes
+    int8 = get_compressor("int", bits=8, group_size=2048, rounding="nearest")
+    for dtype in (torch.float32, torch.bfloat16):
+        xs, es = inputs(world, s, dtype, seed=40), _ints(world, E, dtype, seed=41)
+        exact = torch.empty(world * E, dtype=dtype)
+        all_gather_single(exact, es[rank].clone())
+        plain = torch.empty(world * s, dtype=dtype)
+        meter.reset()
+        QuantizedAllGather(int8, topology=topo, meter=meter)(plain, xs[rank])
+        alone = meter.current()
+        got, got_e = torch.empty(world * s, dtype=dtype), torch.empty(world, E + 3, dtype=dtype)
+        meter.reset()
+        QuantizedAllGather(int8, topology=topo, meter=meter)(got, xs[rank],
+                                                             exact=(es[rank], got_e[:, :E]))
+        cur = meter.current()
+        assert torch.equal(got, plain) and torch.equal(got_e[:, :E].reshape(-1), exact), dtype
+        extra = sum(cur[k] - alone[k] for k in ("intra_bytes", "inter_bytes"))
+        assert extra == (world - 1) * E * dtype.itemsize, extra
+        declared = [sent(QuantizedAllGather.traffic(s, x, y, int8, dtype.itemsize, exact=e),
+                         x, y) for e in (E, 0)]
+        assert sum(declared[0]) - sum(declared[1]) == extra
+
+
 def worker(rank, world):
     for x in (1, 2, 4):
         meter = WireMeter()
         topo = Topology(ranks_per_node=x)
         check_reduce_scatter(rank, world, topo, meter)
         check_qwd_all_gather(rank, world, topo, meter)
+        check_stateless_all_gather(rank, world, topo, meter)
     return True
 
 

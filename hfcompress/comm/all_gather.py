@@ -36,6 +36,7 @@ from ..compressors.runs import Runs
 from .hop import all_gather_single
 from .futures import finish, inline, overlaps, side_stream_call
 from .reference_gather import ShardedReferences
+from .riders import attach, detach
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
 from .traffic import Phase, gather, payload_bytes
@@ -60,14 +61,16 @@ class QuantizedAllGather(StreamOwner):
                  group: dist.ProcessGroup | None = None, unchanged: bool = False,
                  async_op: bool = False, exact: tuple[torch.Tensor, torch.Tensor] | None = None,
                  columns: Runs | None = None) -> torch.futures.Future | None:
-        """qWD only: ``exact``, ``(values [E], out [world, E])``, columns gathered exactly in
-        the same collectives; ``columns``: ``output`` is ``[world, S]`` rows and the slots go
-        to these column runs (``ShardedReferences``)."""
+        """``exact``: ``(values [E], out [world, E])``, columns gathered exactly in the same
+        collective(s) (``riders.py``); qWD only: ``columns``, ``output`` is ``[world, S]``
+        rows and the slots go to these column runs (``ShardedReferences``)."""
         if group is None:
             group = self.topology.group if self.topology else dist.group.WORLD
         (me, world), s = rank_size(group), input.numel()
-        if (exact is not None or columns is not None) and self.references is None:
-            raise ValueError("all_gather: exact / columns are qWD's (a ReferenceCoded scheme)")
+        if (exact is not None and self.compressor is None) or \
+                (columns is not None and self.references is None):
+            raise ValueError("all_gather: exact columns ride a compressor's gather; columns "
+                             "are qWD's (a ReferenceCoded scheme)")
         if columns is None and output.numel() != world * s:
             raise ValueError(f"all_gather: output has {output.numel()} values, expected "
                              f"world size {world} x input {s} = {world * s}")
@@ -92,17 +95,20 @@ class QuantizedAllGather(StreamOwner):
         slots = self.streams["slots"]
         buf = slots[me].compress(flat).flat()
         n = buf.numel()
-        gathered = torch.empty(world * n, dtype=torch.uint8, device=buf.device)
-        self._record([n] * world, group, me)
-        work = all_gather_single(gathered, buf, group=group, async_op=launch)
+        row = attach(buf.view(1, -1), None if exact is None else exact[0].reshape(1, -1))
+        gathered = torch.empty(world, row.shape[1], dtype=torch.uint8, device=buf.device)
+        self._record([row.shape[1]] * world, group, me)
+        work = all_gather_single(gathered.view(-1), row.view(-1), group=group, async_op=launch)
 
         def decode() -> None:
+            wire, values = detach(gathered, n, None if exact is None else exact[0].dtype)
             if not slots.stateful:   # one decode of every slot (same numbers)
-                slots.compressor.decompress_slots(gathered.view(world, n), s, out.view(world, s))
-                return
-            for r in range(world):   # a stream per slot
-                slots[r].decompress_slots(gathered.view(world, n)[r:r + 1], s,
-                                          out.view(world, s)[r:r + 1])
+                slots.compressor.decompress_slots(wire, s, out)
+            else:
+                for r in range(world):   # a stream per slot
+                    slots[r].decompress_slots(wire[r:r + 1], s, out[r:r + 1])
+            if values is not None:
+                exact[1].copy_(values)
         return finish(work, decode, async_op, input.device)
 
     @staticmethod
@@ -113,7 +119,8 @@ class QuantizedAllGather(StreamOwner):
         if isinstance(compressor, ReferenceCoded):
             return ShardedReferences.traffic(numel, ranks_per_node, nodes, compressor,
                                              itemsize, unchanged, exact)
-        return [gather("world", payload_bytes(compressor, numel, itemsize))]
+        extra = exact * itemsize if compressor is not None else 0
+        return [gather("world", payload_bytes(compressor, numel, itemsize) + extra)]
 
     # -- state ----------------------------------------------------------------------------
     def compressors(self) -> list[Compressor]:

@@ -20,9 +20,9 @@ against the WireMeter by ``tests/test_traffic.py``), with the codec work of that
   the codec: hop 1 compresses every row and decodes X payloads of Y rows, hop 2 the Y partial
   sums (LoCo error feedback, Alg. 1, on the hops ``CompressionConfig.with_loco`` wraps);
 - the exactly sent columns (norms, biases, ``exact_patterns``): with nothing compressed every
-  column travels in the one exact call; compressed gradients and qWD's forward gather carry
-  them on their own wire rows (``comm/riders.py``); elsewhere (the other weight schemes,
-  qWD's backward gather) ``exact_fwd`` / ``exact_bwd``, exact collectives of their own.
+  column travels in the one exact call; the compressed collectives carry them on their own
+  wire rows (``comm/riders.py``); only qWD's backward gather (unchanged weights, no
+  differences to ride) leaves them to ``exact_bwd``, an exact all-gather of their own.
 
 DDP presets (``all_reduce`` set): ``all_reduce``, ``QuantizedAllReduce.traffic`` per fp32
 bucket of ``bucket_bytes``; ``exact_all_reduce`` for the exact columns.
@@ -136,14 +136,10 @@ def unit_collectives(s: Senders, unit: Unit, nodes: int, weight_bytes: int = 2,
     if c is None:
         out += _call("weights_fwd", QuantizedAllGather.traffic(n + e, x, y, None, wb), n + e)
     else:
-        qwd = isinstance(c, ReferenceCoded)   # its gathers carry the exact columns
-        rows = ShardedReferences.rows(w, x) if qwd else w
-        out += _call("weights_fwd", QuantizedAllGather.traffic(n, x, y, c, wb,
-                                                               exact=e if qwd else 0), n,
+        # the compressed gather carries the exact columns (comm/riders.py)
+        rows = ShardedReferences.rows(w, x) if isinstance(c, ReferenceCoded) else w
+        out += _call("weights_fwd", QuantizedAllGather.traffic(n, x, y, c, wb, exact=e), n,
                      [Work("weights", n, rows * n)])
-        if not qwd:
-            out += _call("exact_fwd", QuantizedAllGather.traffic(e, x, y, None, wb) if e else [],
-                         e)
     reshard = hpz_reshard(x, w) if s.config.hpz else True
     if unit.backward_gather and reshard is not False:
         if reshard is not True:      # hpZ: the node's secondary partition, exact, in the node
@@ -151,12 +147,13 @@ def unit_collectives(s: Senders, unit: Unit, nodes: int, weight_bytes: int = 2,
         elif c is None:
             out += _call("weights_bwd", QuantizedAllGather.traffic(n + e, x, y, None, wb, True),
                          n + e)
-        else:
-            decode = [] if isinstance(c, ReferenceCoded) else [Work("weights", n, w * n)]
-            out += _call("weights_bwd", QuantizedAllGather.traffic(n, x, y, c, wb, True), n,
-                         decode)
+        elif isinstance(c, ReferenceCoded):   # unchanged weights: no differences to ride
+            out += _call("weights_bwd", QuantizedAllGather.traffic(n, x, y, c, wb, True), n)
             out += _call("exact_bwd",
                          QuantizedAllGather.traffic(e, x, y, None, wb, True) if e else [], e)
+        else:
+            out += _call("weights_bwd", QuantizedAllGather.traffic(n, x, y, c, wb, True, e), n,
+                         [Work("weights", n, w * n)])
     # -- gradients
     if not s.grads_compressed:
         out += _call("grads", QuantizedReduceScatter.traffic(n + e, x, y, None, gb), n + e)

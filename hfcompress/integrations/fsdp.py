@@ -142,34 +142,37 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
 
     def _gather_mixed(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                       group: dist.ProcessGroup, unchanged: bool, async_op: bool):
-        """Compressed and exact columns. qWD sending differences carries the exact ones in
-        its own gathers (``comm/riders.py``) and writes both into their columns of the
-        output; otherwise two collectives: the compressed columns decode into the output
-        where they are one run (a row-strided view), torch's all-gather fills a buffer, put
-        there after."""
+        """Compressed and exact columns. The exact ones ride the compressed gather
+        (``comm/riders.py``) unless qWD sends no differences (unchanged weights: two
+        collectives, torch's all-gather into a buffer). Each column set decodes into its
+        columns of the output where they are one run (a row-strided view; qWD's slots always
+        go straight there), else into a buffer put there after."""
         layout, world = self.layouts.full, group.size()
         comp_in, exact_in = layout.split(input_tensor.reshape(1, -1))
-        rows = output_tensor.view(world, -1)
+        rows, puts = output_tensor.view(world, -1), []
 
-        def staged(cols: torch.Tensor) -> torch.Tensor:
-            return torch.empty(world, cols.shape[1], dtype=input_tensor.dtype,
-                               device=input_tensor.device)
+        def into_columns(runs, cols: torch.Tensor, contiguous: bool = False) -> torch.Tensor:
+            out = view(rows, runs)
+            if out is None or (contiguous and not out.is_contiguous()):
+                out = torch.empty(world, cols.shape[1], dtype=input_tensor.dtype,
+                                  device=input_tensor.device)
+                puts.append((runs, out))
+            return out
         refs = self.compressed.references
-        if refs is not None and refs.sends_differences(unchanged):
-            exact_view = view(rows, layout.exact_runs)
-            exact_out = staged(exact_in) if exact_view is None else exact_view
-            futures = [self.compressed(rows, comp_in.reshape(-1), group, unchanged=unchanged,
-                                       async_op=async_op, exact=(exact_in, exact_out),
-                                       columns=layout.compressed_runs)]
-            puts = [] if exact_view is not None else [(layout.exact_runs, exact_out)]
+        if refs is None or refs.sends_differences(unchanged):
+            qwd = refs is not None
+            comp_out = rows if qwd else into_columns(layout.compressed_runs, comp_in)
+            exact_out = into_columns(layout.exact_runs, exact_in)
+            futures = [self.compressed(comp_out, comp_in.reshape(-1), group,
+                                       unchanged=unchanged, async_op=async_op,
+                                       exact=(exact_in, exact_out),
+                                       columns=layout.compressed_runs if qwd else None)]
         else:
-            comp_view, exact_out = view(rows, layout.compressed_runs), staged(exact_in)
-            comp_out = staged(comp_in) if comp_view is None else comp_view
+            comp_out = into_columns(layout.compressed_runs, comp_in)
+            exact_out = into_columns(layout.exact_runs, exact_in, contiguous=True)
             futures = [self.compressed(comp_out, comp_in.reshape(-1), group,
                                        unchanged=unchanged, async_op=async_op),
                        self.exact(exact_out, exact_in.reshape(-1), group, async_op=async_op)]
-            puts = [(layout.exact_runs, exact_out)] + \
-                ([(layout.compressed_runs, comp_out)] if comp_view is None else [])
 
         def merge() -> None:
             for runs, buf in puts:
