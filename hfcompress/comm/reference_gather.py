@@ -42,8 +42,8 @@ import torch
 import torch.distributed as dist
 
 from ..compressors.base import ReferenceCoded
-from .hop import all_gather_single
 from ..compressors.runs import Runs, put
+from .hop import all_gather_single
 from .futures import finish, overlaps
 from .one_rank import skips
 from .riders import attach, detach
@@ -186,12 +186,22 @@ class ShardedReferences:
             return finish(work, rebuild_and_copy, async_op, out.device)
         if rebuild is not None:   # step 3 gathers the rebuilt references: rebuild first
             rebuild()
-        ref = self.qwd.reference
+
+        def record(intra: int, inter: int) -> None:    # step 1's bytes and step 3's, one call
+            if meter is not None:
+                meter.record(tag, intra_bytes + intra, inter_bytes + inter)
+        return self._in_node(route, out, s, values, exact, columns, async_op, record)
+
+    def _in_node(self, route: Route, out: torch.Tensor, s: int, values: torch.Tensor | None,
+                 exact: tuple[torch.Tensor, torch.Tensor] | None, columns: Runs | None,
+                 async_op: bool, record) -> torch.futures.Future | None:
+        """Step 3: the intra-node gather of the Y rebuilt slots (each followed by its exact
+        ``values``, if riding) into the rank-major output; ``record(intra, inter)`` meters
+        the call with its bytes."""
+        x, y, ref = route.ranks_per_node, route.rows, self.qwd.reference
         slots = ref.view(y, s) if values is None else torch.cat([ref.view(y, s), values], 1)
         width = slots.shape[1]
-        a, b = sends(y * width * ref.element_size(), route.intra_remote, route.local)
-        if meter is not None:
-            meter.record(tag, intra_bytes + a, inter_bytes + b)
+        record(*sends(y * width * ref.element_size(), route.intra_remote, route.local))
         gathered = torch.empty(x, y, width, dtype=ref.dtype, device=ref.device)
         work = all_gather_single(gathered.view(-1), slots.reshape(-1), group=route.intra,
                                  async_op=overlaps(out.device, async_op))

@@ -61,4 +61,3 @@ def check_exact(exact: tuple[torch.Tensor, torch.Tensor] | None, world: int) -> 
     if values.dim() != 2 or values.shape[0] != world or values.shape[1] != out.numel():
         raise ValueError(f"exact columns {tuple(values.shape)} do not match world size {world} "
                          f"x output {out.numel()}")
-
