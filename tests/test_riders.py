@@ -34,10 +34,13 @@ def check_reduce_scatter(rank, world, topo, meter):
             exact = torch.empty(E, dtype=dtype)
             reduce_scatter_single(exact, es[rank].clone(), op=op)
             declared = (lambda e: TwoHopReduceScatter.traffic(s, x, y, h8, h4, size, exact=e),
+                        lambda e: TwoHopReduceScatter.traffic(s, x, y, h8, h4, size, chunks=2,
+                                                              exact=e),
                         lambda e: QuantizedReduceScatter.traffic(s, x, y, h4, size, exact=e),
                         lambda e: QuantizedReduceScatter.traffic(s, x, y, int4, size, exact=e))
             for make, traffic in zip(
                     (lambda: TwoHopReduceScatter(topo, h8, h4, meter=meter),
+                     lambda: TwoHopReduceScatter(topo, h8, h4, chunks=2, meter=meter),
                      lambda: QuantizedReduceScatter(h4, topo, meter),
                      lambda: QuantizedReduceScatter(get_compressor("loco", inner=int4),
                                                     topo, meter)), declared):
