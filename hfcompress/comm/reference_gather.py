@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 def place_slots(out: torch.Tensor, columns: Runs | None, slots: torch.Tensor) -> None:
     """``out <- slots`` (same shape), or into the ``columns`` runs of ``out``'s last dim."""
     if columns is None:
-        out.copy_(slots.view(out.shape) if slots.is_contiguous() else slots)
+        out.copy_(slots)
     else:
         put(out, columns, slots)
 

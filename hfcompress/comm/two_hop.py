@@ -104,14 +104,14 @@ class TwoHopReduceScatter(StreamOwner):
         last = dict(out=sum_target(output, op), inverse=rotated_sums) \
             if len(bounds) == 1 else {}
         riding = None if exact is None else exact[0]
+        finish_exact = None if exact is None else \
+            lambda values: final_sum(values, exact[1], op, p)
         hop1 = self._hop1(rows, bounds, 0, rotated_rows, riding) if bounds else None
         hop2, partial = [], None
         for c, (a, b) in enumerate(bounds):
             partial, riding = hop1()
             if c + 1 < len(bounds):
                 hop1 = self._hop1(rows, bounds, c + 1, rotated_rows)
-            finish_exact = None if riding is None else \
-                lambda values: final_sum(values, exact[1], op, p)
             hop2.append((a, b, self._hop2(partial, b - a, c, input.dtype,
                                           x > 1 or rotated_rows, riding=riding,
                                           finish_exact=finish_exact, **last)))

@@ -69,8 +69,8 @@ _RANK_SIZE: dict[int, tuple] = {}
 @functools.lru_cache(maxsize=None)
 def peer_counts(remote: tuple[bool, ...], me: int) -> tuple[int, int]:
     """(peers on this node, peers on other nodes) of a group, ``me`` excluded."""
-    inter = sum(r for k, r in enumerate(remote) if k != me)
-    return len(remote) - 1 - inter if 0 <= me < len(remote) else len(remote) - inter, inter
+    peers = [r for k, r in enumerate(remote) if k != me]
+    return peers.count(False), peers.count(True)
 
 
 class Timer:

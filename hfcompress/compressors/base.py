@@ -248,11 +248,9 @@ def stack_payloads(packeds: Sequence[Packed], tails: torch.Tensor | None = None
     sizes = [p.nbytes() for p in packeds]
     if any(n != sizes[0] for n in sizes):
         raise RuntimeError(f"payload sizes differ between parts: {sizes}")
-    tail = [] if tails is None else \
-        [t.contiguous().view(torch.uint8) for t in tails] if tails.numel() else []
+    extra = [()] * len(packeds) if tails is None else [(t,) for t in tails]
     parts = [t.contiguous().reshape(-1).view(torch.uint8)
-             for k, p in enumerate(packeds)
-             for t in (*p.payload.values(), *tail[k:k + 1])]
+             for p, tail in zip(packeds, extra) for t in (*p.payload.values(), *tail)]
     if not parts:
         return torch.empty(len(packeds), 0, dtype=torch.uint8)
     return torch.cat(parts).view(len(packeds), -1)

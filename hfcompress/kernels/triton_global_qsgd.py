@@ -43,7 +43,7 @@ def _launch(kernel, n: int, t: torch.Tensor, *args, **consts) -> None:
     """Run ``kernel(*args, **consts, BLOCK)`` over ``n`` output elements on ``t``'s device."""
     block = per_program(t, BLOCK, GPU_BLOCK)
     kernel[(cdiv(n, block),)](*args, **consts, BLOCK=block, num_warps=NUM_WARPS,
-                                     enable_fp_fusion=False)
+                              enable_fp_fusion=False)
 
 
 def _scales(block_size: int | None, numel: int, values: int) -> tuple[int, int]:

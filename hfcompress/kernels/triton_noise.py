@@ -162,5 +162,5 @@ def uniform_like(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     if n:
         k, mode, row_len = noise_operand(keys, n, out)
         _uniform_kernel[(cdiv(n, BLOCK),)](k, out, n, row_len, HASH=mode, BLOCK=BLOCK,
-                                                  num_warps=NUM_WARPS)
+                                           num_warps=NUM_WARPS)
     return out
