@@ -56,9 +56,10 @@ if TYPE_CHECKING:
 
 
 def place_slots(out: torch.Tensor, columns: Runs | None, slots: torch.Tensor) -> None:
-    """``out <- slots`` (same shape), or into the ``columns`` runs of ``out``'s last dim."""
+    """``out <- slots`` (the same values; ``out`` may be shaped otherwise, e.g. the frozen
+    path's flat buffer), or into the ``columns`` runs of ``out``'s last dim."""
     if columns is None:
-        out.copy_(slots)
+        out.copy_(slots.view(out.shape) if slots.is_contiguous() else slots)
     else:
         put(out, columns, slots)
 
