@@ -29,7 +29,8 @@ def per_destination(c: Compressor) -> Compressor:
     c.compress_rows = types.MethodType(Compressor.compress_rows, c)
     c.reduce_rows = types.MethodType(Compressor.reduce_rows, c)
     if hasattr(c, "compress_rotated"):
-        c.compress_rotated_rows = lambda y: stack_payloads([c.compress_rotated(r) for r in y])
+        c.compress_rotated_rows = lambda y, tail=None: stack_payloads(
+            [c.compress_rotated(r) for r in y], tail)
         c.reduce_rotated_rows = lambda w, shape, dt, out=None: into(c.reduce_rotated(
             [c.unflatten(r, shape, dt) for r in w]), out)
     return c

@@ -52,6 +52,25 @@ def test_compress_rows_is_one_compress_per_row(name, params, rows, s, backend):
     assert torch.equal(batched.compress(x[0]).flat(), single.compress(x[0]).flat())
 
 
+TAILS = [(torch.float32, 3), (torch.bfloat16, 5), (torch.bfloat16, 6)]   # 5: not whole words
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name,params", SCHEMES)
+def test_compress_rows_carries_a_tail(name, params, backend):
+    """``compress_rows(x, tail)``: each row's payload as without a tail, then the bytes of
+    that row of ``tail`` (exact values riding along, ``comm/riders.py``), for tails of whole
+    int32 words or not (then the fields and the tail are joined)."""
+    for dtype, e in TAILS:
+        batched = build_compressor(name, backend=backend, seed=3, **params)
+        single = build_compressor(name, backend=backend, seed=3, **params)
+        x = _rows(3, 200)
+        tail = torch.randn(3, 2 * e).to(dtype)[:, ::2]      # strided rows: any strides
+        wire = batched.compress_rows(x, tail)
+        want = torch.cat([single.compress_rows(x), tail.contiguous().view(torch.uint8)], 1)
+        assert torch.equal(wire, want), (dtype, e)
+
+
 class _Ops(TorchDispatchMode):
     """The aten ops a block runs, those of the Triton interpreter's own copies left out."""
 
@@ -81,6 +100,30 @@ def test_triton_rows_and_payloads_need_no_copy(name, params):
     assert "cat" not in ops.names and "copy_" not in ops.names, ops.names
     assert wire.shape[0] == 4 and flat.data_ptr() == packed.payload["codes"].data_ptr()
     assert torch.equal(flat, torch.cat([t.view(torch.uint8) for t in packed.payload.values()]))
+    tail = torch.randn(4, 6)
+    with _Ops() as ops:     # a tail of whole words: copied after the payload, no cat
+        comp.compress_rows(x, tail)
+    assert "cat" not in ops.names and ops.names.count("copy_") == 1, ops.names
+
+
+@pytest.mark.parametrize("name,params", [SCHEMES[0], SCHEMES[4], SCHEMES[6]])
+def test_payload_rows_are_views_of_the_wire(name, params):
+    """A receiver reads every peer's fields in place (the decoders take strided rows): no
+    copy of the codes or the scales per receive, also with exact values after each payload;
+    copies only where a field's start or the row stride is not a multiple of its dtype's
+    size (a bf16 tail of odd length), with the same numbers."""
+    comp = build_compressor(name, backend="triton", seed=3, **params)
+    x = _rows(3, 256)
+    for dtype, e in ((torch.float32, 0), *TAILS):
+        wire = comp.compress_rows(x, torch.zeros(3, e, dtype=dtype) if e else None)
+        with _Ops() as ops:
+            fields = comp.payload_rows(wire, 256)
+        aligned = wire.shape[1] % 4 == 0
+        lo, hi = wire.data_ptr(), wire.data_ptr() + wire.numel()
+        assert aligned == all(lo <= f.data_ptr() < hi for f in fields), (dtype, e)
+        assert aligned == (not {"copy_", "clone", "contiguous"} & set(ops.names)), ops.names
+        payload = wire[:, :wire.shape[1] - e * dtype.itemsize].contiguous()
+        assert all(torch.equal(f, w) for f, w in zip(fields, comp.payload_rows(payload, 256)))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -169,6 +169,35 @@ def test_rows_all_gather_recipe(inner, dtype, shard):
         w = (w.float() + 1e-3 * _weights(world * shard, seed=step + 10) / 0.02).to(dtype)
 
 
+@pytest.mark.parametrize("inner", ["int", "int-triton", "qsgd"])
+@pytest.mark.parametrize("tail", [None, (torch.float32, 3), (torch.bfloat16, 5)])
+def test_wire_slot_is_the_slot_payload_then_the_tail(inner, tail):
+    """``wire_slot``: ``compress_slot(...).flat()`` then the tail's bytes (exact values riding
+    an all-gather), on the first (exact) call and after; the int inner's kernel writes the
+    row (the Triton one interpreted), another inner joins it. Ragged shards (not whole
+    groups)."""
+    rows, shard = 3, 2049
+
+    def make():
+        if inner == "qsgd":
+            return get_compressor("qwd", inner=get_compressor("qsgd", bits=8, bucket_size=256))
+        backend = "triton" if inner == "int-triton" else "torch"
+        return get_compressor("qwd", inner=get_compressor("int", bits=4, group_size=2048,
+                                                          rounding="nearest", backend=backend))
+    a, b = make(), make()
+    w = _weights(rows * shard, torch.bfloat16)
+    values = None if tail is None else torch.randn(1, tail[1]).to(tail[0])
+    for step in range(3):
+        got = a.wire_slot(w.view(rows, shard)[1], 1, rows, values)
+        payload = b.compress_slot(w.view(rows, shard)[1], 1, rows).flat()
+        extra = [] if values is None else [values.view(torch.uint8).view(-1)]
+        assert got.shape[0] == 1 and torch.equal(got.view(-1), torch.cat([payload, *extra]))
+        wire = payload.view(1, -1).expand(rows, -1)      # every slot the same: states in step
+        a.decompress_rows(wire, shard, torch.bfloat16)
+        b.decompress_rows(wire, shard, torch.bfloat16)
+        w = (w.float() + 1e-3 * _weights(rows * shard, seed=step + 10) / 0.02).to(torch.bfloat16)
+
+
 def test_state_bytes_is_the_reference():
     q = get_compressor("qwd")
     assert q.state_bytes() == {"references": 0}

@@ -31,12 +31,12 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..compressors.base import Compressor, ReferenceCoded
+from ..compressors.base import Compressor, ReferenceCoded, stack_payloads
 from ..compressors.runs import Runs
 from .hop import all_gather_single
 from .futures import finish, inline, overlaps, side_stream_call
 from .reference_gather import ShardedReferences
-from .riders import attach, detach
+from .riders import detach, rider_nbytes
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
 from .traffic import Phase, gather, payload_bytes
@@ -80,7 +80,7 @@ class QuantizedAllGather(StreamOwner):
                                     keep=[input])
         launch = overlaps(input.device, async_op)
         if self.compressor is None:
-            self._record([s * input.element_size()] * world, group, me)
+            self._record(s * input.element_size(), group, me)
             work = all_gather_single(output.view(-1), input.reshape(-1).contiguous(),
                                      group=group, async_op=launch)
             return finish(work, None, async_op, input.device)
@@ -93,11 +93,13 @@ class QuantizedAllGather(StreamOwner):
             return self.references(out, flat, group, unchanged, self.meter, self.tag, async_op,
                                    exact=exact, columns=columns)
         slots = self.streams["slots"]
-        buf = slots[me].compress(flat).flat()
-        n = buf.numel()
-        row = attach(buf.view(1, -1), None if exact is None else exact[0].reshape(1, -1))
-        gathered = torch.empty(world, row.shape[1], dtype=torch.uint8, device=buf.device)
-        self._record([row.shape[1]] * world, group, me)
+        riding = None if exact is None else exact[0].reshape(1, -1)
+        # the payload, then the riding exact values, in one row (the kernel writes it)
+        row = stack_payloads([slots[me].compress(flat)], riding) if slots.stateful \
+            else slots.compressor.compress_rows(flat.reshape(1, -1), riding)
+        n = row.shape[1] - rider_nbytes(riding)
+        gathered = torch.empty(world, row.shape[1], dtype=torch.uint8, device=row.device)
+        self._record(row.shape[1], group, me)
         work = all_gather_single(gathered.view(-1), row.view(-1), group=group, async_op=launch)
 
         def decode() -> None:
@@ -148,7 +150,7 @@ class QuantizedAllGather(StreamOwner):
             return
         super().load_state_dict(state)
 
-    def _record(self, per_peer: list[int], group: dist.ProcessGroup, me: int) -> None:
+    def _record(self, per_peer: int, group: dist.ProcessGroup, me: int) -> None:
         if self.meter is not None:
             self.meter.record_sends(self.tag, per_peer, peer_is_remote(group, self.topology), me)
 

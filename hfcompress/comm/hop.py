@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..compressors.base import Compressor, Packed, into, stack_payloads
-from .riders import attach
+from ..kernels.packing import tail_bytes
 from .streams import Streams
 from .wire_meter import WireMeter, rank_size
 
@@ -49,8 +49,10 @@ class RawCodec(Compressor):
             total = total + p.payload["values"].float()
         return total.reshape(packeds[0].shape)
 
-    def compress_rows(self, x: torch.Tensor) -> torch.Tensor:
-        return x.contiguous().view(torch.uint8)
+    def compress_rows(self, x: torch.Tensor, tail: torch.Tensor | None = None) -> torch.Tensor:
+        if tail is None:
+            return x.contiguous().view(torch.uint8)
+        return torch.cat([tail_bytes(x), tail_bytes(tail)], dim=1)
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
                     dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -66,11 +68,12 @@ def compress_rows(streams: Streams, rows: torch.Tensor, key: Callable[[int], Has
                   rotated: bool = False, rider: torch.Tensor | None = None) -> torch.Tensor:
     """The uint8 ``[peers, nbytes]`` send buffer of a hop: row k of 2-D ``rows`` compressed for
     peer k, followed by row k of ``rider`` (exact values, ``riders.py``). Stateless: one
-    ``compress_rows`` (``compress_rotated_rows`` if ``rotated``) call; stateful: row k
-    through its own stream ``streams[key(k)]`` (the rider in the same ``cat``)."""
+    ``compress_rows`` (``compress_rotated_rows`` if ``rotated``) call, which writes the
+    rider too; stateful: row k through its own stream ``streams[key(k)]`` (the rider in the
+    same ``cat``)."""
     if not streams.stateful:
         c = streams.compressor
-        return attach(c.compress_rotated_rows(rows) if rotated else c.compress_rows(rows), rider)
+        return (c.compress_rotated_rows if rotated else c.compress_rows)(rows, rider)
     return stack_payloads([
         (streams[key(k)].compress_rotated if rotated else streams[key(k)].compress)(rows[k])
         for k in range(rows.shape[0])], rider)
@@ -82,13 +85,13 @@ class Exchange:
     from rank k)."""
 
     def __init__(self, send: torch.Tensor, group: dist.ProcessGroup, meter: WireMeter | None,
-                 tag: str, remote: Sequence[bool], async_op: bool = False) -> None:
+                 tag: str, remote: tuple[bool, ...], async_op: bool = False) -> None:
         self.count, self.nbytes = send.shape
         self.send = send.contiguous().reshape(-1)  # kept alive until the exchange is done
         self.recv = torch.empty_like(self.send)
         self.work = dist.all_to_all_single(self.recv, self.send, group=group, async_op=async_op)
         if meter is not None:
-            meter.record_sends(tag, [self.nbytes] * self.count, remote, rank_size(group)[0])
+            meter.record_sends(tag, self.nbytes, remote, rank_size(group)[0])
 
     def received(self) -> torch.Tensor:
         """The received rows (valid once the exchange is done)."""

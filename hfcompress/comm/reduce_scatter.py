@@ -26,18 +26,21 @@ from .traffic import Phase, exchange, payload_bytes
 from .wire_meter import WireMeter, peer_is_remote, rank_size
 
 
+_SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG     # singletons: identity is the fast test
+
+
 def premul_factor(op: Any) -> Any:
     """The factor of ``ReduceOp.PREMUL_SUM(factor)`` (FSDP2's custom gradient divide factor
     f arrives as ``PREMUL_SUM(1 / f)``), else None. torch 2.13 has ``op.factor``; older
     releases give it only through the op's pickle state ``(PREMUL_SUM, factor)``."""
-    if getattr(op, "op", op) != dist.ReduceOp.PREMUL_SUM:
+    if op is _SUM or op is _AVG or getattr(op, "op", op) != dist.ReduceOp.PREMUL_SUM:
         return None
     factor = getattr(op, "factor", None)
     return op.__getstate__()[1] if factor is None else factor
 
 
 def check_op(op: Any) -> None:
-    if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+    if op is not _SUM and op is not _AVG and op not in (_SUM, _AVG):
         raise ValueError(f"quantized reduce-scatter supports op ReduceOp.SUM or ReduceOp.AVG, "
                          f"got {op}")
 
@@ -83,7 +86,7 @@ def write_result(output: torch.Tensor, total: torch.Tensor, op: Any, world: int)
 def sum_target(output: torch.Tensor, op: Any) -> torch.Tensor | None:
     """``output`` flat where the decode-sum may write the result straight into it (a SUM
     into a contiguous float32 output: :func:`write_result` would only copy), else None."""
-    if premul_factor(op) is None and op == dist.ReduceOp.SUM \
+    if (op is _SUM or (premul_factor(op) is None and op == _SUM)) \
             and output.dtype == torch.float32 and output.is_contiguous():
         return output.view(-1)
     return None
@@ -120,7 +123,7 @@ class QuantizedReduceScatter(StreamOwner):
         remote = peer_is_remote(group, self.topology)
         if self.compressor is None:
             if self.meter is not None:
-                self.meter.record_sends(self.tag, [s * input.element_size()] * world, remote, me)
+                self.meter.record_sends(self.tag, s * input.element_size(), remote, me)
             flat, op = exact_op(input.reshape(-1).contiguous(), op, group)
             reduce_scatter_single(output, flat, op=op, group=group)
             return

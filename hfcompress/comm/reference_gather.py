@@ -46,7 +46,7 @@ from ..compressors.runs import Runs, put
 from .hop import all_gather_single
 from .futures import finish, overlaps
 from .one_rank import skips
-from .riders import attach, detach
+from .riders import detach, rider_nbytes
 from .topology import Topology
 from .traffic import Phase, gather, payload_bytes
 from .wire_meter import WireMeter, peer_is_remote
@@ -153,19 +153,19 @@ class ShardedReferences:
             raise ValueError("qwd: exact columns ride step 1 only (sends_differences(), no "
                              "frozen columns)")
         if step1:
-            payload = self.qwd.compress_slot(flat, route.row, y).flat()
-            if sent is not None:
-                payload = sent.select(payload)
-            n = payload.numel()
             riding = None if exact is None else exact[0].reshape(1, -1)
             exchanged = y > 1 or not skips(y)
+            # the payload, then the riding exact values, in one row the kernel writes
+            row = self.qwd.wire_slot(flat, route.row, y, riding if exchanged else None)
+            if sent is not None:
+                row = sent.select(row.view(-1)).view(1, -1)
+            n = row.shape[1] - rider_nbytes(riding if exchanged else None)
             if exchanged:
-                row = attach(payload.view(1, -1), riding)
-                wire = torch.empty(y, row.shape[1], dtype=torch.uint8, device=payload.device)
+                wire = torch.empty(y, row.shape[1], dtype=torch.uint8, device=row.device)
                 work = all_gather_single(wire.view(-1), row.view(-1), group=route.inter,
                                          async_op=launch)
             else:   # this rank alone holds its slot: nothing to send
-                row = wire = payload.view(1, -1)
+                wire = row
 
             def rebuild() -> None:
                 nonlocal values

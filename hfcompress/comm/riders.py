@@ -8,23 +8,15 @@ direction, a ring over the whole world for a few kilobytes. Here they ride the c
 payload's own exchange: each wire row is the payload's bytes followed by the row's exact
 values (their own dtype, as torch's collective would send them); the receiver sums them
 (reduce-scatter, in float32 in peer order) or copies them (all-gather). The bytes on the
-wire are the exact collective's; nothing about the payload changes.
+wire are the exact collective's; nothing about the payload changes. The sender writes each
+row once: the quantize kernels write the payload into a row wide enough for the values,
+which are copied after it (``compress_rows(x, tail)``, qWD's ``wire_slot``); where no kernel
+writes the row, the payload's fields and the values go into one ``cat`` (``stack_payloads``).
 """
 
 from __future__ import annotations
 
 import torch
-
-
-def attach(send: torch.Tensor, values: torch.Tensor | None) -> torch.Tensor:
-    """uint8 ``[rows, nbytes + E * itemsize]``: row r of ``send`` (uint8 ``[rows, nbytes]``)
-    followed by the bytes of row r of ``values`` (``[rows, E]``, any dtype, any strides);
-    ``send`` itself when there is nothing to carry."""
-    if values is None:
-        return send
-    if values.stride(-1) != 1:
-        values = values.contiguous()
-    return torch.cat([send, values.view(torch.uint8)], dim=1)
 
 
 def rider_nbytes(values: torch.Tensor | None) -> int:

@@ -38,7 +38,7 @@ from ..compressors.base import Compressor, RotatedDomain, into
 from .hop import Exchange, RawCodec, compress_rows
 from .one_rank import skips
 from .reduce_scatter import check_scatter_op, check_sizes, final_sum, sum_target, write_result
-from .riders import attach, check_exact, detach, forwarded, rider_nbytes
+from .riders import check_exact, detach, forwarded, rider_nbytes
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
 from .traffic import Phase, exchange, payload_bytes
@@ -69,6 +69,7 @@ class TwoHopReduceScatter(StreamOwner):
         self.streams = {"intra": Streams(intra or RawCodec()),
                         "inter": Streams(inter or RawCodec())}
         self.raw_inter = inter is None
+        self._checked: dict = {}     # call signature -> its chunks' bounds (checked once)
         self._remote = {hop: peer_is_remote(g, topology) for hop, g in
                         (("intra", topology.intra_group), ("inter", topology.inter_group))
                         if g is not None}       # None: this rank alone, that hop never runs
@@ -81,16 +82,14 @@ class TwoHopReduceScatter(StreamOwner):
         first pipeline chunk's exchanges, ``riders.py``)."""
         topo = self.topology
         p, x = topo.world_size, topo.ranks_per_node
-        if group is not None and rank_size(group)[1] != p:
-            raise ValueError(f"reduce_scatter_2hop runs over the topology's {p} ranks; got a "
-                             f"group of {dist.get_world_size(group)}")
-        s = check_sizes("reduce_scatter_2hop", output, input, p)
+        key = (output.numel(), input.numel(), group,
+               None if exact is None else (*exact[0].shape, exact[1].numel()))
+        bounds = self._checked.get(key)
+        if bounds is None:   # a new call signature: checked once
+            bounds = self._checked[key] = self._check(output, input, group, exact)
         check_scatter_op(op)
-        check_exact(exact, p)
+        s = output.numel()
         rows = input.reshape(p, s)
-        bounds = _chunk_bounds(s, self.chunks)
-        for name in self.streams:
-            self.streams[name].check_layout((p, x, s, len(bounds)))
         # SDP4Bit 3.3: H once per row, in the first hop that compresses (the intra-node hop,
         # else the inter-node one); the sums stay in the rotated domain. Pipeline chunks cut
         # the rows: then the whole rows are rotated first, so that every Hadamard block is
@@ -127,6 +126,22 @@ class TwoHopReduceScatter(StreamOwner):
         if last.get("out") is None:
             write_result(output, total, op, p)
 
+    def _check(self, output: torch.Tensor, input: torch.Tensor,
+               group: dist.ProcessGroup | None,
+               exact: tuple[torch.Tensor, torch.Tensor] | None) -> list[tuple[int, int]]:
+        """The checks of a call signature (sizes, group, exact columns, the streams' layout);
+        its pipeline chunks' column bounds."""
+        p, x = self.topology.world_size, self.topology.ranks_per_node
+        if group is not None and rank_size(group)[1] != p:
+            raise ValueError(f"reduce_scatter_2hop runs over the topology's {p} ranks; got a "
+                             f"group of {dist.get_world_size(group)}")
+        s = check_sizes("reduce_scatter_2hop", output, input, p)
+        check_exact(exact, p)
+        bounds = _chunk_bounds(s, self.chunks)
+        for name in self.streams:
+            self.streams[name].check_layout((p, x, s, len(bounds)))
+        return bounds
+
     @staticmethod
     def traffic(numel: int, ranks_per_node: int, nodes: int, intra: Compressor | None,
                 inter: Compressor | None, itemsize: int, chunks: int = 1,
@@ -145,6 +160,10 @@ class TwoHopReduceScatter(StreamOwner):
             if y > 1:
                 phases.append(exchange("inter", y, payload_bytes(inter, b - a, itemsize) + e))
         return phases
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._checked.clear()    # the loaded streams' layout is checked at the next call
 
     def check_saved_layout(self, layout: Any) -> None:
         """The saved layout is ``(P, X, S, chunks)``: P and X must match the topology's."""
@@ -170,23 +189,22 @@ class TwoHopReduceScatter(StreamOwner):
         width = b - a
         order = rows[:, a:b].reshape(y, x, width).transpose(0, 1)   # a view, [X, Y, width]
         streams, half = self.streams["intra"], (x + 1) // 2
-
-        def send(lo: int, hi: int) -> torch.Tensor:
-            key = lambda k: (lo + k, c)   # noqa: E731
-            part = order[lo:hi]
-            if rotated_rows:
-                return compress_rows(streams, part.reshape(hi - lo, y * width), key, True)
-            if self.rotated and width % streams.compressor.hadamard_size:
-                # Hadamard blocks must not straddle two input rows: rotate them as rows first
-                part = streams.compressor.rotate_rows(part.reshape(-1, width))
-                return compress_rows(streams, part.view(hi - lo, y * width), key, True)
-            return compress_rows(streams, part.reshape(hi - lo, y * width), key)
-        sends = torch.cat([send(0, half), send(half, x)])
         # local rank l's exact values: rows l, X + l, .. side by side
         rider = None if exact is None else \
             exact.reshape(y, x, -1).transpose(0, 1).reshape(x, -1)
-        finish = self._exchange("intra", attach(sends, rider), c, self.topology.intra_group,
-                                y * width, rows.dtype, rider=rider)
+
+        def send(lo: int, hi: int) -> torch.Tensor:
+            key = lambda k: (lo + k, c)   # noqa: E731
+            part, tail = order[lo:hi], None if rider is None else rider[lo:hi]
+            if rotated_rows:
+                return compress_rows(streams, part.reshape(hi - lo, y * width), key, True, tail)
+            if self.rotated and width % streams.compressor.hadamard_size:
+                # Hadamard blocks must not straddle two input rows: rotate them as rows first
+                part = streams.compressor.rotate_rows(part.reshape(-1, width))
+                return compress_rows(streams, part.view(hi - lo, y * width), key, True, tail)
+            return compress_rows(streams, part.reshape(hi - lo, y * width), key, False, tail)
+        finish = self._exchange("intra", torch.cat([send(0, half), send(half, x)]), c,
+                                self.topology.intra_group, y * width, rows.dtype, rider=rider)
 
         def partial() -> tuple[torch.Tensor, torch.Tensor | None]:
             total, got = finish()

@@ -164,9 +164,14 @@ class WireMeter:
         """Seconds in the collectives since the last call (synchronizes CUDA events)."""
         return self.timer.take()
 
-    def record_sends(self, collective: str, per_peer_bytes: Sequence[int],
-                     remote: Sequence[bool], me: int) -> None:
-        """Record sending ``per_peer_bytes[k]`` to group rank k (skipping ``me``)."""
+    def record_sends(self, collective: str, per_peer_bytes: int | Sequence[int],
+                     remote: tuple[bool, ...], me: int) -> None:
+        """Record sending ``per_peer_bytes[k]`` to group rank k (skipping ``me``; an int:
+        the same to every peer)."""
+        if isinstance(per_peer_bytes, int):    # the peers of each kind, counted once
+            intra, inter = peer_counts(remote, me)
+            self.record(collective, intra * per_peer_bytes, inter * per_peer_bytes)
+            return
         intra = sum(b for k, (b, r) in enumerate(zip(per_peer_bytes, remote)) if k != me and not r)
         inter = sum(b for k, (b, r) in enumerate(zip(per_peer_bytes, remote)) if k != me and r)
         self.record(collective, intra, inter)

@@ -103,13 +103,14 @@ class Compressor:
             total = total + self.decompress(p).float()
         return total
 
-    def compress_rows(self, x: torch.Tensor) -> torch.Tensor:
+    def compress_rows(self, x: torch.Tensor, tail: torch.Tensor | None = None) -> torch.Tensor:
         """Every row of 2-D ``x`` compressed: a uint8 ``[rows, nbytes]`` tensor whose row r is
         ``compress(x[r]).flat()``, the numbers of ``rows`` successive ``compress`` calls (the
-        RNG advances as they would). This default calls ``compress`` per row; a stateless
-        scheme overrides it with one kernel over all rows (launches independent of the
-        number of peers a collective sends to)."""
-        return stack_payloads([self.compress(r) for r in x])
+        RNG advances as they would), followed by the bytes of row r of ``tail`` (``[rows,
+        E]``, exact values riding along: ``comm/riders.py``). This default calls
+        ``compress`` per row; a stateless scheme overrides it with one kernel over all rows
+        (launches independent of the number of peers a collective sends to)."""
+        return stack_payloads([self.compress(r) for r in x], tail)
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
                     dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -123,11 +124,17 @@ class Compressor:
     def payload_rows(self, wire: torch.Tensor, numel: int) -> list[torch.Tensor]:
         """The payload fields of every row of ``wire`` (uint8 ``[rows, nbytes]``, rows made by
         :meth:`Packed.flat` for ``numel`` values), each ``[rows, count]`` of its dtype, in
-        ``payload_spec`` order: what ``reduce`` would stack from the unflattened rows."""
+        ``payload_spec`` order: what ``reduce`` would stack from the unflattened rows. Views
+        of the wire's columns (the decoders read strided rows: no copy per receive) where
+        a field's start and the row stride are multiples of its dtype's size, else copies."""
+        base, stride = wire.storage_offset(), wire.stride(0) if wire.shape[0] > 1 else 0
         fields, offset = [], 0
         for dt, n in self.payload_spec(numel).values():
-            nbytes = dt.itemsize * n
-            fields.append(aligned(wire[:, offset:offset + nbytes].contiguous()).view(dt))
+            nbytes, size = dt.itemsize * n, dt.itemsize
+            col = wire[:, offset:offset + nbytes]
+            if (base + offset) % size or stride % size or wire.stride(-1) != 1:
+                col = aligned(col.contiguous())
+            fields.append(col.view(dt))
             offset += nbytes
         return fields
 
@@ -344,7 +351,8 @@ class RotatedDomain(Protocol):
 
     def reduce_rotated(self, packeds: Sequence[Packed]) -> torch.Tensor: ...
 
-    def compress_rotated_rows(self, y: torch.Tensor) -> torch.Tensor: ...
+    def compress_rotated_rows(self, y: torch.Tensor,
+                              tail: torch.Tensor | None = None) -> torch.Tensor: ...
 
     def reduce_rotated_rows(self, wire: torch.Tensor, shape: Sequence[int],
                             dtype: torch.dtype, out: torch.Tensor | None = None
@@ -355,7 +363,8 @@ class RotatedDomain(Protocol):
 class ReferenceCoded(Protocol):
     """Codes against a reference every holder of a slot keeps identical (qWD, SDP4Bit 3.1,
     Alg. 2): ``compress_slot`` codes row ``row`` of ``rows`` held slots against its
-    reference (zero difference when the host knows the input ``unchanged``);
+    reference (zero difference when the host knows the input ``unchanged``), ``wire_slot``
+    as the uint8 wire row an all-gather sends (with a tail of exact values);
     ``decompress_rows`` decodes every held row's payload at once and updates the
     references, so an all-gather keeps only the rows it owns (node-sharded references).
     ``reset_reference`` forgets the references (the next send is exact, Alg. 4 line 2);
@@ -367,6 +376,9 @@ class ReferenceCoded(Protocol):
 
     def compress_slot(self, x: torch.Tensor, row: int, rows: int,
                       unchanged: bool = False) -> Packed: ...
+
+    def wire_slot(self, x: torch.Tensor, row: int, rows: int,
+                  tail: torch.Tensor | None = None) -> torch.Tensor: ...
 
     def decompress_rows(self, wire: torch.Tensor, numel: int,
                         dtype: torch.dtype) -> torch.Tensor: ...

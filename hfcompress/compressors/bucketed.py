@@ -21,7 +21,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 import torch
 
 from ..kernels import dispatch
-from ..kernels.packing import SUPPORTED_BITS, packed_nbytes
+from ..kernels.packing import SUPPORTED_BITS, packed_nbytes, tail_bytes
 from .base import (Compressor, Packed, aligned, into, check_choice, check_float_input, check_group_size,
                    pad_edge, pad_edge_rows, pad_rows, pad_to)
 from .rng import SeededRNG
@@ -84,16 +84,17 @@ class BucketQuantizer(Compressor):
         flat = (pad_edge if self.edge_padded else pad_to)(x.detach(), self._size)
         return self._packed(x, self._quantize(flat, None))
 
-    def compress_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """Every row in one ``quantize`` (see the module docstring); a stateful scheme row by
-        row."""
+    def compress_rows(self, x: torch.Tensor, tail: torch.Tensor | None = None) -> torch.Tensor:
+        """Every row in one ``quantize`` (see the module docstring), ``tail``'s rows after
+        the fields in the same ``cat``; a stateful scheme row by row."""
         if self.stateful:
-            return super().compress_rows(x)
+            return super().compress_rows(x, tail)
         check_float_input(self.name, x)
         rows = x.shape[0]
         flat = (pad_edge_rows if self.edge_padded else pad_rows)(x.detach(), self._size)
         fields = [t.reshape(rows, -1).view(torch.uint8) for t in self._quantize(flat, rows)]
-        return torch.cat(fields, dim=1)
+        extra = tail_bytes(tail)
+        return torch.cat(fields if extra is None else [*fields, extra], dim=1)
 
     def decompress(self, packed: Packed) -> torch.Tensor:
         p = [packed.payload[k] for k in self.payload_spec(0)]

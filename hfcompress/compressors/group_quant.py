@@ -46,14 +46,16 @@ class GroupQuantizer(BucketQuantizer):
         noise = self._keys(flat.device, rows)
         return self._impl(flat).quantize(flat, self.bits, self.group_size, noise)
 
-    def compress_rows(self, x: torch.Tensor) -> torch.Tensor:
+    def compress_rows(self, x: torch.Tensor, tail: torch.Tensor | None = None) -> torch.Tensor:
         """Every row in one kernel that writes the ``[rows, nbytes]`` wire itself (no ``cat``
-        of the fields on a GPU): the numbers of one ``compress`` per row."""
+        of the fields on a GPU; ``tail``'s rows copied after them): the numbers of one
+        ``compress`` per row."""
         check_float_input(self.name, x)
         rows = x.shape[0]
         flat = pad_rows(x.detach(), self.group_size)
         noise = self._keys(flat.device, rows)
-        return self._impl(flat).quantize_rows(flat, rows, self.bits, self.group_size, noise)
+        return self._impl(flat).quantize_rows(flat, rows, self.bits, self.group_size, noise,
+                                              tail)
 
     def compress_difference(self, x: torch.Tensor, ref: torch.Tensor) -> Packed:
         """``compress(x - ref)``, the subtraction and padding fused into the kernel."""
@@ -62,6 +64,15 @@ class GroupQuantizer(BucketQuantizer):
         codes, scales = self._impl(x).quantize_difference(x, ref, self.bits, self.group_size,
                                                           noise)
         return Packed({"codes": codes, "scales": scales}, x.shape, torch.float32)
+
+    def compress_difference_row(self, x: torch.Tensor, ref: torch.Tensor,
+                                tail: torch.Tensor | None = None) -> torch.Tensor:
+        """``compress_difference(x, ref).flat()`` followed by the bytes of ``tail``
+        (``[1, E]``), one uint8 row ``[1, nbytes + E]`` the kernel writes (no ``cat``)."""
+        check_float_input(self.name, x)
+        noise = self._keys(x.device)
+        return self._impl(x).quantize_difference_row(x, ref, self.bits, self.group_size,
+                                                     noise, tail)
 
     def decompress_add(self, packed: Packed, ref: torch.Tensor) -> torch.Tensor:
         """``ref + decompress(packed)`` rounded to ref's dtype, fused into the kernel."""

@@ -120,12 +120,13 @@ class HadamardQuantizer(Compressor):
             return self.rotate(self._sum(packeds, False))
         return self._sum(packeds, True)
 
-    def compress_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """Every row of 2-D x compressed in one kernel, the numbers of one ``compress`` per row."""
+    def compress_rows(self, x: torch.Tensor, tail: torch.Tensor | None = None) -> torch.Tensor:
+        """Every row of 2-D x compressed in one kernel, the numbers of one ``compress`` per row
+        (``tail``'s rows after them: ``Compressor.compress_rows``)."""
         check_float_input(self.name, x)
         if not self._fused(x.shape[1]):
-            return self._quantize_rows(self.rotate_rows(x), 1)
-        return self._quantize_rows(x, self.hadamard_size)
+            return self._quantize_rows(self.rotate_rows(x), 1, tail)
+        return self._quantize_rows(x, self.hadamard_size, tail)
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
                     dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -152,10 +153,11 @@ class HadamardQuantizer(Compressor):
             raise ValueError("reduce_rotated() needs at least one payload")
         return self._sum(packeds, False)
 
-    def compress_rotated_rows(self, y: torch.Tensor) -> torch.Tensor:
+    def compress_rotated_rows(self, y: torch.Tensor,
+                              tail: torch.Tensor | None = None) -> torch.Tensor:
         """``compress_rotated`` of every row of 2-D y in one kernel (see ``compress_rows``)."""
         check_float_input(self.name, y)
-        return self._quantize_rows(y, 1)
+        return self._quantize_rows(y, 1, tail)
 
     def reduce_rotated_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
                             dtype: torch.dtype, out: torch.Tensor | None = None
@@ -173,15 +175,16 @@ class HadamardQuantizer(Compressor):
                                                   hadamard_size, noise)
         return Packed({"codes": codes, "scales": scales}, shape, dtype)
 
-    def _quantize_rows(self, x: torch.Tensor, hadamard_size: int) -> torch.Tensor:
+    def _quantize_rows(self, x: torch.Tensor, hadamard_size: int,
+                       tail: torch.Tensor | None) -> torch.Tensor:
         """Every row of 2-D x padded to whole groups and quantized in one kernel, each row
         with its own call's noise keys, written as the uint8 ``[rows, nbytes]`` wire (row r
-        its ``Packed.flat()``) by the kernel itself on a GPU."""
+        its ``Packed.flat()``, then row r of ``tail``) by the kernel itself on a GPU."""
         rows = x.shape[0]
         flat = pad_rows(x, self.group_size)
         noise = self._q._keys(flat.device, rows)
         return self._impl(flat).quantize_rows(flat, rows, self.bits, self.group_size,
-                                              hadamard_size, noise)
+                                              hadamard_size, noise, tail)
 
     def _dequantize(self, packed: Packed, inverse: bool, dtype: torch.dtype) -> torch.Tensor:
         codes, scales = packed.payload["codes"], packed.payload["scales"]

@@ -153,19 +153,6 @@ class LearnedLevels(BucketQuantizer):
                                                    mids)
         return self._packed(x, (codes, lo, rng, levels))
 
-    def payload_rows(self, wire: torch.Tensor, numel: int) -> list[torch.Tensor]:
-        """The fields as views of the wire's columns (no copy; the kernels take strided rows)
-        where every field starts 4-byte aligned, else copied (``Compressor.payload_rows``)."""
-        spec = self.payload_spec(numel)
-        if wire.storage_offset() % 4 or (wire.shape[0] > 1 and wire.stride(0) % 4) \
-                or wire.stride(-1) != 1:
-            return super().payload_rows(wire, numel)
-        fields, offset = [], 0
-        for dt, n in spec.values():
-            fields.append(wire[:, offset:offset + dt.itemsize * n].view(dt))
-            offset += dt.itemsize * n
-        return fields
-
     def decompress_slots(self, wire: torch.Tensor, numel: int, out: torch.Tensor) -> None:
         """Every row (its own codebook) decoded into ``out`` by one ``dequantize_rows``."""
         if out.stride(-1) != 1:

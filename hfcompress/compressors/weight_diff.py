@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .base import Compressor, Packed, check_float_input, resolve_inner
+from .base import Compressor, Packed, check_float_input, resolve_inner, stack_payloads
 from .group_quant import GroupQuantizer
 from .registry import register_compressor
 from .runs import Runs, merged
@@ -94,6 +94,16 @@ class WeightDifferenceQuantizer(Compressor):
         """Like ``compress`` with row ``row`` of ``rows`` equal rows of w~ as reference."""
         ref = None if self.reference is None else self._rows(rows, x.numel())[row].view(x.shape)
         return self._encode(x, ref, unchanged)
+
+    def wire_slot(self, x: torch.Tensor, row: int, rows: int,
+                  tail: torch.Tensor | None = None) -> torch.Tensor:
+        """``compress_slot(x, row, rows).flat()`` followed by the bytes of ``tail`` (``[1, E]``,
+        exact values riding along, ``comm/riders.py``): the uint8 wire row ``[1, nbytes +
+        E]``, written by the inner's kernel where it is a ``GroupQuantizer`` (no ``cat``)."""
+        if self.reference is None or not isinstance(self.inner, GroupQuantizer):
+            return stack_payloads([self.compress_slot(x, row, rows)], tail)
+        ref = self._rows(rows, x.numel())[row].view(x.shape)
+        return self.inner.compress_difference_row(x.detach(), ref, tail)
 
     def _encode(self, x: torch.Tensor, ref: torch.Tensor | None, unchanged: bool) -> Packed:
         check_float_input(self.name, x)

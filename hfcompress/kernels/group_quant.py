@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .noise import noise_values
-from .packing import pack_codes, unpack_codes
+from .packing import pack_codes, tail_bytes, unpack_codes
 
 #: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU
 COMPILE_ON_CPU = ("quantize", "decode", "decode_sum", "decode_sum_quantize", "difference",
@@ -64,17 +64,23 @@ def quantize(x: torch.Tensor, bits: int, group_size: int,
     return pack_codes(codes.reshape(-1), bits), scale
 
 
-def join_rows(packed: torch.Tensor, scale: torch.Tensor, rows: int) -> torch.Tensor:
+def join_rows(packed: torch.Tensor, scale: torch.Tensor, rows: int,
+              tail: torch.Tensor | None = None) -> torch.Tensor:
     """Codes and scales of ``rows`` equal rows as the wire ``[rows, nbytes]``: row r its
-    codes, then its scales' bytes (``Packed.flat()`` of row r)."""
-    return torch.cat([packed.view(rows, -1), scale.view(rows, -1).view(torch.uint8)], dim=1)
+    codes, then its scales' bytes (``Packed.flat()`` of row r), then the bytes of row r of
+    ``tail`` (``[rows, E]``, if given: exact values riding along), in one ``cat``."""
+    extra = tail_bytes(tail)
+    return torch.cat([packed.view(rows, -1), scale.view(rows, -1).view(torch.uint8),
+                      *(() if extra is None else (extra,))], dim=1)
 
 
 def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int,
-                  noise: torch.Tensor | None = None) -> torch.Tensor:
+                  noise: torch.Tensor | None = None,
+                  tail: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`quantize` of ``rows`` equal rows of whole groups (flat ``x``; ``noise``: one
-    row of keys per row) as the wire ``[rows, nbytes]`` (:func:`join_rows`)."""
-    return join_rows(*quantize(x, bits, group_size, noise), rows)
+    row of keys per row) as the wire ``[rows, nbytes]`` (:func:`join_rows`, ``tail``
+    after each row)."""
+    return join_rows(*quantize(x, bits, group_size, noise), rows, tail)
 
 
 def as_words(packed: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
@@ -174,6 +180,14 @@ def quantize_difference(x: torch.Tensor, ref: torch.Tensor, bits: int, group_siz
     kernels on CPU: fused, the group reduction and the rounding each recompute the difference
     from both bf16 inputs (measured ~1.5x slower than storing it once in float32)."""
     return quantize(difference(x, ref, group_size), bits, group_size, noise)
+
+
+def quantize_difference_row(x: torch.Tensor, ref: torch.Tensor, bits: int, group_size: int,
+                            noise: torch.Tensor | None = None,
+                            tail: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`quantize_difference` as the uint8 wire row ``[1, nbytes + E]``: its codes, its
+    scales, then the bytes of ``tail`` (``[1, E]``, exact values riding along)."""
+    return join_rows(*quantize_difference(x, ref, bits, group_size, noise), 1, tail)
 
 
 def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,

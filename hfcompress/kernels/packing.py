@@ -41,13 +41,31 @@ def payload_buffers(nbytes: int, n_groups: int, device) -> tuple[torch.Tensor, t
     return buf[:nbytes], buf[nbytes:].view(torch.float32)
 
 
-def row_wire(rows: int, code_bytes: int, groups: int,
-             device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def tail_bytes(tail: torch.Tensor | None) -> torch.Tensor | None:
+    """``[rows, E]`` values (any dtype, any strides) as their ``[rows, E * itemsize]``
+    bytes: what rides after each row's payload on a wire (``comm/riders.py``)."""
+    if tail is None:
+        return None
+    return (tail if tail.stride(-1) == 1 else tail.contiguous()).view(torch.uint8)
+
+
+def row_wire(rows: int, code_bytes: int, groups: int, device,
+             tail: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """The wire ``[rows, nbytes]`` of ``rows`` payloads, each ``code_bytes`` of codes (a
     multiple of 4) then ``groups`` float32 scales, for a kernel that writes it in place:
     ``(wire, words, scales)``, ``words`` its int32 view ``[rows, nbytes / 4]`` and ``scales``
-    the flat float32 view from row 0's first scale (row r's at ``r * nbytes / 4``)."""
-    wire = torch.empty(rows, code_bytes + 4 * groups, dtype=torch.uint8, device=device)
+    the flat float32 view from row 0's first scale (row r's at ``r * nbytes / 4``).
+    ``tail`` (``[rows, E]``): its rows' bytes copied after each payload (the row is that
+    much wider; no copy of the payload); None when the wider row is not whole int32 words
+    (the caller joins the fields and the tail instead)."""
+    extra = tail_bytes(tail)
+    width = code_bytes + 4 * groups + (0 if extra is None else extra.shape[1])
+    if width % 4:
+        return None
+    wire = torch.empty(rows, width, dtype=torch.uint8, device=device)
+    if extra is not None:
+        wire[:, width - extra.shape[1]:].copy_(extra)
     words = wire.view(torch.int32)
     return wire, words, words.view(torch.float32).view(-1)[code_bytes // 4:]
 

@@ -19,6 +19,9 @@ uint8 wire ``[P, row]`` (``scale`` viewed as float32, see :func:`dequantize_sum`
 
 from __future__ import annotations
 
+import functools
+from types import MappingProxyType
+
 import torch
 import triton
 import triton.language as tl
@@ -130,11 +133,12 @@ def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_str
     tl.store(out, total.to(out_ptr.dtype.element_ty), mask=rmask[None, :, None])
 
 
-def row_layout(bits: int, group_size: int, hadamard_size: int = 1) -> dict:
+@functools.cache
+def row_layout(bits: int, group_size: int, hadamard_size: int = 1) -> MappingProxyType:
     """A thread row's constants: ``ROWV`` values inside one group (whole Hadamard blocks up
     to ``ROW_MAX``) in ``UPR`` units of ``UB`` bytes / ``UC`` codes: a 32-bit word of
     ``32 / bits`` codes where one lies in a group, else 4 codes (``group_size`` a multiple
-    of 4)."""
+    of 4). Cached per argument tuple (the launches' Python cost): read-only."""
     if group_size % 4:
         raise ValueError(f"group_size={group_size} is not a multiple of 4")
     word = bits != 6 and group_size % (32 // bits) == 0
@@ -142,7 +146,7 @@ def row_layout(bits: int, group_size: int, hadamard_size: int = 1) -> dict:
     per_row = 1 << ((ROW_BYTES * 8 // bits).bit_length() - 1)  # a power of two
     rowv = max(uc, per_row, hadamard_size if hadamard_size <= ROW_MAX else 1)
     rowv = rowv if group_size % rowv == 0 else uc
-    return dict(ROWV=rowv, UPR=rowv // uc, UB=ub, UC=uc)
+    return MappingProxyType(dict(ROWV=rowv, UPR=rowv // uc, UB=ub, UC=uc))
 
 
 def _strided(t: torch.Tensor) -> torch.Tensor:
@@ -197,16 +201,32 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
         return out
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
     src, v = _source(packed, k["UPR"]) if k["UB"] == 4 else (packed, 0)
-    unroll = n_peers <= MAX_UNROLL and (v or n_peers * k["UPR"] * k["UB"] <= MAX_UNROLL_BYTES)
+    rows = max(per_program(packed, BLOCK_ELEMS // k["ROWV"], GPU_ROWS),
+               hadamard_size // k["ROWV"])
     n_rows = numel // k["ROWV"]
-    rows = per_program(packed, BLOCK_ELEMS // k["ROWV"], GPU_ROWS)
-    rows = max(rows, hadamard_size // k["ROWV"])
-    bf16 = dtype == torch.bfloat16
     _dequantize_sum_kernel[(cdiv(n_rows, rows),)](
-        src, scale, out.view(torch.uint16) if bf16 else out, n_rows, n_peers, src.stride(0),
-        scale.stride(0), torch.finfo(dtype).max, PEERS=n_peers if unroll else 0,
-        GS=group_size, BITS=bits, **k, V=max(v, 1), WORDS=v > 0, R=rows, N=hadamard_size,
-        LOG2N=hadamard_size.bit_length() - 1, SCALE=inv_sqrt(hadamard_size), INVERSE=inverse,
-        CLIP=clip and dtype != torch.float32, OUT_BF16=bf16,
+        src, scale, out.view(torch.uint16) if dtype == torch.bfloat16 else out, n_rows, n_peers,
+        src.stride(0), scale.stride(0), _largest(dtype), R=rows,
+        **_sum_consts(bits, group_size, hadamard_size, inverse, clip, dtype, n_peers, v),
         num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
+
+
+@functools.cache
+def _largest(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).max
+
+
+@functools.cache
+def _sum_consts(bits: int, group_size: int, hadamard_size: int, inverse: bool, clip: bool,
+                dtype: torch.dtype, n_peers: int, v: int) -> MappingProxyType:
+    """``_dequantize_sum_kernel``'s constants but the rows per program ``R``: the peer loop
+    unrolled up to ``MAX_UNROLL`` peers (``MAX_UNROLL_BYTES`` per thread in byte loads).
+    Cached per argument tuple (the launches' Python cost): read-only."""
+    k = row_layout(bits, group_size, hadamard_size if inverse else 1)
+    unroll = n_peers <= MAX_UNROLL and (v or n_peers * k["UPR"] * k["UB"] <= MAX_UNROLL_BYTES)
+    return MappingProxyType(dict(
+        PEERS=n_peers if unroll else 0, GS=group_size, BITS=bits, **k, V=max(v, 1),
+        WORDS=v > 0, N=hadamard_size, LOG2N=hadamard_size.bit_length() - 1,
+        SCALE=inv_sqrt(hadamard_size), INVERSE=inverse, CLIP=clip and dtype != torch.float32,
+        OUT_BF16=dtype == torch.bfloat16))

@@ -350,19 +350,30 @@ def _launch_quantize(x: torch.Tensor, ref: torch.Tensor | None, noise: torch.Ten
 
 
 def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int,
-                  noise: torch.Tensor | None = None) -> torch.Tensor:
+                  noise: torch.Tensor | None = None,
+                  tail: torch.Tensor | None = None) -> torch.Tensor:
     """The twin's ``quantize_rows`` written in place: the kernel stores every row's codes and
-    scales into the uint8 ``[rows, nbytes]`` wire (its rows' int32 words), no ``cat``; codes
-    in bytes (6 bits) go through the twin's join."""
+    scales into the uint8 ``[rows, nbytes]`` wire (its rows' int32 words; ``tail`` copied
+    after them), no ``cat``; codes in bytes (6 bits), or rows not whole words, go through
+    the twin's join."""
+    return _rows(x, None, rows, bits, group_size, noise, tail)
+
+
+def _rows(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, group_size: int,
+          noise: torch.Tensor | None, tail: torch.Tensor | None) -> torch.Tensor:
+    """:func:`quantize_rows` of ``x`` (``ref`` None) or of ``x - ref`` (one row, zero-padded
+    to whole groups)."""
     x = x.reshape(-1).contiguous()
-    n_groups = x.numel() // group_size
+    n_groups = (x.numel() if ref is None else x.numel() + group_size - 1) // group_size
     k = _tile_consts(bits, group_size, _block(x), x.element_size())
-    if k["BPU"] != 4 or not n_groups:
-        return _twin.join_rows(*_quantize(x, None, bits, group_size, noise), rows)
     gpr = n_groups // rows
-    wire, words, scales = row_wire(rows, packed_nbytes(gpr * group_size, bits), gpr, x.device)
-    _launch_quantize(x, None, noise, words, scales, n_groups, gpr, words.shape[1], group_size,
-                     bits, k)
+    made = row_wire(rows, packed_nbytes(gpr * group_size, bits), gpr, x.device, tail) \
+        if k["BPU"] == 4 and n_groups else None
+    if made is None:
+        return _twin.join_rows(*_quantize(x, ref, bits, group_size, noise), rows, tail)
+    wire, words, scales = made   # one row: the flat kernel's layout, its binary (no ROWS)
+    _launch_quantize(x, ref, noise, words, scales, n_groups, gpr,
+                     words.shape[1] if rows > 1 else 0, group_size, bits, k)
     return wire
 
 
@@ -422,6 +433,15 @@ def quantize_difference(x: torch.Tensor, ref: torch.Tensor, bits: int, group_siz
     """qWD's sender step (SDP4Bit 3.1): :func:`quantize` of the float32 ``x - ref`` (any
     float dtypes, same numel) zero-padded to whole groups, in one kernel."""
     return _quantize(x, ref, bits, group_size, noise)
+
+
+def quantize_difference_row(x: torch.Tensor, ref: torch.Tensor, bits: int, group_size: int,
+                            noise: torch.Tensor | None = None,
+                            tail: torch.Tensor | None = None) -> torch.Tensor:
+    """The twin's ``quantize_difference_row``: :func:`quantize_difference` written by the
+    kernel into the uint8 ``[1, nbytes + E]`` wire row, ``tail`` (``[1, E]``) copied after
+    the payload (no ``cat``)."""
+    return _rows(x, ref, 1, bits, group_size, noise, tail)
 
 
 def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,

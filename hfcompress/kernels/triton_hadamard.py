@@ -218,17 +218,21 @@ def _launch_quantize(x: torch.Tensor, noise: torch.Tensor | None, packed: torch.
 
 
 def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadamard_size: int,
-                  noise: torch.Tensor | None = None) -> torch.Tensor:
+                  noise: torch.Tensor | None = None,
+                  tail: torch.Tensor | None = None) -> torch.Tensor:
     """The twin's ``quantize_rows`` written in place: the kernel stores every row's codes and
-    scales into the uint8 ``[rows, nbytes]`` wire (its rows' int32 words), no ``cat``; codes
-    in bytes go through the twin's join."""
+    scales into the uint8 ``[rows, nbytes]`` wire (its rows' int32 words; ``tail`` copied
+    after them), no ``cat``; codes in bytes, or rows not whole words, go through the twin's
+    join."""
     x = x.reshape(-1).contiguous()
     n_groups = x.numel() // group_size
     k = _consts(bits, group_size, hadamard_size, _block(x))
-    if not (k["WORDS"] and n_groups):
-        return join_rows(*quantize(x, bits, group_size, hadamard_size, noise), rows)
     gpr = n_groups // rows
-    wire, words, scales = row_wire(rows, packed_nbytes(gpr * group_size, bits), gpr, x.device)
+    made = row_wire(rows, packed_nbytes(gpr * group_size, bits), gpr, x.device, tail) \
+        if k["WORDS"] and n_groups else None
+    if made is None:
+        return join_rows(*quantize(x, bits, group_size, hadamard_size, noise), rows, tail)
+    wire, words, scales = made
     _launch_quantize(x, noise, words, scales, n_groups, gpr, words.shape[1], group_size, k)
     return wire
 
