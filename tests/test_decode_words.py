@@ -28,6 +28,24 @@ def test_as_words_only_for_aligned_4_bit_whole_words():
     assert gq.as_words(_misaligned(packed), 4, 128).dtype == torch.uint8
     assert gq.as_words(packed, 8, 128).dtype == torch.uint8
     assert gq.as_words(packed, 4, 12).dtype == torch.uint8     # groups of 12 codes: not words
+    wide = torch.cat([packed, torch.zeros(2, 8, dtype=torch.uint8)], 1)
+    strided = wide[:, :packed.shape[1]]          # a wire's codes columns: rows strided
+    words = gq.as_words(strided, 4, 128)
+    assert words.dtype == torch.int32 and words.shape == (2, packed.shape[1] // 4)
+    assert words.data_ptr() == wide.data_ptr()   # read in place, no copy
+    assert gq.as_words(wide[:, :-2][:, :packed.shape[1] - 2], 4, 128).dtype == torch.uint8
+
+
+def test_strided_rows_decode_as_contiguous_ones():
+    """A receiver's codes and scales are column slices of the ``[peers, row]`` wire: the
+    same sum as from contiguous copies (words read through the row stride)."""
+    packed, scale = _payload(3, 5, 128)
+    wire = torch.cat([packed, scale.view(torch.uint8), torch.zeros(3, 12, dtype=torch.uint8)],
+                     1)
+    n = packed.shape[1]
+    codes, scales = wire[:, :n], wire[:, n:n + 4 * 5].view(torch.float32)
+    got, want = gq.dequantize_sum(codes, scales, 4, 128), gq.dequantize_sum(packed, scale, 4, 128)
+    assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
 
 
 def test_words_and_bytes_decode_alike():

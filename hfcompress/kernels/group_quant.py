@@ -84,14 +84,20 @@ def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int,
 
 
 def as_words(packed: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
-    """``packed`` as flat int32 words (a view, eight 4-bit codes per word, the first in the
-    lowest nibble) when it holds 4-bit codes of whole 8-code groups starting at a multiple of
-    4 bytes; else ``packed`` itself. The decoders read either (:func:`decoded_groups`).
-    Called by the public decoders before their compiled kernels (``decode*``), never inside
-    one: a graph that reads ``storage_offset()`` breaks in two."""
-    if (bits == 4 and group_size % 8 == 0 and packed.dtype == torch.uint8
-            and packed.is_contiguous() and packed.storage_offset() % 4 == 0):
+    """``packed`` as int32 words (a view, eight 4-bit codes per word, the first in the lowest
+    nibble: flat, or ``[P, n / 4]`` for the row-strided ``[P, n]`` columns of a wire) when it
+    holds 4-bit codes of whole 8-code groups starting at a multiple of 4 bytes; else
+    ``packed`` itself. The decoders read either (:func:`decoded_groups`). Called by the
+    public decoders before their compiled kernels (``decode*``), never inside one: a graph
+    that reads ``storage_offset()`` breaks in two."""
+    if not (bits == 4 and group_size % 8 == 0 and packed.dtype == torch.uint8
+            and packed.storage_offset() % 4 == 0):
+        return packed
+    if packed.is_contiguous():
         return packed.reshape(-1).view(torch.int32)
+    if (packed.dim() == 2 and packed.stride(1) == 1 and packed.stride(0) % 4 == 0
+            and packed.shape[1] % 4 == 0):
+        return packed.view(torch.int32)
     return packed
 
 
