@@ -175,7 +175,8 @@ class VersionWatch:
         self.tensors = tensors
         self._last: tuple | None = None
 
-    def unchanged(self) -> bool:
-        now = tuple((t.data_ptr(), t._version) for t in self.tensors())
+    def unchanged(self, tensors: Sequence[torch.Tensor] | None = None) -> bool:
+        """``tensors``: what ``self.tensors()`` gives now, if the caller has read it."""
+        now = tuple((t.data_ptr(), t._version) for t in (tensors or self.tensors()))
         same, self._last = now == self._last, now
         return same

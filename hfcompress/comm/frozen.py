@@ -132,13 +132,14 @@ class FrozenParams:
         self.columns: FrozenColumns | None = None
         self._seen: tuple | None = None
 
-    def current(self) -> FrozenColumns | None:
+    def current(self, params: Sequence[torch.Tensor] | None = None) -> FrozenColumns | None:
         """The split for the parameters frozen now (None: none is), before an all-gather of
         the slot; every rank calls it at the same all-gathers, with the same parameters
         frozen and written. Restarts the qWD stream when the frozen set changed or a frozen
-        parameter was written since the last call."""
+        parameter was written since the last call. ``params``: ``self.params()`` now, if the
+        caller has read it."""
         seen = tuple((p.requires_grad, None if p.requires_grad else p._version)
-                     for p in self.params())
+                     for p in (params or self.params()))
         if seen == self._seen:
             return self.columns
         trainable = [t for t, _ in seen]

@@ -37,7 +37,7 @@ class SeededRNG:
         self.calls = 0  # uniform_like calls so far: the hash's key counter
         self._gens: dict[str, torch.Generator] = {}
         # per device: the key table (first call, keys) and, on CUDA, its streams (KeyTable)
-        self._tables: dict[str, KeyTable] = {}
+        self._tables: dict[torch.device | str, KeyTable] = {}
 
     def generator(self, device: torch.device | str) -> torch.Generator:
         key = str(torch.device(device))
@@ -63,16 +63,14 @@ class SeededRNG:
         """The key table of ``device`` covering the next ``n`` calls; refilled with the next
         ``max(n, KEY_BLOCK)`` calls' keys by one host-to-device copy from pinned memory
         (non_blocking: the host does not wait for the kernels already queued)."""
-        dev = torch.device(device)
-        key = str(dev)
-        table = self._tables.get(key)
+        table = self._tables.get(device)      # a tensor's device: no parsing per call
         if table is not None and table.first <= self.calls \
                 and self.calls + n <= table.first + table.keys.shape[0]:
             return table
         count = max(n, KEY_BLOCK)
         keys = torch.tensor([call_keys(self.seed, self.calls + r) for r in range(count)],
                             dtype=torch.int64)
-        table = self._tables[key] = KeyTable(self.calls, keys, dev)
+        table = self._tables[device] = KeyTable(self.calls, keys, torch.device(device))
         return table
 
     def uniform_like(self, x: torch.Tensor, rows: int | None = None) -> torch.Tensor:
