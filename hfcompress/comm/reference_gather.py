@@ -153,8 +153,7 @@ class ShardedReferences:
                              "frozen columns)")
         if step1:
             riding = None if exact is None else exact[0].reshape(1, -1)
-            exchanged = y > 1 or not skips(y)
-            # the payload, then the riding exact values, in one row the kernel writes
+            exchanged = y > 1 or not skips(y)   # then the values ride the row the kernel writes
             row = self.qwd.wire_slot(flat, route.row, y, riding if exchanged else None)
             if sent is not None:
                 row = sent.select(row.view(-1)).view(1, -1)
