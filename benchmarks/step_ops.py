@@ -20,7 +20,10 @@ run inside ``torch.distributed`` (gloo's own copies) are not the step's); collec
 GPU a copy, pinned or not). The benchmark's own copy of each shard into its all-gather
 buffer (FSDP2's copy-in) is outside the count. ``host_ms``: the median wall time of a step
 with the launches stubbed and no dispatch mode (CPU tensors: the aten ops still compute on
-the CPU, so it is the Python cost plus small CPU kernels).
+the CPU, so it is the Python cost plus small CPU kernels). ``python_calls``: the function
+calls of a step per unit (``cProfile``'s count, C builtins and tensor methods included, the
+stubbed launches too), a deterministic proxy of the host time, which moves +-15% between
+runs of this shared machine.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 FIELDS = ["preset", "ops_per_unit", "triton", "aten", "collectives", "h2d", "host_ms",
-          "host_ratio_vs_none", "units", "triton_kernels", "aten_ops"]
+          "host_ratio_vs_none", "python_calls", "calls_ratio_vs_none", "units", "triton_kernels",
+          "aten_ops"]
 
 #: aten ops that launch no kernel on a GPU (allocation, views, metadata)
 FREE = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "view",
@@ -161,6 +165,21 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int) -> list[
             {k: v / counted / units for k, v in c.items()})
         return units, per(launches), per(mode.ops)
 
+    def python_calls(preset):
+        """Per unit: the function calls of ``counted`` steps of the tiny model."""
+        import cProfile
+        import io
+        import pstats
+
+        handle, jobs = setup(preset, DIMS["cpu"])
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(counted):
+            step(handle, jobs)
+        prof.disable()
+        handle.remove()
+        return pstats.Stats(prof, stream=io.StringIO()).total_calls / counted / len(jobs)
+
     def host_ms(presets):
         """Per preset: the median CPU milliseconds of this thread in a step of the tiny model
         (``DIMS["cpu"]``), the presets' steps interleaved (a load drift hits them alike)."""
@@ -201,6 +220,7 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int) -> list[
                     out.append(dict(preset=preset, units=units, triton=sum(tri.values()),
                                     aten=sum(ops.values()) - coll - h2d, collectives=coll,
                                     h2d=h2d, host_ms=ms[preset],
+                                    python_calls=python_calls(preset),
                                     triton_kernels=names(tri), aten_ops=names(ops)))
                     print(f"step_ops: {preset} done", file=sys.stderr, flush=True)
         finally:
@@ -224,11 +244,13 @@ def measure(presets: list[str] | None = None, warmup: int = 3, counted: int = 2,
     if run.returncode:
         raise RuntimeError(f"step_ops failed:\n{run.stderr[-4000:]}")
     raw = json.loads(run.stdout.split("JSON", 1)[1])
-    none = next((r["host_ms"] for r in raw if r["preset"] == "none"), None)
+    none = next((r for r in raw if r["preset"] == "none"), None)
     for r in raw:
         r["ops_per_unit"] = r["triton"] + r["aten"] + r["collectives"] + r["h2d"]
-        r["host_ratio_vs_none"] = r["host_ms"] / none if none else ""
-        for k in ("ops_per_unit", "triton", "aten", "collectives", "h2d", "host_ratio_vs_none"):
+        r["host_ratio_vs_none"] = r["host_ms"] / none["host_ms"] if none else ""
+        r["calls_ratio_vs_none"] = r["python_calls"] / none["python_calls"] if none else ""
+        for k in ("ops_per_unit", "triton", "aten", "collectives", "h2d", "host_ratio_vs_none",
+                  "python_calls", "calls_ratio_vs_none"):
             if r[k] != "":
                 r[k] = round(r[k], 2)
         r["host_ms"] = round(r["host_ms"], 3)
