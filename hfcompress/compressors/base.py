@@ -252,9 +252,10 @@ def stack_payloads(packeds: Sequence[Packed], tails: torch.Tensor | None = None
     """The ``Packed.flat()`` buffers of several payloads as the rows of one uint8 tensor
     (one ``cat`` of every payload's tensors), each followed by the bytes of its row of
     ``tails`` (``[rows, E]``, any dtype: exact values riding along, ``comm/riders.py``)."""
-    sizes = [p.nbytes() for p in packeds]
-    if any(n != sizes[0] for n in sizes):
-        raise RuntimeError(f"payload sizes differ between parts: {sizes}")
+    if len(packeds) > 1:
+        sizes = [p.nbytes() for p in packeds]
+        if any(n != sizes[0] for n in sizes):
+            raise RuntimeError(f"payload sizes differ between parts: {sizes}")
     extra = [()] * len(packeds) if tails is None else [(t,) for t in tails]
     parts = [t.contiguous().reshape(-1).view(torch.uint8)
              for p, tail in zip(packeds, extra) for t in (*p.payload.values(), *tail)]

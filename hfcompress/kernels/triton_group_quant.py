@@ -449,7 +449,7 @@ def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
     """The twin's ``add_to(ref, dequantize(...))`` in one kernel: qWD's update (SDP4Bit
     Alg. 2); the payload may be padded past ``ref.numel()``."""
     flat = ref.reshape(-1).contiguous()
-    out = torch.empty(flat.shape, dtype=flat.dtype, device=flat.device)
+    out = torch.empty_like(flat)
     numel = flat.numel()
     if numel:
         k = _tile_consts(bits, group_size, _block(flat), flat.element_size())
