@@ -26,12 +26,12 @@ stream wait).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 
-from ..compressors.base import Compressor, ReferenceCoded, stack_payloads
+from ..compressors.base import Compressor, ReferenceCoded
 from ..compressors.runs import Runs
 from .hop import all_gather_single
 from .futures import finish, inline, overlaps, side_stream_call
@@ -95,8 +95,7 @@ class QuantizedAllGather(StreamOwner):
         slots = self.streams["slots"]
         riding = None if exact is None else exact[0].reshape(1, -1)
         # the payload, then the riding exact values, in one row (the kernel writes it)
-        row = stack_payloads([slots[me].compress(flat)], riding) if slots.stateful \
-            else slots.compressor.compress_rows(flat.reshape(1, -1), riding)
+        row = slots[me].compress_rows(flat.reshape(1, -1), riding)
         n = row.shape[1] - rider_nbytes(riding)
         gathered = torch.empty(world, row.shape[1], dtype=torch.uint8, device=row.device)
         self._record(row.shape[1], group, me)
@@ -171,12 +170,12 @@ class VersionWatch:
     where nothing else changes the tensors between two calls (FSDP's forward and backward
     all-gather of one step)."""
 
-    def __init__(self, tensors: Callable[[], Sequence[torch.Tensor]]) -> None:
-        self.tensors = tensors
+    def __init__(self) -> None:
         self._last: tuple | None = None
 
-    def unchanged(self, tensors: Sequence[torch.Tensor] | None = None) -> bool:
-        """``tensors``: what ``self.tensors()`` gives now, if the caller has read it."""
-        now = tuple((t.data_ptr(), t._version) for t in (tensors or self.tensors()))
+    def unchanged(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Whether ``tensors`` (the same ones, in order, at every call) are as at the last
+        call."""
+        now = tuple((t.data_ptr(), t._version) for t in tensors)
         same, self._last = now == self._last, now
         return same

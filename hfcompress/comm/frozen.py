@@ -34,7 +34,7 @@ compressed and sent every step like the others; gradient-only presets gather the
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -123,23 +123,21 @@ class FrozenParams:
     """The frozen parameters of a flat slot under qWD as they are now (module docstring).
 
     ``segments``: per parameter of the slot, in order, ``(numel, exact)``; ``qwd``: the
-    slot's qWD all-gather; ``params``: the slot's parameters, in order (their
-    ``requires_grad`` flags and version counters are read)."""
+    slot's qWD all-gather."""
 
-    def __init__(self, segments: Sequence[tuple[int, bool]], qwd: QuantizedAllGather,
-                 params: Callable[[], Sequence[torch.Tensor]]) -> None:
-        self.segments, self.qwd, self.params = tuple(segments), qwd, params
+    def __init__(self, segments: Sequence[tuple[int, bool]], qwd: QuantizedAllGather) -> None:
+        self.segments, self.qwd = tuple(segments), qwd
         self.columns: FrozenColumns | None = None
         self._seen: tuple | None = None
 
-    def current(self, params: Sequence[torch.Tensor] | None = None) -> FrozenColumns | None:
+    def current(self, params: Sequence[torch.Tensor]) -> FrozenColumns | None:
         """The split for the parameters frozen now (None: none is), before an all-gather of
         the slot; every rank calls it at the same all-gathers, with the same parameters
         frozen and written. Restarts the qWD stream when the frozen set changed or a frozen
-        parameter was written since the last call. ``params``: ``self.params()`` now, if the
-        caller has read it."""
+        parameter was written since the last call. ``params``: the slot's parameters, in
+        order (their ``requires_grad`` flags and version counters are read)."""
         seen = tuple((p.requires_grad, None if p.requires_grad else p._version)
-                     for p in (params or self.params()))
+                     for p in params)
         if seen == self._seen:
             return self.columns
         trainable = [t for t, _ in seen]

@@ -40,7 +40,7 @@ def premul_factor(op: Any) -> Any:
 
 
 def check_op(op: Any) -> None:
-    if op is not _SUM and op is not _AVG and op not in (_SUM, _AVG):
+    if op not in (_SUM, _AVG):
         raise ValueError(f"quantized reduce-scatter supports op ReduceOp.SUM or ReduceOp.AVG, "
                          f"got {op}")
 

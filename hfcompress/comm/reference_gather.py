@@ -49,7 +49,7 @@ from .one_rank import skips
 from .riders import detach, rider_nbytes
 from .topology import Topology
 from .traffic import Phase, gather, payload_bytes
-from .wire_meter import WireMeter, peer_counts, peer_is_remote
+from .wire_meter import WireMeter, peer_is_remote, sends
 
 if TYPE_CHECKING:
     from .frozen import SentBytes
@@ -85,12 +85,6 @@ class Route:
 
     def describe(self) -> str:
         return f"world_size={self.world}, ranks_per_node={self.ranks_per_node}"
-
-
-def sends(per_peer: int, remote: tuple[bool, ...], me: int) -> tuple[int, int]:
-    """(intra, inter) bytes of sending ``per_peer`` bytes to every other rank of a group."""
-    intra, inter = peer_counts(remote, me)
-    return intra * per_peer, inter * per_peer
 
 
 class ShardedReferences:

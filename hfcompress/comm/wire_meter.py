@@ -73,6 +73,12 @@ def peer_counts(remote: tuple[bool, ...], me: int) -> tuple[int, int]:
     return peers.count(False), peers.count(True)
 
 
+def sends(per_peer: int, remote: tuple[bool, ...], me: int) -> tuple[int, int]:
+    """(intra, inter) bytes of sending ``per_peer`` bytes to every other rank of a group."""
+    intra, inter = peer_counts(remote, me)
+    return intra * per_peer, inter * per_peer
+
+
 class Timer:
     """Seconds inside ``with timer(device):`` blocks (CUDA: events on the current stream,
     resolved when read). Pairs of events whose end the GPU has passed are folded into the
@@ -147,9 +153,9 @@ class WireMeter:
         the same to every peer); this rank's own slot is not sent."""
         remote, me = peer_is_remote(group, topology), rank_size(group)[0]
         if isinstance(per_peer_bytes, int):    # the peers of each kind, counted once
-            intra, inter = peer_counts(remote, me)
-            self._current["uncompressed_intra_bytes"] += intra * per_peer_bytes
-            self._current["uncompressed_inter_bytes"] += inter * per_peer_bytes
+            intra, inter = sends(per_peer_bytes, remote, me)
+            self._current["uncompressed_intra_bytes"] += intra
+            self._current["uncompressed_inter_bytes"] += inter
             return
         for k, (b, r) in enumerate(zip(per_peer_bytes, remote)):
             if k != me:
@@ -169,8 +175,7 @@ class WireMeter:
         """Record sending ``per_peer_bytes[k]`` to group rank k (skipping ``me``; an int:
         the same to every peer)."""
         if isinstance(per_peer_bytes, int):    # the peers of each kind, counted once
-            intra, inter = peer_counts(remote, me)
-            self.record(collective, intra * per_peer_bytes, inter * per_peer_bytes)
+            self.record(collective, *sends(per_peer_bytes, remote, me))
             return
         intra = sum(b for k, (b, r) in enumerate(zip(per_peer_bytes, remote)) if k != me and not r)
         inter = sum(b for k, (b, r) in enumerate(zip(per_peer_bytes, remote)) if k != me and r)

@@ -75,10 +75,10 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
                  compressed: QuantizedAllGather | None, exact: QuantizedAllGather) -> None:
         self.name, self.param_group, self.layouts = name, param_group, layouts
         self.compressed, self.exact = compressed, exact
-        self.frozen = frozen_columns(layouts, param_group, compressed)
+        self.frozen = frozen_columns(layouts, compressed)
         self._warned = False
         # qWD: "no optimizer step since the forward all-gather", known on the host
-        self.versions = VersionWatch(lambda: _fsdp2.sharded_params(param_group))
+        self.versions = VersionWatch()
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False) -> dist.Work | None:
@@ -192,14 +192,13 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
         return ok
 
 
-def frozen_columns(layouts: GroupLayouts, param_group,
+def frozen_columns(layouts: GroupLayouts,
                    compressed: QuantizedAllGather | None) -> FrozenParams | None:
     """qWD: the differences of the parameters frozen at an all-gather are not sent while
     they stay frozen and unwritten (``comm/frozen.py``); None without qWD."""
     if compressed is None or compressed.references is None or layouts.full.all_exact:
         return None
-    return FrozenParams([(s.numel, s.exact) for s in layouts.segments], compressed,
-                        lambda: _fsdp2.sharded_params(param_group))
+    return FrozenParams([(s.numel, s.exact) for s in layouts.segments], compressed)
 
 
 class FSDPReduceScatter(_Alloc, _fsdp2.ReduceScatter):
