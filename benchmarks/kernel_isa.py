@@ -48,6 +48,9 @@ ROWS = [
     # qWD's update of w~ (bf16) from one int4 payload
     ("qwd_dequantize_add", "(*peers(4, 1), rb)",
      "GQ.dequantize_add(a[0][0], a[1][0], 4, 2048, a[2])", 1),
+    # ... from 8 gathered slots read in place in the wire (8 rider bytes after each payload)
+    ("qwd_dequantize_add_wire_rows", "(*wire_rows(4, 2048), rb.view(8, -1))",
+     "GQ.dequantize_add_rows(a[0], a[1], 4, 2048, a[2])", 1),
     ("dequantize_sum_int4", "peers(4)", "GQ.dequantize_sum(*a, 4, 128)", 8),
     ("dequantize_sum_int8", "peers(8)", "GQ.dequantize_sum(*a, 8, 128)", 8),
     # the 2-hop: 8 peers' int8 sum requantized to int4 (stochastic, one key pair)
@@ -105,6 +108,12 @@ keys = torch.tensor([123, 456], dtype=torch.int64)
 def peers(bits, n=8):
     packed = torch.randint(0, 255, (n, packed_nbytes(N, bits)), dtype=torch.uint8)
     return packed, torch.rand(n, N // 128)
+
+def wire_rows(bits, gs, n=8, rider=8):   # n slots' codes and scales: views of one wire
+    ncodes, groups = packed_nbytes(N // n, bits), N // n // gs
+    wire = torch.randint(0, 255, (n, ncodes + 4 * groups + rider), dtype=torch.uint8)
+    wire[:, ncodes:ncodes + 4 * groups] = torch.rand(n, groups).view(torch.uint8)
+    return wire[:, :ncodes], wire[:, ncodes:ncodes + 4 * groups].view(torch.float32)
 
 def compile_launch(fn, args, kwargs):
     binder = create_function_from_signature(fn.signature, fn.params, BACKEND)

@@ -126,6 +126,32 @@ def test_payload_rows_are_views_of_the_wire(name, params):
         assert all(torch.equal(f, w) for f, w in zip(fields, comp.payload_rows(payload, 256)))
 
 
+@pytest.mark.parametrize("dtype,e", TAILS)
+def test_qwd_decode_reads_the_wire_in_place(dtype, e):
+    """qWD's decode of the Y > 1 gathered slots (``decompress_rows``, the Triton update
+    interpreted) reads every row's codes and scales in place in the wire, exact values after
+    each payload: no copy of the fields where the rows are whole words (a bf16 tail of odd
+    length: copied flat first), the references the torch twin rebuilds, bit for bit."""
+    rows, shard = 3, 256
+    make = lambda backend: get_compressor("qwd", inner=build_compressor(  # noqa: E731
+        "int", bits=4, group_size=128, rounding="nearest", backend=backend))
+    qwds = {b: make(b) for b in ("triton", "torch")}
+    w = _rows(rows, shard, torch.bfloat16)
+    tail = torch.zeros(1, e, dtype=dtype)
+    for step in range(2):
+        sender = qwds["torch"]    # the same rows for both (the first call: exact)
+        wire = torch.cat([sender.wire_slot(w[r], r, rows, tail) for r in range(rows)])
+        n = wire.shape[1] - e * dtype.itemsize
+        for backend, q in qwds.items():
+            with _Ops() as ops:
+                q.decompress_rows(wire[:, :n], shard, torch.bfloat16)
+            if step and backend == "triton":
+                copied = {"copy_", "clone", "contiguous", "cat"} & set(ops.names)
+                assert bool(copied) == (wire.shape[1] % 4 != 0), ops.names
+        assert torch.equal(qwds["triton"].reference, qwds["torch"].reference)
+        w = (w.float() + 0.01 * _rows(rows, shard)).to(torch.bfloat16)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name,params", SCHEMES)
 def test_reduce_rows_is_reduce_of_the_rows(name, params, backend):

@@ -91,13 +91,16 @@ for bits, h in ((4, 0), (4, 1), (8, RG)):
         dict(GS=2048, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=True, RAGGED=True,
              ROWS=False, **k),
         T.NUM_WARPS)
-for bits, gs, out in [(4, 2048, "*bf16"), (4, 128, "*bf16"), (8, 2048, "*bf16"),
-                      (4, 2048, f32)]:
+for bits, gs, out, rows in [(4, 2048, "*bf16", False), (4, 128, "*bf16", False),
+                            (8, 2048, "*bf16", False), (4, 2048, f32, False),
+                            (4, 2048, "*bf16", True)]:
     k = T._tile_consts(bits, gs, T.GPU_BLOCK_ELEMS, itemsize=2 if out != f32 else 4)
-    row(f"group_quant._dequantize_add_kernel bits={bits} gs={gs} out={out}",
+    row(f"group_quant._dequantize_add_kernel bits={bits} gs={gs} out={out} ROWS={rows}",
         T._dequantize_add_kernel, dict(packed_ptr="*i32", scale_ptr=f32, ref_ptr=out,
-                                       out_ptr="*i16" if out != f32 else f32, numel=i32),
-        dict(GS=gs, BITS=bits, RAGGED=True, OUT_BF16=out != f32, **k), T.NUM_WARPS)
+                                       out_ptr="*i16" if out != f32 else f32, numel=i32,
+                                       gpr=i32, row_words=i32, scale_row=i32),
+        dict(GS=gs, BITS=bits, RAGGED=not rows, OUT_BF16=out != f32, ROWS=rows, **k),
+        T.NUM_WARPS)
 for bits, h in ((8, 1), (8, RG), (4, RG)):
     v = T.SUM_VALUES_PER_THREAD
     k = dict(T._tile_consts(4, 128, T.NUM_WARPS * 32 * v, per_thread=v))

@@ -192,6 +192,35 @@ def test_dequantize_add_equals_twin(tt, bits, gs):
         assert out.shape == rows.shape and out.dtype == dtype
 
 
+@pytest.mark.parametrize("bits, gs", [(4, 128), (8, 128), (2, 128), (6, 96)])
+def test_dequantize_add_reads_wire_rows(tt, bits, gs):
+    """qWD's decode of the Y gathered slots reads each row's codes and scales in place in the
+    ``[Y, row]`` wire (``Compressor.payload_rows``' column views; rider bytes after each
+    payload), or, where the rows are not whole aligned words (odd rider bytes, 6-bit codes),
+    copied flat first: the numbers of the twin and of one ``dequantize_add`` per row."""
+    g = torch.Generator().manual_seed(bits)
+    rows, numel = 3, 2 * gs
+    values = make_input(rows * 2 * gs, gs, seed=bits).view(rows, -1)[:, :numel]  # NaN, Inf
+    payloads = [twin.quantize(values[r], bits, gs) for r in range(rows)]
+    ncodes = payloads[0][0].numel()
+    ref = (torch.randn(rows, numel, generator=g) * 4).to(torch.bfloat16)
+    for rider in (8, 3):
+        wire = torch.stack([torch.cat([c, s.view(torch.uint8),
+                                       torch.full((rider,), 7, dtype=torch.uint8)])
+                            for c, s in payloads])
+        codes = wire[:, :ncodes]
+        scales = wire[:, ncodes:ncodes + 4 * (numel // gs)]
+        scales = scales.view(torch.float32) if rider % 4 == 0 else scales.contiguous().view(
+            torch.float32)
+        assert not codes.is_contiguous()
+        assert (tt._row_strides(codes, scales) is not None) == (rider % 4 == 0)  # 6-bit: bytes
+        got = tt.dequantize_add_rows(codes, scales, bits, gs, ref)
+        want = torch.stack([twin.dequantize_add(c, s, bits, gs, ref[r])
+                            for r, (c, s) in enumerate(payloads)])
+        assert same(got, want) and same(twin.dequantize_add_rows(codes, scales, bits, gs, ref),
+                                        want), (rider, bits)
+
+
 def test_dequantize_sum_quantize_one_peer(tt):
     pk, sc = peers(128 * 40, 8, 128, 1, seed=5)
     noise = torch.tensor([5, 6])
@@ -249,9 +278,11 @@ s = ptx(T._dequantize_sum_quantize_kernel, dict(packed_ptr=u8, scale_ptr=f32, no
         peer_bytes=i32, peer_groups=i32),
         dict(GS=128, BITS=8, CPU=1, BPU=1, OGS=32, OBITS=2, STOCHASTIC=True, HASH=N.ONE_KEY,
              OCPU=k.pop("CPU"), OBPU=k.pop("BPU"), **k))
-a = ptx(T._dequantize_add_kernel, dict(packed_ptr="*i32", scale_ptr=f32, ref_ptr="*bf16",
-        out_ptr="*i16", numel="i64"), dict(GS=128, BITS=4, OUT_BF16=True, RAGGED=True,
-                                           **T._tile_consts(4, 128, 1024, itemsize=2)))
+a = "".join(ptx(T._dequantize_add_kernel, dict(packed_ptr="*i32", scale_ptr=f32,
+                ref_ptr="*bf16", out_ptr="*i16", numel="i64", gpr=i32, row_words=i32,
+                scale_row=i32), dict(GS=128, BITS=4, OUT_BF16=True, RAGGED=not rows, ROWS=rows,
+                                     **T._tile_consts(4, 128, 1024, itemsize=2)))
+            for rows in (False, True))
 print("div.rn.f32" in q, "div.full" in q + s, "fma.rn.f32" in q + s + a)
 """
 

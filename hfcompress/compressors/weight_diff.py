@@ -147,7 +147,8 @@ class WeightDifferenceQuantizer(Compressor):
         """Every row's payload at once -> the new flat w~ (``rows * numel`` values): ``wire``
         is ``(rows, nbytes)`` uint8, row r the flat payload of slot r. The exact first
         payloads become w~; later, one batched decode (``GroupQuantizer`` inner: one
-        dequantize-add over all rows, whose output becomes w~: no copy) adds every row's
+        dequantize-add over all rows, reading their codes and scales in place in the wire
+        where aligned, whose output becomes w~: no copy) adds every row's
         difference, bit-identical to ``decompress`` row by row (another inner: w~ updated in
         place, row by row)."""
         rows = wire.shape[0]
@@ -164,8 +165,7 @@ class WeightDifferenceQuantizer(Compressor):
             if wire.shape[1] != ncodes + 4 * ngroups:
                 raise ValueError(f"qwd: payload rows of {wire.shape[1]} bytes, expected "
                                  f"{ncodes + 4 * ngroups} for {numel} values")
-            codes = wire[:, :ncodes].reshape(-1)
-            scales = wire[:, ncodes:].contiguous().view(torch.float32).reshape(-1)
+            codes, scales = self.inner.payload_rows(wire, numel)   # the wire's columns
             inner = self.inner
             self._replace(inner._impl(codes).dequantize_add_rows(codes, scales, inner.bits,
                                                                  inner.group_size, ref))

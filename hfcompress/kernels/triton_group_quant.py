@@ -223,18 +223,26 @@ def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr
 
 
 @triton.jit
-def _decode_tile(packed_ptr, scale_ptr, pid, n_groups, GS: tl.constexpr,
-                 BLOCK_G: tl.constexpr, L: tl.constexpr, V: tl.constexpr, BITS: tl.constexpr,
-                 CPU: tl.constexpr, BPU: tl.constexpr):
+def _decode_tile(packed_ptr, scale_ptr, pid, n_groups, gpr, row_words, scale_row,
+                 GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr, V: tl.constexpr,
+                 BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr, ROWS: tl.constexpr):
     """float32 values of a ``(BLOCK_G, L, V)`` tile (:func:`_per_thread`) of one payload:
-    each thread reads its ``V / CPU`` units (int32 words where ``BPU == 4``) and its scale."""
+    each thread reads its ``V / CPU`` units (int32 words where ``BPU == 4``) and its scale.
+    ``ROWS`` (``BPU == 4``): the payload is rows of ``gpr`` groups read in place, row r's
+    words at ``r * row_words`` and its scales at ``r * scale_row`` (a wire's column views)."""
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     U: tl.constexpr = V // CPU
     r = tl.arange(0, BLOCK_G)[:, None, None]
     g = pid * BLOCK_G + r
     gmask = g < n_groups
     u = tl.arange(0, L)[None, :, None] * U + tl.arange(0, U)[None, None, :]
-    unit = pid.to(tl.int64) * (BLOCK_G * (GS // CPU)) + (r * (GS // CPU) + u)
+    if ROWS:
+        row = (g // gpr).to(tl.int64)
+        unit = row * row_words + (g - row * gpr) * (GS // CPU) + u
+        sidx = row * scale_row + (g - row * gpr)
+    else:
+        unit = pid.to(tl.int64) * (BLOCK_G * (GS // CPU)) + (r * (GS // CPU) + u)
+        sidx = g
     umask = gmask & (u < GS // CPU)
     if BPU == 4:
         w = tl.load(packed_ptr + unit, mask=umask, other=0)
@@ -245,26 +253,29 @@ def _decode_tile(packed_ptr, scale_ptr, pid, n_groups, GS: tl.constexpr,
                      << (8 * m))
     shift = BITS * tl.arange(0, CPU)
     code = tl.reshape((w[:, :, :, None] >> shift) & ((1 << BITS) - 1), (BLOCK_G, L, V))
-    scale = tl.load(scale_ptr + g, mask=gmask, other=0.0)
+    scale = tl.load(scale_ptr + sidx, mask=gmask, other=0.0)
     return (code - (QMAX + 1)).to(tl.float32) * scale
 
 
 @triton.jit
-def _dequantize_add_kernel(packed_ptr, scale_ptr, ref_ptr, out_ptr, numel, GS: tl.constexpr,
-                           BLOCK_G: tl.constexpr, L: tl.constexpr, LOG2V: tl.constexpr,
-                           VEC: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
-                           BPU: tl.constexpr, RAGGED: tl.constexpr, OUT_BF16: tl.constexpr):
+def _dequantize_add_kernel(packed_ptr, scale_ptr, ref_ptr, out_ptr, numel, gpr, row_words,
+                           scale_row, GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr,
+                           LOG2V: tl.constexpr, VEC: tl.constexpr, BITS: tl.constexpr,
+                           CPU: tl.constexpr, BPU: tl.constexpr, RAGGED: tl.constexpr,
+                           OUT_BF16: tl.constexpr, ROWS: tl.constexpr):
     """qWD's update ``w~ + deq(C(w - w~))`` (SDP4Bit Alg. 2): ``ref`` plus the decoded
     values in float32, rounded to ``ref``'s dtype (``OUT_BF16``: ``out_ptr`` is an int16
-    view of a bfloat16 output); the payload holds ``numel`` values and then padding."""
+    view of a bfloat16 output); the payload holds ``numel`` values and then padding, or
+    (``ROWS``) rows of ``gpr`` whole groups read in place (:func:`_decode_tile`)."""
     pid = tl.program_id(0)
     K: tl.constexpr = (1 << LOG2V) // VEC
     base, off, mask = _tile(pid, tl.cdiv(numel, GS), GS, BLOCK_G, L, K, VEC)
     if RAGGED:
         mask = mask & (off < tl.minimum(numel - base, BLOCK_G * GS).to(tl.int32))
     y = _per_thread(tl.load(ref_ptr + base + off, mask=mask, other=0.0).to(tl.float32))
-    y = _per_load(y + _decode_tile(packed_ptr, scale_ptr, pid, tl.cdiv(numel, GS), GS, BLOCK_G,
-                                   L, 1 << LOG2V, BITS, CPU, BPU), K, VEC)
+    y = _per_load(y + _decode_tile(packed_ptr, scale_ptr, pid, tl.cdiv(numel, GS), gpr,
+                                   row_words, scale_row, GS, BLOCK_G, L, 1 << LOG2V, BITS, CPU,
+                                   BPU, ROWS), K, VEC)
     if OUT_BF16:
         tl.store(out_ptr + base + off, _bf16_bits(y), mask=mask)
     else:
@@ -447,28 +458,47 @@ def quantize_difference_row(x: torch.Tensor, ref: torch.Tensor, bits: int, group
 def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
                    ref: torch.Tensor) -> torch.Tensor:
     """The twin's ``add_to(ref, dequantize(...))`` in one kernel: qWD's update (SDP4Bit
-    Alg. 2); the payload may be padded past ``ref.numel()``."""
+    Alg. 2); the payload may be padded past ``ref.numel()``. ``packed`` ``[rows, nbytes]``
+    and ``scale`` ``[rows, groups]`` may be row-strided (a wire's column views, rows of
+    whole groups): read in place where the codes are whole aligned int32 words, else
+    copied flat first."""
     flat = ref.reshape(-1).contiguous()
     out = torch.empty_like(flat)
     numel = flat.numel()
     if numel:
         k = _tile_consts(bits, group_size, _block(flat), flat.element_size())
-        packed = packed.reshape(-1).contiguous()
+        rows = _row_strides(packed, scale) if k["BPU"] == 4 else None
+        if rows is None:
+            packed, scale = packed.reshape(-1).contiguous(), scale.reshape(-1)
         if k["BPU"] == 4 and (packed.storage_offset() % 4 or packed.numel() % 4):
             k = {**k, "CPU": _UNIT[bits][0], "BPU": _UNIT[bits][1]}  # words: aligned, whole
         bf16 = ref.dtype == torch.bfloat16
         _dequantize_add_kernel[(cdiv(cdiv(numel, group_size), k["BLOCK_G"]),)](
-            packed.view(torch.int32) if k["BPU"] == 4 else packed, scale.reshape(-1), flat,
-            out.view(torch.int16) if bf16 else out, numel, GS=group_size, BITS=bits,
-            RAGGED=numel % group_size != 0, OUT_BF16=bf16, **k, num_warps=NUM_WARPS,
-            enable_fp_fusion=False)
+            packed.view(torch.int32) if k["BPU"] == 4 else packed, scale, flat,
+            out.view(torch.int16) if bf16 else out, numel, *(rows or (1, 0, 0)), GS=group_size,
+            BITS=bits, RAGGED=numel % group_size != 0, OUT_BF16=bf16, ROWS=rows is not None,
+            **k, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out.view(ref.shape)
+
+
+def _row_strides(packed: torch.Tensor, scale: torch.Tensor) -> tuple[int, int, int] | None:
+    """``(groups per row, words per packed row, floats per scale row)`` where ``packed``
+    (uint8 ``[rows > 1, nbytes]``) and ``scale`` (``[rows, groups]``) are strided rows a
+    kernel reads in place as int32 words and float32 scales; None where they are flat, one
+    row, or not word-aligned (then read flat after a copy)."""
+    if packed.dim() != 2 or packed.shape[0] < 2 or packed.is_contiguous():
+        return None
+    if (packed.stride(1) != 1 or scale.stride(1) != 1 or packed.stride(0) % 4
+            or packed.storage_offset() % 4 or packed.shape[1] % 4):
+        return None
+    return scale.shape[1], packed.stride(0) // 4, scale.stride(0)
 
 
 def dequantize_add_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
                         ref: torch.Tensor) -> torch.Tensor:
     """The twin's ``dequantize_add_rows``: rows of whole groups in one kernel
-    (:func:`dequantize_add`); padded rows decoded, then the twin's ``add_rows``."""
+    (:func:`dequantize_add`, ``packed`` / ``scale`` flat or ``[rows, ..]`` row views of a
+    wire, read in place); padded rows decoded, then the twin's ``add_rows``."""
     rows, numel = ref.shape
     if numel % group_size == 0:
         return dequantize_add(packed, scale, bits, group_size, ref)
