@@ -23,7 +23,8 @@ with the launches stubbed and no dispatch mode (CPU tensors: the aten ops still 
 the CPU, so it is the Python cost plus small CPU kernels). ``python_calls``: the function
 calls of a step per unit (``cProfile``'s count, C builtins and tensor methods included, the
 stubbed launches too), a deterministic proxy of the host time, which moves +-15% between
-runs of this shared machine.
+runs of this shared machine. ``host_aten``: every aten op the step issues per unit, views
+and allocations included (each costs the host a dispatch, ~1-3 us, kernel or not).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 FIELDS = ["preset", "ops_per_unit", "triton", "aten", "collectives", "h2d", "host_ms",
-          "host_ratio_vs_none", "python_calls", "calls_ratio_vs_none", "units", "triton_kernels",
-          "aten_ops"]
+          "host_ratio_vs_none", "python_calls", "calls_ratio_vs_none", "host_aten", "units",
+          "triton_kernels", "aten_ops"]
 
 #: aten ops that launch no kernel on a GPU (allocation, views, metadata)
 FREE = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "view",
@@ -111,6 +112,7 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int) -> list[
         def __init__(self):
             super().__init__()
             self.ops: collections.Counter = collections.Counter()
+            self.host = 0       # every aten op of the step, free ones included
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = func.overloadpacket.__name__
@@ -124,8 +126,10 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int) -> list[
                 f = f.f_back
             if ns == "c10d":
                 self.ops[f"c10d.{name}"] += 1
-            elif not inside_dist and name not in FREE:
-                self.ops[name] += 1
+            elif not inside_dist:
+                self.host += 1
+                if name not in FREE:
+                    self.ops[name] += 1
             return func(*args, **(kwargs or {}))
 
     def jobs_of(handle, model):
@@ -163,7 +167,7 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int) -> list[
         units = len(jobs)
         per = lambda c: collections.Counter(  # noqa: E731
             {k: v / counted / units for k, v in c.items()})
-        return units, per(launches), per(mode.ops)
+        return units, per(launches), per(mode.ops), mode.host / counted / units
 
     def python_calls(preset):
         """Per unit: the function calls of ``counted`` steps of the tiny model."""
@@ -214,13 +218,13 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int) -> list[
             with compress_one_rank(), inline_on_cpu():
                 ms = host_ms(presets)
                 for preset in presets:
-                    units, tri, ops = counted_ops(preset)
+                    units, tri, ops, host = counted_ops(preset)
                     coll = sum(n for k, n in ops.items() if k.startswith("c10d."))
                     h2d = sum(n for k, n in ops.items() if k in H2D)
                     out.append(dict(preset=preset, units=units, triton=sum(tri.values()),
                                     aten=sum(ops.values()) - coll - h2d, collectives=coll,
                                     h2d=h2d, host_ms=ms[preset],
-                                    python_calls=python_calls(preset),
+                                    python_calls=python_calls(preset), host_aten=host,
                                     triton_kernels=names(tri), aten_ops=names(ops)))
                     print(f"step_ops: {preset} done", file=sys.stderr, flush=True)
         finally:
@@ -250,7 +254,7 @@ def measure(presets: list[str] | None = None, warmup: int = 3, counted: int = 2,
         r["host_ratio_vs_none"] = r["host_ms"] / none["host_ms"] if none else ""
         r["calls_ratio_vs_none"] = r["python_calls"] / none["python_calls"] if none else ""
         for k in ("ops_per_unit", "triton", "aten", "collectives", "h2d", "host_ratio_vs_none",
-                  "python_calls", "calls_ratio_vs_none"):
+                  "python_calls", "calls_ratio_vs_none", "host_aten"):
             if r[k] != "":
                 r[k] = round(r[k], 2)
         r["host_ms"] = round(r["host_ms"], 3)

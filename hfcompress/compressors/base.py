@@ -134,7 +134,7 @@ class Compressor:
             col = wire[:, offset:offset + nbytes]
             if (base + offset) % size or stride % size or wire.stride(-1) != 1:
                 col = aligned(col.contiguous())
-            fields.append(col.view(dt))
+            fields.append(col if dt == col.dtype else col.view(dt))
             offset += nbytes
         return fields
 
