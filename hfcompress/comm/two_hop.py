@@ -18,10 +18,12 @@ chunk, fused into its decode-sum: ``reduce_rows``). A SUM into a float32 output 
 straight into it (no copy).
 
 Memory: the intra-node hop sends row ``n*X + l`` to local rank l as the rows of an
-``[X, Y * width]`` reordering of the input; it is built and compressed in two halves of its
-rows (two calls, the numbers of one: row keys), so the float32 transients of a call stay
-below ~1.5x its input (``tests/test_transients.py``), whatever the world size. (With
-``chunks`` > 1 TLq-HS rotates the whole input first: one rotated copy more.)
+``[X, Y * width]`` reordering of the input; over several nodes (Y > 1) that is a copy, built
+and compressed in two halves of its rows (two calls, the numbers of one: row keys), so the
+float32 transients of a call stay below ~1.5x its input (``tests/test_transients.py``),
+whatever the world size; on one node it is a view of the input, compressed in one call that
+writes the whole send buffer (no ``cat``). (With ``chunks`` > 1 TLq-HS rotates the whole
+input first: one rotated copy more.)
 
 ``chunks`` > 1 splits the S columns into pipeline stages (ZeRO++ F.1.2, Alg. 2): the
 inter-node hop of chunk c runs while the intra-node hop of chunk c+1 is in flight.
@@ -203,8 +205,10 @@ class TwoHopReduceScatter(StreamOwner):
                 part = streams.compressor.rotate_rows(part.reshape(-1, width))
                 return compress_rows(streams, part.view(hi - lo, y * width), key, True, tail)
             return compress_rows(streams, part.reshape(hi - lo, y * width), key, False, tail)
-        finish = self._exchange("intra", torch.cat([send(0, half), send(half, x)]), c,
-                                self.topology.intra_group, y * width, rows.dtype, rider=rider)
+        # one node: the reordering is a view (no float32 transient), one call writes the wire
+        wire = send(0, x) if y == 1 else torch.cat([send(0, half), send(half, x)])
+        finish = self._exchange("intra", wire, c, self.topology.intra_group, y * width,
+                                rows.dtype, rider=rider)
 
         def partial() -> tuple[torch.Tensor, torch.Tensor | None]:
             total, got = finish()
