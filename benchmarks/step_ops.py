@@ -1,10 +1,12 @@
 """GPU operations and host time per FSDP unit and step of every FSDP2 preset, read on a CPU.
 
     python benchmarks/step_ops.py --out DIR          # DIR/step_ops.csv (~1 min of CPU)
+    python benchmarks/step_ops.py --world 2          # 2 ranks on one node (rank 0's counts)
     python benchmarks/kernel_isa.py --steps --out DIR
 
 On the small LLaMA of ``gpu_check.py`` (its CUDA ``DIMS``, on CPU tensors) at world size 1
-(gloo, a ``file://`` store, one process, under ``compress_one_rank()``), each preset's
+(gloo, a ``file://`` store, one process, under ``compress_one_rank()``; ``--world N``: N
+processes, nodes of ``--ranks-per-node``, the paths a multi-GPU run takes), each preset's
 collectives of a step run as ``gpu_check.fsdp_collectives`` calls them (every unit's
 all-gather ``async_op=True`` + ``wait()``, its gradient reduce-scatter, then
 ``handle.step()``) on the code path a GPU takes: ``dispatch.use_triton`` answers as for a
@@ -35,6 +37,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -55,14 +58,15 @@ FREE = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"
 H2D = {"lift_fresh", "lift_fresh_copy"}
 
 
-def _child(presets: list[str], warmup: int, counted: int, repeats: int) -> list[dict]:
-    """Runs in the clean subprocess: one dict per preset."""
+def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: int = 0,
+           world: int = 1, per_node: int = 1, store: str = "") -> list[dict]:
+    """Runs in the clean subprocess (rank ``rank`` of ``world``, nodes of ``per_node``
+    ranks, a shared ``file://`` store when ``world > 1``): one dict per preset."""
     import collections
     import contextlib
     import importlib
     import pkgutil
     import statistics
-    import tempfile
     import time
 
     import torch
@@ -133,23 +137,27 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int) -> list[
             return func(*args, **(kwargs or {}))
 
     def jobs_of(handle, model):
+        """Per unit: its comms, this rank's shard, the all-gather output and its slot (the
+        input, as FSDP2 passes it), the gradients of every rank's shard and the output."""
         params = dict(model.named_parameters())
         jobs = []
         with torch.no_grad():
             for comms in handle.comms.values():
                 shard = torch.cat([params[n].to_local().reshape(-1)
                                    for n in comms.layouts.names])
-                grads = torch.randn(shard.numel())
-                jobs.append((comms, shard, torch.empty_like(shard), grads,
-                             torch.empty_like(grads)))
+                n = shard.numel()
+                gathered = torch.empty(world * n)
+                grads = torch.randn(world * n)
+                jobs.append((comms, shard, gathered, gathered[rank * n:(rank + 1) * n], grads,
+                             torch.empty_like(shard)))
         return jobs
 
     def step(handle, jobs, mode=None):
         with torch.no_grad():
-            for comms, shard, gathered, grads, reduced in jobs:
-                gathered.copy_(shard)       # FSDP2's copy-in: not counted
+            for comms, shard, gathered, slot, grads, reduced in jobs:
+                slot.copy_(shard)       # FSDP2's copy-in: not counted
                 with mode if mode is not None else contextlib.nullcontext():
-                    comms.ag(output_tensor=gathered, input_tensor=gathered,
+                    comms.ag(output_tensor=gathered, input_tensor=slot,
                              group=dist.group.WORLD, async_op=True).wait()
                     comms.rs(output_tensor=reduced, input_tensor=grads,
                              group=dist.group.WORLD, op=dist.ReduceOp.SUM)
@@ -200,7 +208,7 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int) -> list[
 
     def setup(preset, dims):
         model = tiny_llama(seed=0, **dims)
-        handle = hfcompress.apply(model, preset, shard=True)
+        handle = hfcompress.apply(model, preset, shard=True, ranks_per_node=per_node)
         jobs = jobs_of(handle, model)
         for _ in range(warmup):
             step(handle, jobs)
@@ -212,10 +220,11 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int) -> list[
 
     out = []
     with tempfile.TemporaryDirectory(prefix="step_ops_") as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0,
-                                world_size=1)
+        dist.init_process_group("gloo", init_method=f"file://{store or tmp + '/store'}",
+                                rank=rank, world_size=world)
         try:
-            with compress_one_rank(), inline_on_cpu():
+            with compress_one_rank() if world == 1 else contextlib.nullcontext(), \
+                    inline_on_cpu():
                 ms = host_ms(presets)
                 for preset in presets:
                     units, tri, ops, host = counted_ops(preset)
@@ -233,21 +242,32 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int) -> list[
 
 
 def measure(presets: list[str] | None = None, warmup: int = 3, counted: int = 2,
-            repeats: int = 41) -> list[dict]:
-    """One dict per preset (``FIELDS``), measured in a clean subprocess."""
+            repeats: int = 41, world: int = 1, ranks_per_node: int | None = None
+            ) -> list[dict]:
+    """One dict per preset (``FIELDS``), measured in a clean subprocess per rank (rank 0's
+    counts; ``world`` ranks on gloo in nodes of ``ranks_per_node``, default one node)."""
     if presets is None:
         sys.path.insert(0, str(HERE))
         from _dist_common import FSDP_PRESETS
         presets = list(FSDP_PRESETS)
+    per_node = ranks_per_node or world
+    if world < 1 or world % per_node:
+        raise ValueError(f"step_ops: {world} ranks cannot form nodes of {per_node}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
     env["HFCOMPRESS_COMPILE"] = "0"
-    args = json.dumps([presets, warmup, counted, repeats])
-    run = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", args],
-                         env=env, capture_output=True, text=True, timeout=1800)
-    if run.returncode:
-        raise RuntimeError(f"step_ops failed:\n{run.stderr[-4000:]}")
-    raw = json.loads(run.stdout.split("JSON", 1)[1])
+    with tempfile.TemporaryDirectory(prefix="step_ops_") as tmp:
+        runs = [subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--child",
+             json.dumps([presets, warmup, counted, repeats, r, world, per_node,
+                         f"{tmp}/store" if world > 1 else ""])],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for r in range(world)]
+        outs = [r.communicate(timeout=3600) for r in runs]
+    failed = [(r, err) for r, (run, (_, err)) in enumerate(zip(runs, outs)) if run.returncode]
+    if failed:
+        raise RuntimeError(f"step_ops failed on rank {failed[0][0]}:\n{failed[0][1][-4000:]}")
+    raw = json.loads(outs[0][0].split("JSON", 1)[1])
     none = next((r for r in raw if r["preset"] == "none"), None)
     for r in raw:
         r["ops_per_unit"] = r["triton"] + r["aten"] + r["collectives"] + r["h2d"]
@@ -283,12 +303,17 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="", help="write DIR/step_ops.csv")
     ap.add_argument("--presets", default="", help="comma-separated (default: every FSDP2 one)")
+    ap.add_argument("--world", type=int, default=1,
+                    help="ranks (gloo processes; default 1: the one-rank switch)")
+    ap.add_argument("--ranks-per-node", type=int, default=0,
+                    help="ranks per node (default: all on one node)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print("JSON" + json.dumps(_child(*json.loads(args.child))))
         return
-    rows = measure(args.presets.split(",") if args.presets else None)
+    rows = measure(args.presets.split(",") if args.presets else None, world=args.world,
+                   ranks_per_node=args.ranks_per_node or None)
     print_table(rows)
     if args.out:
         print(f"wrote {write_csv(rows, args.out)}")

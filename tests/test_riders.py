@@ -63,8 +63,10 @@ def check_reduce_scatter(rank, world, topo, meter):
 
 
 def check_qwd_all_gather(rank, world, topo, meter):
+    """Gap 8: other columns between the slots and the exact values; gap 0: each rank's row
+    is its slot then its exact values (on one node step 3 gathers straight into it)."""
     s = 4096
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype, gap in ((torch.float32, 8), (torch.bfloat16, 8), (torch.bfloat16, 0)):
         plain_ag = QuantizedAllGather(get_compressor("qwd"), topology=topo, meter=meter)
         ride_ag = QuantizedAllGather(get_compressor("qwd"), topology=topo, meter=meter)
         for step in range(3):     # the exact first gather, then differences
@@ -77,13 +79,13 @@ def check_qwd_all_gather(rank, world, topo, meter):
             plain_ag(plain, xs[rank])
             alone = meter.current()
             # the slots into columns of a wider buffer, the exact values into a strided view
-            rows = torch.full((world, s + E + 8), -1.0, dtype=dtype)
+            rows = torch.full((world, s + E + gap), -1.0, dtype=dtype)
             meter.reset()
-            ride_ag(rows, xs[rank], exact=(es[rank], rows[:, s + 8:]), columns=((0, s),))
+            ride_ag(rows, xs[rank], exact=(es[rank], rows[:, s + gap:]), columns=((0, s),))
             cur = meter.current()
             assert torch.equal(rows[:, :s].reshape(-1), plain), (dtype, step)
-            assert torch.equal(rows[:, s + 8:].reshape(-1), exact), (dtype, step)
-            assert (rows[:, s:s + 8] == -1).all()                # other columns untouched
+            assert torch.equal(rows[:, s + gap:].reshape(-1), exact), (dtype, step)
+            assert (rows[:, s:s + gap] == -1).all()              # other columns untouched
             extra = sum(cur[k] - alone[k] for k in ("intra_bytes", "inter_bytes"))
             assert extra == (world - 1) * E * es[0].element_size(), (extra, step)
             x, y, qwd = topo.ranks_per_node, topo.num_nodes, get_compressor("qwd")

@@ -64,6 +64,23 @@ def place_slots(out: torch.Tensor, columns: Runs | None, slots: torch.Tensor) ->
         put(out, columns, slots)
 
 
+def _slot_rows(out: torch.Tensor, columns: Runs | None, s: int, y: int, x: int,
+               exact: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor | None:
+    """``out`` as its ``[x, W]`` rank rows where a rank's step-3 slot (its ``s`` rebuilt
+    reference values, then the exact values riding, ``exact[1]`` the output's columns
+    after them) is exactly its row: one node (``y == 1``), a contiguous output whose
+    compressed columns come first. Else None (the slots are gathered, then placed)."""
+    if y != 1 or not out.is_contiguous() or columns not in (None, ((0, s),)):
+        return None
+    rows = out.view(x, -1)
+    if exact is None:
+        return rows if rows.shape[1] == s else None
+    tail, target = rows[:, s:], exact[1]
+    same = (target.shape == tail.shape and target.stride() == tail.stride()
+            and target.data_ptr() == tail.data_ptr())
+    return rows if same else None
+
+
 @dataclass(frozen=True)
 class Route:
     """How one all-gather group is served: ``rows`` slots held per rank (the ranks of
@@ -192,6 +209,16 @@ class ShardedReferences:
         ``values``, if riding) into the rank-major output; ``record(intra, inter)`` meters
         the call with its bytes."""
         x, y, ref = route.ranks_per_node, route.rows, self.qwd.reference
+        rows = _slot_rows(out, columns, s, y, x, exact if values is not None else None)
+        if rows is not None:    # one node, each slot its row of the output: gathered there
+            mine = rows[route.local]
+            mine[:s].copy_(ref)
+            if values is not None:
+                mine[s:].copy_(values.view(-1))
+            record(*sends(mine.numel() * ref.element_size(), route.intra_remote, route.local))
+            work = all_gather_single(rows.view(-1), mine, group=route.intra,
+                                     async_op=overlaps(out.device, async_op))
+            return finish(work, None, async_op, out.device)
         slots = ref.view(y, s) if values is None else torch.cat([ref.view(y, s), values], 1)
         width = slots.shape[1]
         record(*sends(y * width * ref.element_size(), route.intra_remote, route.local))

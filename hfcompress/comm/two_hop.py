@@ -104,10 +104,12 @@ class TwoHopReduceScatter(StreamOwner):
         # g_i = H sum_i g_i) and written straight into a SUM's output
         last = dict(out=sum_target(output, op), inverse=rotated_sums) \
             if len(bounds) == 1 else {}
+        # one node: the intra-node hop is the last one (its decode-sum the result, likewise)
+        last1 = last if x > 1 and self._alone() else {}
         riding = None if exact is None else exact[0]
         finish_exact = None if exact is None else \
             lambda values: final_sum(values, exact[1], op, p)
-        hop1 = self._hop1(rows, bounds, 0, rotated_rows, riding) if bounds else None
+        hop1 = self._hop1(rows, bounds, 0, rotated_rows, riding, **last1) if bounds else None
         hop2, partial = [], None
         for c, (a, b) in enumerate(bounds):
             partial, riding = hop1()
@@ -115,7 +117,8 @@ class TwoHopReduceScatter(StreamOwner):
                 hop1 = self._hop1(rows, bounds, c + 1, rotated_rows)
             hop2.append((a, b, self._hop2(partial, b - a, c, input.dtype,
                                           x > 1 or rotated_rows, riding=riding,
-                                          finish_exact=finish_exact, **last)))
+                                          finish_exact=finish_exact,
+                                          **({} if last1 else last))))
         del rows, partial, hop1, riding   # the input's views: nothing of it is read from here
         if len(hop2) == 1:
             total = hop2[0][2]()
@@ -173,11 +176,18 @@ class TwoHopReduceScatter(StreamOwner):
                            {"world_size": self.topology.world_size,
                             "ranks_per_node": self.topology.ranks_per_node})
 
+    def _alone(self) -> bool:
+        """One node: the inter-node hop sends nothing (one_rank.py runs it over a one-rank
+        world)."""
+        return skips(self.topology.num_nodes) or self.topology.inter_group is None
+
     def _hop1(self, rows: torch.Tensor, bounds: list[tuple[int, int]], c: int,
-              rotated_rows: bool, exact: torch.Tensor | None = None):
+              rotated_rows: bool, exact: torch.Tensor | None = None,
+              out: torch.Tensor | None = None, inverse: bool = False):
         """Start the intra-node all-to-all of chunk c; returns a function giving the node's
         partial sums of this local rank's Y rows, flat ``(Y * width,)`` (rotated for TLq-HS;
-        ``rotated_rows``: ``rows`` are rotated already), and the ``[k, Y, E]`` exact values
+        ``rotated_rows``: ``rows`` are rotated already; ``inverse``: rotated back in the
+        decode-sum, on one node; ``out``: written there), and the ``[k, Y, E]`` exact values
         to sum for them (``exact``, ``[P, E]``, rides along; else None). Local rank l gets
         rows ``l, X + l, ..`` (positions ``l*Y ..`` of :func:`slice_order`): row l of the
         ``[X, Y * width]`` reordering of the chunk's columns, built half of its rows at a
@@ -208,7 +218,7 @@ class TwoHopReduceScatter(StreamOwner):
         # one node: the reordering is a view (no float32 transient), one call writes the wire
         wire = send(0, x) if y == 1 else torch.cat([send(0, half), send(half, x)])
         finish = self._exchange("intra", wire, c, self.topology.intra_group, y * width,
-                                rows.dtype, rider=rider)
+                                rows.dtype, out, inverse, rider)
 
         def partial() -> tuple[torch.Tensor, torch.Tensor | None]:
             total, got = finish()
@@ -228,8 +238,7 @@ class TwoHopReduceScatter(StreamOwner):
         if self.raw_inter:  # compression off sends the input's dtype, as torch's collective
             partial = partial.to(dtype)
         parts = partial.reshape(self.topology.num_nodes, width)
-        if skips(parts.shape[0]) or self.topology.inter_group is None:
-            # one node: nothing to send (one_rank.py runs it over a one-rank world)
+        if self._alone():   # one node: nothing to send
             rotate = self.streams["inter"].compressor.rotate if inverse else torch.Tensor.float
 
             def alone() -> torch.Tensor:
