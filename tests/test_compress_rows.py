@@ -106,6 +106,27 @@ def test_triton_rows_and_payloads_need_no_copy(name, params):
     assert "cat" not in ops.names and ops.names.count("copy_") == 1, ops.names
 
 
+@pytest.mark.parametrize("name,params", [SCHEMES[i] for i in (0, 1, 2, 6, 7)])
+def test_triton_rows_read_strided_rows_in_place(name, params):
+    """A reduce-scatter's compressed columns (``[P, S_c]`` of its ``[P, S]`` input, rows of
+    whole groups) are quantized where they lie: the Triton kernels read the strided rows in
+    place (no copy of the float32 input) where the row stride is a multiple of 16 values
+    (else copied flat first), every backend with the numbers of the same rows made
+    contiguous."""
+    for extra in (48, 40):
+        x = _rows(4, 256 + extra)[:, :256]
+        want = build_compressor(name, backend="torch", seed=3, **params).compress_rows(
+            x.contiguous())
+        for backend in BACKENDS:
+            comp = build_compressor(name, backend=backend, seed=3, **params)
+            with _Ops() as ops:
+                wire = comp.compress_rows(x)
+            assert torch.equal(wire, want), (backend, extra)
+            if backend == "triton":
+                copied = {"clone", "copy_", "contiguous", "cat"} & set(ops.names)
+                assert bool(copied) == (extra % 16 != 0), (extra, ops.names)
+
+
 @pytest.mark.parametrize("name,params", [SCHEMES[0], SCHEMES[4], SCHEMES[6]])
 def test_payload_rows_are_views_of_the_wire(name, params):
     """A receiver reads every peer's fields in place (the decoders take strided rows): no

@@ -47,7 +47,7 @@ def row(label, fn, sig, consts, num_warps):
     # pointers 16-byte aligned, as the JIT specializes a launch on fresh allocations (the
     # binary a GPU runs: its vector loads may need more registers than unaligned code)
     aligned = {(fn.arg_names.index(k),): BACKEND.parse_attr("D")
-               for k, v in sig.items() if v.startswith("*")}
+               for k, v in sig.items() if v.startswith("*") or k in DIV16}
     src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
                     constexprs=consts, attrs=aligned)
     with contextlib.redirect_stdout(io.StringIO()) as log:
@@ -62,6 +62,9 @@ def row(label, fn, sig, consts, num_warps):
     print(f"{index}\t{label}\t{num_warps}\t{regs}\t{st}\t{ld}", flush=True)
 
 u8, f32, i64, i32 = "*u8", "*fp32", "*i64", "i32"
+# integers the wrappers pass only as multiples of 16, which the JIT specializes: the strided
+# input rows' stride (triton_tiles.rows_of_groups)
+DIV16 = {"x_row"}
 RG, RK, RW = N.ROW_GROUPS, N.ROW_KEYS, N.ROW_KEYS_WIDE
 
 # triton_noise: SeededRNG.uniform_like on CUDA (one key pair, row keys)
@@ -75,21 +78,23 @@ for h in (N.ONE_KEY, RK):
 # fused difference (bf16 w and w~, ragged tail) and update (dequantize_add, bf16 or float32
 # w~); the fused 2-hop requantize
 quant = dict(ref_ptr=f32, noise_row=i32, scale_ptr=f32, n_groups=i32, numel=i32,
-             gpr=i32, row_words=i32)
+             gpr=i32, row_words=i32, x_row=i32)
 for bits, gs, h in [(b, 128, h) for b in (2, 4, 8) for h in (0, 1, RG)] + [(4, 2048, 0),
                                                                              (8, 2048, 0)]:
     k = T._tile_consts(bits, gs, T.GPU_BLOCK_ELEMS)
-    row(f"group_quant._quantize_kernel bits={bits} gs={gs} HASH={h}", T._quantize_kernel,
-        dict(x_ptr=f32, noise_ptr=i64 if h else f32, packed_ptr="*i32", **quant),
-        dict(GS=gs, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=False, RAGGED=False,
-             ROWS=h == RG, **k), T.NUM_WARPS)
+    for xrows in (False, True) if h == RG else (False,):   # strided input rows
+        row(f"group_quant._quantize_kernel bits={bits} gs={gs} HASH={h} XROWS={xrows}",
+            T._quantize_kernel, dict(x_ptr=f32, noise_ptr=i64 if h else f32,
+                                     packed_ptr="*i32", **quant),
+            dict(GS=gs, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=False, RAGGED=False,
+                 ROWS=h == RG, XROWS=xrows, **k), T.NUM_WARPS)
 for bits, h in ((4, 0), (4, 1), (8, RG)):
     k = T._tile_consts(bits, 2048, T.GPU_BLOCK_ELEMS, itemsize=2)
     row(f"group_quant._quantize_kernel difference bits={bits} gs=2048 HASH={h}",
         T._quantize_kernel, dict(x_ptr="*bf16", noise_ptr=i64 if h else f32,
                                  packed_ptr="*i32", **{**quant, "ref_ptr": "*bf16"}),
         dict(GS=2048, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=True, RAGGED=True,
-             ROWS=False, **k),
+             ROWS=False, XROWS=False, **k),
         T.NUM_WARPS)
 for bits, gs, out, rows in [(4, 2048, "*bf16", False), (4, 128, "*bf16", False),
                             (8, 2048, "*bf16", False), (4, 2048, f32, False),
@@ -117,12 +122,14 @@ for bits, h in ((8, 1), (8, RG), (4, RG)):
 # rotated once before), stochastic (one key pair or row keys; nearest is a subset)
 row("hadamard._rotate_kernel n=32", H._rotate_kernel, dict(x_ptr=f32, out_ptr=f32, n_rows=i32),
     dict(ROWS=H.GPU_BLOCK_ELEMS // 32, N=32, LOG2N=5, SCALE=H.inv_sqrt(32)), H.NUM_WARPS)
-for bits, n, h in [(b, n, h) for b in (4, 8) for n in (32, 1) for h in (1, RG)] + [(2, 32, RG)]:
-    row(f"hadamard._quantize_kernel bits={bits} n={n} HASH={h}", H._quantize_kernel,
+for bits, n, h, xrows in [(b, n, h, False) for b in (4, 8) for n in (32, 1) for h in (1, RG)] \
+        + [(2, 32, RG, False), (4, 32, RG, True), (8, 32, RG, True)]:
+    row(f"hadamard._quantize_kernel bits={bits} n={n} HASH={h} XROWS={xrows}",
+        H._quantize_kernel,
         dict(x_ptr=f32, noise_ptr=i64 if h else f32, noise_row=i32, packed_ptr="*i32",
-             scale_ptr=f32, n_groups=i32, gpr=i32, row_words=i32),
+             scale_ptr=f32, n_groups=i32, gpr=i32, row_words=i32, x_row=i32),
         dict(**H._consts(bits, 128, n, H.GPU_BLOCK_ELEMS), STOCHASTIC=h != 0, HASH=h,
-             ROWS=h == RG),
+             ROWS=h == RG, XROWS=xrows),
         H.QUANT_WARPS)
 
 # triton_dequantize_sum: the decode-sums of both (8 peers unrolled; 16 unrolled and the loop

@@ -51,8 +51,9 @@ class GroupQuantizer(BucketQuantizer):
         of the fields on a GPU; ``tail``'s rows copied after them): the numbers of one
         ``compress`` per row."""
         check_float_input(self.name, x)
-        rows = x.shape[0]
-        flat = pad_rows(x.detach(), self.group_size)
+        rows, x = x.shape[0], x.detach()
+        # rows of whole groups as they are (the Triton kernel reads strided rows in place)
+        flat = x if x.shape[1] % self.group_size == 0 else pad_rows(x, self.group_size)
         noise = self._keys(flat.device, rows)
         return self._impl(flat).quantize_rows(flat, rows, self.bits, self.group_size, noise,
                                               tail)

@@ -181,7 +181,8 @@ class HadamardQuantizer(Compressor):
         with its own call's noise keys, written as the uint8 ``[rows, nbytes]`` wire (row r
         its ``Packed.flat()``, then row r of ``tail``) by the kernel itself on a GPU."""
         rows = x.shape[0]
-        flat = pad_rows(x, self.group_size)
+        # rows of whole groups as they are (the Triton kernel reads strided rows in place)
+        flat = x if x.shape[1] % self.group_size == 0 else pad_rows(x, self.group_size)
         noise = self._q._keys(flat.device, rows)
         return self._impl(flat).quantize_rows(flat, rows, self.bits, self.group_size,
                                               hadamard_size, noise, tail)

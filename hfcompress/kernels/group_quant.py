@@ -77,10 +77,10 @@ def join_rows(packed: torch.Tensor, scale: torch.Tensor, rows: int,
 def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int,
                   noise: torch.Tensor | None = None,
                   tail: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`quantize` of ``rows`` equal rows of whole groups (flat ``x``; ``noise``: one
-    row of keys per row) as the wire ``[rows, nbytes]`` (:func:`join_rows`, ``tail``
-    after each row)."""
-    return join_rows(*quantize(x, bits, group_size, noise), rows, tail)
+    """:func:`quantize` of ``rows`` equal rows of whole groups (flat ``x``, or its ``[rows,
+    n]`` rows, any row stride; ``noise``: one row of keys per row) as the wire ``[rows,
+    nbytes]`` (:func:`join_rows`, ``tail`` after each row)."""
+    return join_rows(*quantize(x.reshape(-1), bits, group_size, noise), rows, tail)
 
 
 def as_words(packed: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:

@@ -94,10 +94,11 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
 def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadamard_size: int,
                   noise: torch.Tensor | None = None,
                   tail: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`quantize` of ``rows`` equal rows of whole groups (flat ``x``) as the wire
-    ``[rows, nbytes]``: row r its codes, then its scales, then row r of ``tail``
-    (``group_quant.join_rows``)."""
-    return _gq.join_rows(*quantize(x, bits, group_size, hadamard_size, noise), rows, tail)
+    """:func:`quantize` of ``rows`` equal rows of whole groups (flat ``x``, or its ``[rows,
+    n]`` rows, any row stride) as the wire ``[rows, nbytes]``: row r its codes, then its
+    scales, then row r of ``tail`` (``group_quant.join_rows``)."""
+    return _gq.join_rows(*quantize(x.reshape(-1), bits, group_size, hadamard_size, noise),
+                         rows, tail)
 
 
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,

@@ -34,7 +34,7 @@ from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
 from .packing import _UNIT, packed_nbytes, payload_buffers, row_wire
 from .triton_noise import group_noise_at, noise_operand
-from .triton_tiles import cdiv, per_program
+from .triton_tiles import cdiv, per_program, rows_of_groups
 
 #: values per program (a power of two; a quantizing tile holds whole groups): few large
 #: programs under TRITON_INTERPRET (its cost is per program); on a GPU ``NUM_WARPS`` warps,
@@ -202,19 +202,24 @@ def _dequantize_at(packed_ptr, scale_ptr, e, mask, GS: tl.constexpr, BITS: tl.co
 
 @triton.jit
 def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups,
-                     numel, gpr, row_words, GS: tl.constexpr, BLOCK_G: tl.constexpr,
+                     numel, gpr, row_words, x_row, GS: tl.constexpr, BLOCK_G: tl.constexpr,
                      L: tl.constexpr, LOG2V: tl.constexpr, VEC: tl.constexpr,
                      BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
                      STOCHASTIC: tl.constexpr, HASH: tl.constexpr, DIFF: tl.constexpr,
-                     RAGGED: tl.constexpr, ROWS: tl.constexpr):
+                     RAGGED: tl.constexpr, ROWS: tl.constexpr, XROWS: tl.constexpr):
     """Quantize ``x``, or with ``DIFF`` qWD's float32 ``x - ref`` (SDP4Bit 3.1); ``RAGGED``:
     ``numel`` is not whole groups, the values past it are zeros; ``ROWS``: written as a wire
-    of rows (:func:`_quantize_tile`)."""
+    of rows (:func:`_quantize_tile`); ``XROWS``: read from rows of ``gpr`` groups ``x_row``
+    values apart (a strided view: its row r at ``r * x_row``)."""
     pid = tl.program_id(0)
     base, off, mask = _tile(pid, n_groups, GS, BLOCK_G, L, (1 << LOG2V) // VEC, VEC)
     if RAGGED:
         mask = mask & (off < tl.minimum(numel - base, BLOCK_G * GS).to(tl.int32))
-    y = tl.load(x_ptr + base + off, mask=mask, other=0.0).to(tl.float32)
+    src = x_ptr + base + off
+    if XROWS:   # value i of row r lies x_row - gpr * GS further than in a flat x
+        g = pid * BLOCK_G + tl.arange(0, BLOCK_G)[None, :, None, None]
+        src += (g // gpr).to(tl.int64) * (x_row - gpr * GS)
+    y = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     if DIFF:
         y = y - tl.load(ref_ptr + base + off, mask=mask, other=0.0).to(tl.float32)
     _quantize_tile(_per_thread(y), pid, base, n_groups, noise_ptr, noise_row, packed_ptr,
@@ -350,14 +355,16 @@ def _quantize(x: torch.Tensor, ref: torch.Tensor | None, bits: int, group_size: 
 def _launch_quantize(x: torch.Tensor, ref: torch.Tensor | None, noise: torch.Tensor | None,
                      words: torch.Tensor, scale: torch.Tensor, n_groups: int, gpr: int,
                      row_words: int, group_size: int, bits: int, k: dict) -> None:
-    """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows."""
+    """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows,
+    ``x`` flat or its rows (:func:`rows_of_groups`)."""
     numel = x.numel()
     u, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
     _quantize_kernel[(cdiv(n_groups, k["BLOCK_G"]),)](
         x, x if ref is None else ref.reshape(-1).contiguous(), u, row, words, scale, n_groups,
-        numel, gpr, row_words, GS=group_size, BITS=bits, STOCHASTIC=noise is not None,
-        HASH=hashed, DIFF=ref is not None, RAGGED=numel % group_size != 0,
-        ROWS=row_words > 0, **k, num_warps=NUM_WARPS, enable_fp_fusion=False)
+        numel, gpr, row_words, x.stride(0) if x.dim() == 2 else 0, GS=group_size, BITS=bits,
+        STOCHASTIC=noise is not None, HASH=hashed, DIFF=ref is not None,
+        RAGGED=numel % group_size != 0, ROWS=row_words > 0,
+        XROWS=row_words > 0 and x.dim() == 2, **k, num_warps=NUM_WARPS, enable_fp_fusion=False)
 
 
 def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int,
@@ -373,8 +380,9 @@ def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int,
 def _rows(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, group_size: int,
           noise: torch.Tensor | None, tail: torch.Tensor | None) -> torch.Tensor:
     """:func:`quantize_rows` of ``x`` (``ref`` None) or of ``x - ref`` (one row, zero-padded
-    to whole groups)."""
-    x = x.reshape(-1).contiguous()
+    to whole groups); rows of whole groups are read in place (:func:`rows_of_groups`)."""
+    if ref is not None or rows_of_groups(x, rows, group_size) is None:
+        x = x.reshape(-1).contiguous()
     n_groups = (x.numel() if ref is None else x.numel() + group_size - 1) // group_size
     k = _tile_consts(bits, group_size, _block(x), x.element_size())
     gpr = n_groups // rows

@@ -32,7 +32,7 @@ from .group_quant import join_rows
 from .hadamard import inv_sqrt
 from .packing import packed_nbytes, payload_buffers, row_wire
 from .triton_noise import group_noise_at, noise_operand
-from .triton_tiles import cdiv, per_program
+from .triton_tiles import cdiv, per_program, rows_of_groups
 
 #: values per program (a power of two; tiles of whole groups / whole n-blocks): few large
 #: programs under TRITON_INTERPRET (its cost is per program); on a GPU ``GPU_BLOCK_ELEMS``
@@ -103,17 +103,19 @@ def _max_nan(a, b):
 
 @triton.jit
 def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups, gpr,
-                     row_words, GS: tl.constexpr, BLOCK_G: tl.constexpr, RUN: tl.constexpr,
+                     row_words, x_row, GS: tl.constexpr, BLOCK_G: tl.constexpr, RUN: tl.constexpr,
                      RPG: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
                      LOG2N: tl.constexpr, SCALE: tl.constexpr, BITS: tl.constexpr,
                      CPU: tl.constexpr, BPU: tl.constexpr, WORDS: tl.constexpr,
-                     STOCHASTIC: tl.constexpr, HASH: tl.constexpr, ROWS: tl.constexpr):
+                     STOCHASTIC: tl.constexpr, HASH: tl.constexpr, ROWS: tl.constexpr,
+                     XROWS: tl.constexpr):
     """Rotate and group-quantize ``BLOCK_G`` groups (SDP4Bit 3.3 TLq-HS) as a
     (RUN // K, BLOCK_G, RPG, K) tile: value ``j * K + k`` of run ``b`` of group ``g`` at
     ``[j, g, b, k]``. Its first axis outermost, Triton keeps a run in one thread's registers
     (``K`` values per vector load), the lanes and warps over runs (see _consts). ``ROWS``
     (``WORDS``): the outputs are a wire of rows of ``row_words`` int32 words, each the codes
-    then the scales of ``gpr`` groups (``scale_ptr``: row 0's first scale)."""
+    then the scales of ``gpr`` groups (``scale_ptr``: row 0's first scale); ``XROWS``: the
+    inputs rows of ``gpr`` groups ``x_row`` values apart (a strided view)."""
     J: tl.constexpr = RUN // K
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
@@ -122,7 +124,10 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_group
     mask = (gmask[:, None] & (b < GS // RUN)[None, :])[None, :, :, None]
     offs = ((g[:, None] * GS + b[None, :] * RUN)[None, :, :, None]
             + (tl.arange(0, J) * K)[:, None, None, None] + tl.arange(0, K)[None, None, None, :])
-    y = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    src = x_ptr + offs
+    if XROWS:   # value i of row r lies x_row - gpr * GS further than in a flat x
+        src += ((g // gpr) * (x_row - gpr * GS))[None, :, None, None]
+    y = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     if N > 1:  # the butterfly on the n-blocks in memory order
         y = tl.reshape(tl.permute(y, (1, 2, 0, 3)), (BLOCK_G * RPG * RUN // N, N))
         y = _fwht(y, BLOCK_G * RPG * RUN // N, N, LOG2N, SCALE)
@@ -208,13 +213,14 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
 def _launch_quantize(x: torch.Tensor, noise: torch.Tensor | None, packed: torch.Tensor,
                      scale: torch.Tensor, n_groups: int, gpr: int, row_words: int,
                      group_size: int, k: dict) -> None:
-    """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows."""
+    """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows,
+    ``x`` flat or its rows (``triton_tiles.rows_of_groups``)."""
     u, hashed, row = noise_operand(noise, x.numel(), x, group_size)
     warps = min(NUM_WARPS, max(QUANT_WARPS, k["BLOCK_G"] * k["RPG"] // 32))
     _quantize_kernel[(cdiv(n_groups, k["BLOCK_G"]),)](
-        x, u, row, packed, scale, n_groups, gpr, row_words, **k,
-        STOCHASTIC=noise is not None, HASH=hashed, ROWS=row_words > 0, num_warps=warps,
-        enable_fp_fusion=False)
+        x, u, row, packed, scale, n_groups, gpr, row_words, x.stride(0) if x.dim() == 2 else 0,
+        **k, STOCHASTIC=noise is not None, HASH=hashed, ROWS=row_words > 0,
+        XROWS=row_words > 0 and x.dim() == 2, num_warps=warps, enable_fp_fusion=False)
 
 
 def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadamard_size: int,
@@ -223,8 +229,9 @@ def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadama
     """The twin's ``quantize_rows`` written in place: the kernel stores every row's codes and
     scales into the uint8 ``[rows, nbytes]`` wire (its rows' int32 words; ``tail`` copied
     after them), no ``cat``; codes in bytes, or rows not whole words, go through the twin's
-    join."""
-    x = x.reshape(-1).contiguous()
+    join. Rows of whole groups are read in place (``triton_tiles.rows_of_groups``)."""
+    if rows_of_groups(x, rows, group_size) is None:
+        x = x.reshape(-1).contiguous()
     n_groups = x.numel() // group_size
     k = _consts(bits, group_size, hadamard_size, _block(x))
     gpr = n_groups // rows

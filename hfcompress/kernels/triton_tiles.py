@@ -32,6 +32,19 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def rows_of_groups(x: torch.Tensor, rows: int, group_size: int) -> int | None:
+    """The row stride of 2-D ``x`` whose ``rows > 1`` strided rows of whole groups a
+    quantizing kernel reads in place (unit column stride, e.g. the compressed columns of a
+    reduce-scatter's ``[world, S]`` input): where the stride and the start are multiples of
+    16 values and bytes, which the JIT specializes on, so the loads stay 16-byte vectors.
+    None where ``x`` is read flat (a copy if it is not contiguous)."""
+    if (x.dim() != 2 or rows < 2 or x.shape[0] != rows or x.stride(1) != 1
+            or x.shape[1] % group_size or x.is_contiguous() or x.stride(0) % 16
+            or x.data_ptr() % 16):
+        return None
+    return x.stride(0)
+
+
 def per_program(t: torch.Tensor, interpreted: int, gpu: int) -> int:
     """Values per program of a kernel on ``t``'s device: ``gpu`` on a GPU, else
     ``interpreted`` (TRITON_INTERPRET runs CPU tensors)."""
