@@ -56,3 +56,20 @@ def test_no_host_to_device_copy_per_call(rows, preset):
 def test_one_collective_per_unit_and_direction(rows, preset):
     """As many collectives as plain FSDP2: the exact columns take none of their own."""
     assert rows[preset]["collectives"] == rows["none"]["collectives"] == 2.0, rows[preset]
+
+
+#: one node of 2 ranks (``--world 2``): the paths every multi-GPU run takes (the 2-hop's
+#: intra-node hop, qWD's step 3); measured 2.0 / 11.2 / 6.6 (were 2.0 / 17.0 / 11.6 before
+#: the intra-node hop wrote one send buffer, summed into the output with the inverse fused,
+#: read the compressed columns in place, and qWD's step 3 gathered into the output)
+NODE_BUDGET = {"none": 2.0, "sdp4bit": 11.2, "tlq_hs": 6.6}
+
+
+def test_ops_per_unit_on_one_node_of_two_ranks():
+    import step_ops
+
+    rows = {r["preset"]: r for r in step_ops.measure(list(NODE_BUDGET), warmup=2, counted=1,
+                                                     repeats=1, world=2)}
+    for preset, budget in NODE_BUDGET.items():
+        assert rows[preset]["ops_per_unit"] <= budget, rows[preset]
+        assert rows[preset]["collectives"] == 2.0, rows[preset]
