@@ -190,8 +190,8 @@ class TwoHopReduceScatter(StreamOwner):
         decode-sum, on one node; ``out``: written there), and the ``[k, Y, E]`` exact values
         to sum for them (``exact``, ``[P, E]``, rides along; else None). Local rank l gets
         rows ``l, X + l, ..`` (positions ``l*Y ..`` of :func:`slice_order`): row l of the
-        ``[X, Y * width]`` reordering of the chunk's columns, built half of its rows at a
-        time (module docstring, "Memory")."""
+        ``[X, Y * width]`` reordering of the chunk's columns, over several nodes built half
+        of its rows at a time (module docstring, "Memory")."""
         x, y = self.topology.ranks_per_node, self.topology.num_nodes
         a, b = bounds[c]
         if x == 1:   # no intra-node hop: this rank's rows as they are (not rotated yet)

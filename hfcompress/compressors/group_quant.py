@@ -52,11 +52,11 @@ class GroupQuantizer(BucketQuantizer):
         ``compress`` per row."""
         check_float_input(self.name, x)
         rows, x = x.shape[0], x.detach()
-        # rows of whole groups as they are (the Triton kernel reads strided rows in place)
-        flat = x if x.shape[1] % self.group_size == 0 else pad_rows(x, self.group_size)
-        noise = self._keys(flat.device, rows)
-        return self._impl(flat).quantize_rows(flat, rows, self.bits, self.group_size, noise,
-                                              tail)
+        # padded and flattened unless whole groups (the Triton kernel reads strided rows)
+        if x.shape[1] % self.group_size:
+            x = pad_rows(x, self.group_size)
+        noise = self._keys(x.device, rows)
+        return self._impl(x).quantize_rows(x, rows, self.bits, self.group_size, noise, tail)
 
     def compress_difference(self, x: torch.Tensor, ref: torch.Tensor) -> Packed:
         """``compress(x - ref)``, the subtraction and padding fused into the kernel."""

@@ -177,15 +177,17 @@ class HadamardQuantizer(Compressor):
 
     def _quantize_rows(self, x: torch.Tensor, hadamard_size: int,
                        tail: torch.Tensor | None) -> torch.Tensor:
-        """Every row of 2-D x padded to whole groups and quantized in one kernel, each row
-        with its own call's noise keys, written as the uint8 ``[rows, nbytes]`` wire (row r
-        its ``Packed.flat()``, then row r of ``tail``) by the kernel itself on a GPU."""
+        """Every row of 2-D x padded to whole groups (flattened; rows of whole groups stay
+        as they are: the Triton kernel reads strided rows in place) and quantized in one
+        kernel, each row with its own call's noise keys, written as the uint8 ``[rows,
+        nbytes]`` wire (row r its ``Packed.flat()``, then row r of ``tail``) by the kernel
+        itself on a GPU."""
         rows = x.shape[0]
-        # rows of whole groups as they are (the Triton kernel reads strided rows in place)
-        flat = x if x.shape[1] % self.group_size == 0 else pad_rows(x, self.group_size)
-        noise = self._q._keys(flat.device, rows)
-        return self._impl(flat).quantize_rows(flat, rows, self.bits, self.group_size,
-                                              hadamard_size, noise, tail)
+        if x.shape[1] % self.group_size:
+            x = pad_rows(x, self.group_size)
+        noise = self._q._keys(x.device, rows)
+        return self._impl(x).quantize_rows(x, rows, self.bits, self.group_size,
+                                           hadamard_size, noise, tail)
 
     def _dequantize(self, packed: Packed, inverse: bool, dtype: torch.dtype) -> torch.Tensor:
         codes, scales = packed.payload["codes"], packed.payload["scales"]
