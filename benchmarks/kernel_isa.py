@@ -43,6 +43,12 @@ ROWS = [
     ("quantize_int8_stochastic", "x, keys", "GQ.quantize(a[0], 8, 128, a[1])", 1),
     ("quantize_int4_nearest_g2048", "x,", "GQ.quantize(*a, 4, 2048)", 1),
     ("hadamard_int4_quantize", "x, keys", "H.quantize(a[0], 4, 128, 32, a[1])", 1),
+    # the gradient rows of a reduce-scatter: 8 strided rows (the compressed columns of the
+    # [8, S] input), row keys, read in place (XROWS)
+    ("quantize_int4_stochastic_strided_rows", "x8, rowkeys",
+     "GQ.quantize_rows(a[0], 8, 4, 128, a[1])", 1),
+    ("hadamard_int4_quantize_strided_rows", "x8, rowkeys",
+     "H.quantize_rows(a[0], 8, 4, 128, 32, a[1])", 1),
     ("hadamard_rotate", "x,", "H.rotate(a[0], 32)", 1),
     ("qwd_difference_quantize", "xb, rb", "GQ.quantize_difference(*a, 4, 2048)", 1),
     # qWD's update of w~ (bf16) from one int4 payload
@@ -104,6 +110,8 @@ torch.manual_seed(0)
 x = torch.randn(N)
 xb, rb = torch.randn(N).bfloat16(), torch.randn(N).bfloat16()
 keys = torch.tensor([123, 456], dtype=torch.int64)
+x8 = torch.randn(8, N // 8 + 128)[:, :N // 8]
+rowkeys = torch.arange(16, dtype=torch.int64).view(8, 2)
 
 def peers(bits, n=8):
     packed = torch.randint(0, 255, (n, packed_nbytes(N, bits)), dtype=torch.uint8)
