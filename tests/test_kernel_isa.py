@@ -23,7 +23,8 @@ BUDGET = {
 }
 #: rows that must run as one kernel with no tensor op of torch around it
 ONE_PASS = ("qwd_difference_quantize", "global_qsgd_quantize", "dequantize_sum_int4",
-            "dequantize_sum_int8")
+            "dequantize_sum_int8", "quantize_int4_stochastic_strided_rows",
+            "hadamard_int4_quantize_strided_rows")
 
 
 @pytest.fixture(scope="module")
