@@ -198,7 +198,9 @@ for name, inputs, call, peers_per_value in json.loads(sys.argv[1]):
     # a runtime loop in a dequantize-sum runs once per peer after the first
     c = count(cuobjdump(ck.asm["cubin"], "-sass"), max(1, peers_per_value - 1))
     regs = int(re.search(r"REG:(\d+)", cuobjdump(ck.asm["cubin"], "-res-usage")).group(1))
-    programs = grid[0] if isinstance(grid, tuple) else grid
+    programs = 1
+    for n in (grid if isinstance(grid, tuple) else (grid,)):   # a 2-D grid: rows x programs
+        programs *= n
     threads = programs * ck.metadata.num_warps * 32
     vpt = N * peers_per_value / threads
     out.append(dict(name=name, kernel=fn.fn.__name__, vpt=vpt,

@@ -18,6 +18,8 @@ BUDGET = {
     "quantize_int4_nearest": 30, "quantize_int8_nearest": 30, "quantize_int4_nearest_g2048": 30,
     "quantize_int4_stochastic": 40, "quantize_int8_stochastic": 40,
     "hadamard_int4_quantize": 45, "qwd_difference_quantize": 35,
+    # the launches of a reduce-scatter's compressed columns at world size > 1: the same
+    "quantize_int4_stochastic_strided_rows": 40, "hadamard_int4_quantize_strided_rows": 45,
     "dequantize_sum_int4": 10, "dequantize_sum_int8": 10, "hadamard_dequantize_sum_int4": 10,
     "global_qsgd_quantize": 30,
 }

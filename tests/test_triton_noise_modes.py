@@ -61,3 +61,35 @@ def test_host_picks_the_mode():
     assert tn.noise_operand(KEYS, 2**31, unused)[1] == tn.ROW_KEYS
     assert tn.noise_operand(KEYS, 2**31 + 4, unused)[1] == tn.ROW_KEYS_WIDE
     assert tn.noise_operand(KEYS[0], 2**33, unused)[1] == tn.ONE_KEY
+
+
+def test_row_launch_grid_and_mode():
+    """A wire of rows is a 2-D grid (programs of a row x rows); its row keys are read once per
+    program where they are one pair per wire row, else found per value (same numbers)."""
+    assert tn.row_launch(12, 12, 0, 128, 5, tn.ROW_GROUPS, 128) == ((3,), tn.ROW_GROUPS)
+    assert tn.row_launch(12, 4, 10, 128, 3, tn.ROW_GROUPS, 512) == ((2, 3), tn.ROW_GROUPS)
+    assert tn.row_launch(12, 4, 10, 128, 3, tn.ROW_GROUPS, 256) == ((2, 3), tn.ROW_KEYS)
+    assert tn.row_launch(12, 4, 10, 128, 3, tn.ONE_KEY, 1) == ((2, 3), tn.ONE_KEY)
+
+
+@pytest.mark.parametrize("kernel", ["group_quant", "hadamard"])
+@pytest.mark.parametrize("strided", [False, True])
+def test_rows_every_noise_form_as_the_twin(kernel, strided):
+    """The quantize kernels' wire of rows (one program row per wire row, pointers offset by
+    the row) rounds with the twin's noise for every form of it: none, one key pair (flat
+    indices of all rows), one key pair per row (read once per program), row keys of other
+    rows than the wire's (found per value), float32 values; several programs per row."""
+    from hfcompress.kernels import group_quant, hadamard, triton_group_quant, triton_hadamard
+    rows, gs = 3, 32
+    n = 160 * gs     # more groups per row than a program holds under the interpreter
+    big = torch.randn(rows, n + 64, generator=torch.Generator().manual_seed(0)) * 3
+    x = big[:, :n] if strided else big[:, :n].contiguous()
+    call = {"group_quant": (group_quant.quantize_rows, triton_group_quant.quantize_rows, ()),
+            "hadamard": (hadamard.quantize_rows, triton_hadamard.quantize_rows, (32,))}[kernel]
+    twin, fast, extra = call
+    forms = [None, torch.tensor([5, 7]), torch.arange(2 * rows).view(rows, 2) * 977 + 3,
+             torch.arange(4 * rows).view(2 * rows, 2) * 131 + 1,
+             torch.rand(rows * n, generator=torch.Generator().manual_seed(1))]
+    for form in forms:
+        want = twin(x.contiguous(), rows, 4, gs, *extra, form)
+        assert torch.equal(fast(x, rows, 4, gs, *extra, form), want), form

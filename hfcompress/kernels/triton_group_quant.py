@@ -33,8 +33,10 @@ import triton.language as tl
 from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
 from .packing import _UNIT, packed_nbytes, payload_buffers, row_wire
-from .triton_noise import group_noise_at, noise_operand
+from .triton_noise import ROW_MODES, group_noise_at, noise_operand, row_launch
 from .triton_tiles import cdiv, per_program, rows_of_groups
+
+_ROW_GROUPS, _ROW_ONE = ROW_MODES
 
 #: values per program (a power of two; a quantizing tile holds whole groups): few large
 #: programs under TRITON_INTERPRET (its cost is per program); on a GPU ``NUM_WARPS`` warps,
@@ -101,16 +103,15 @@ def _absmax(y, LOG2V: tl.constexpr):
 
 @triton.jit
 def _quantize_tile(y, pid, base, n_groups, noise_ptr, noise_row, packed_ptr, scale_ptr,
-                   gpr, row_words, GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr,
+                   GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr,
                    LOG2V: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
-                   BPU: tl.constexpr, STOCHASTIC: tl.constexpr, HASH: tl.constexpr,
-                   ROWS: tl.constexpr):
+                   BPU: tl.constexpr, STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
     """Quantize the float32 ``(BLOCK_G, L, V)`` tile ``y`` (:func:`_per_thread`, masked
-    values 0) and store its scales and packed codes: units of ``CPU`` codes, one int32 word
-    each where ``BPU == 4``, else ``BPU`` bytes. The absmax is reduced inside a warp where a
-    group fits in one, and the division pair is computed once per group and thread.
-    ``ROWS`` (``BPU == 4``): the outputs are a wire of rows of ``row_words`` int32 words, each
-    the codes then the scales of ``gpr`` groups (``scale_ptr``: row 0's first scale)."""
+    values 0) of program ``pid`` over ``n_groups`` groups and store its scales and packed
+    codes: units of ``CPU`` codes, one int32 word each where ``BPU == 4``, else ``BPU``
+    bytes. The absmax is reduced inside a warp where a group fits in one, and the division
+    pair is computed once per group and thread. ``base``: the noise index of the tile's
+    first value (``group_noise_at``)."""
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     V: tl.constexpr = 1 << LOG2V
     U: tl.constexpr = V // CPU
@@ -141,14 +142,13 @@ def _quantize_tile(y, pid, base, n_groups, noise_ptr, noise_row, packed_ptr, sca
     # the unit of codes q + QMAX + 1: sum_k (q_k + QMAX + 1) << (BITS k) (mod 2**32, int32)
     LEVEL0: tl.constexpr = (QMAX + 1) * ((1 << (BITS * CPU)) - 1) // ((1 << BITS) - 1)
     word = q + (LEVEL0 - ((LEVEL0 >> 31) << 32))
-    _store_tile(word, scale, pid, n_groups, packed_ptr, scale_ptr, gpr, row_words, GS,
-                BLOCK_G, L, U, CPU, BPU, ROWS)
+    _store_tile(word, scale, pid, n_groups, packed_ptr, scale_ptr, GS, BLOCK_G, L, U, CPU, BPU)
 
 
 @triton.jit
-def _store_tile(word, scale, pid, n_groups, packed_ptr, scale_ptr, gpr, row_words,
-                GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr, U: tl.constexpr,
-                CPU: tl.constexpr, BPU: tl.constexpr, ROWS: tl.constexpr):
+def _store_tile(word, scale, pid, n_groups, packed_ptr, scale_ptr, GS: tl.constexpr,
+                BLOCK_G: tl.constexpr, L: tl.constexpr, U: tl.constexpr, CPU: tl.constexpr,
+                BPU: tl.constexpr):
     """Store a quantized tile: each group's scale by its first thread, the ``(BLOCK_G, L,
     U)`` code units in 16-byte vectors of int32 words (``BPU == 4``) or ``BPU`` bytes each
     (:func:`_quantize_tile`'s layouts)."""
@@ -156,11 +156,7 @@ def _store_tile(word, scale, pid, n_groups, packed_ptr, scale_ptr, gpr, row_word
     g = pid * BLOCK_G + r
     gmask = g < n_groups
     lane = tl.arange(0, L)[None, :, None]
-    if ROWS:
-        row = (g // gpr).to(tl.int64)
-        sidx = row * row_words + (g - row * gpr)
-    else:
-        sidx = tl.max_contiguous(g, [1, 1, 1])
+    sidx = tl.max_contiguous(g, [1, 1, 1])
     tl.store(tl.broadcast_to(scale_ptr + sidx, (BLOCK_G, L, 1)),
              tl.broadcast_to(scale[:, None, None], (BLOCK_G, L, 1)), mask=gmask & (lane == 0))
     first = pid.to(tl.int64) * (BLOCK_G * (GS // CPU))
@@ -170,10 +166,6 @@ def _store_tile(word, scale, pid, n_groups, packed_ptr, scale_ptr, gpr, row_word
         u = (tl.arange(0, L)[None, None, :, None] * U + tl.arange(0, KS)[:, None, None, None] * SV
              + tl.arange(0, SV)[None, None, None, :])
         r4 = tl.arange(0, BLOCK_G)[None, :, None, None]
-        if ROWS:  # the group's first word in its row: row * row_words + j * GS / CPU
-            g4 = pid * BLOCK_G + r4
-            row4 = (g4 // gpr).to(tl.int64)
-            first = row4 * row_words + (g4 - row4 * gpr) * (GS // CPU) - r4 * (GS // CPU)
         tl.store(packed_ptr + first + (r4 * (GS // CPU) + u),
                  tl.permute(tl.reshape(word, (BLOCK_G, L, KS, SV)), (2, 0, 1, 3)),
                  mask=(pid * BLOCK_G + r4 < n_groups) & (u < GS // CPU))
@@ -208,46 +200,47 @@ def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr
                      STOCHASTIC: tl.constexpr, HASH: tl.constexpr, DIFF: tl.constexpr,
                      RAGGED: tl.constexpr, ROWS: tl.constexpr, XROWS: tl.constexpr):
     """Quantize ``x``, or with ``DIFF`` qWD's float32 ``x - ref`` (SDP4Bit 3.1); ``RAGGED``:
-    ``numel`` is not whole groups, the values past it are zeros; ``ROWS``: written as a wire
-    of rows (:func:`_quantize_tile`); ``XROWS``: read from rows of ``gpr`` groups ``x_row``
-    values apart (a strided view: its row r at ``r * x_row``)."""
+    ``numel`` is not whole groups, the values past it are zeros. ``ROWS``: a 2-D grid, its
+    axis 1 the rows of ``gpr`` groups, written as a wire of rows of ``row_words`` int32 words
+    each, the codes then the scales (``scale_ptr``: row 0's first scale); ``XROWS``: read from
+    rows ``x_row`` values apart (a strided view), else from a flat ``x``. A program's row is
+    its pointers' offset: its tile is the flat kernel's, with no division by ``gpr``."""
     pid = tl.program_id(0)
-    base, off, mask = _tile(pid, n_groups, GS, BLOCK_G, L, (1 << LOG2V) // VEC, VEC)
+    n_tile, nbase = n_groups, 0
+    if ROWS:
+        row = tl.program_id(1).to(tl.int64)
+        x_ptr += row * (x_row if XROWS else gpr * GS)
+        packed_ptr += row * row_words
+        scale_ptr += row * row_words
+        n_tile = gpr
+        if HASH == _ROW_GROUPS:   # the row's keys, indices within the row (ROW_ONE)
+            noise_ptr += 2 * row
+        else:                    # the flat indices of the whole launch
+            nbase = row * gpr * GS
+    base, off, mask = _tile(pid, n_tile, GS, BLOCK_G, L, (1 << LOG2V) // VEC, VEC)
     if RAGGED:
         mask = mask & (off < tl.minimum(numel - base, BLOCK_G * GS).to(tl.int32))
-    src = x_ptr + base + off
-    if XROWS:   # value i of row r lies x_row - gpr * GS further than in a flat x
-        g = pid * BLOCK_G + tl.arange(0, BLOCK_G)[None, :, None, None]
-        src += (g // gpr).to(tl.int64) * (x_row - gpr * GS)
-    y = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(x_ptr + base + off, mask=mask, other=0.0).to(tl.float32)
     if DIFF:
         y = y - tl.load(ref_ptr + base + off, mask=mask, other=0.0).to(tl.float32)
-    _quantize_tile(_per_thread(y), pid, base, n_groups, noise_ptr, noise_row, packed_ptr,
-                   scale_ptr, gpr, row_words, GS, BLOCK_G, L, LOG2V, BITS, CPU, BPU,
-                   STOCHASTIC, HASH, ROWS)
+    _quantize_tile(_per_thread(y), pid, nbase + base, n_tile, noise_ptr, noise_row, packed_ptr,
+                   scale_ptr, GS, BLOCK_G, L, LOG2V, BITS, CPU, BPU, STOCHASTIC,
+                   _ROW_ONE if ROWS and HASH == _ROW_GROUPS else HASH)
 
 
 @triton.jit
-def _decode_tile(packed_ptr, scale_ptr, pid, n_groups, gpr, row_words, scale_row,
-                 GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr, V: tl.constexpr,
-                 BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr, ROWS: tl.constexpr):
+def _decode_tile(packed_ptr, scale_ptr, pid, n_groups, GS: tl.constexpr, BLOCK_G: tl.constexpr,
+                 L: tl.constexpr, V: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
+                 BPU: tl.constexpr):
     """float32 values of a ``(BLOCK_G, L, V)`` tile (:func:`_per_thread`) of one payload:
-    each thread reads its ``V / CPU`` units (int32 words where ``BPU == 4``) and its scale.
-    ``ROWS`` (``BPU == 4``): the payload is rows of ``gpr`` groups read in place, row r's
-    words at ``r * row_words`` and its scales at ``r * scale_row`` (a wire's column views)."""
+    each thread reads its ``V / CPU`` units (int32 words where ``BPU == 4``) and its scale."""
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     U: tl.constexpr = V // CPU
     r = tl.arange(0, BLOCK_G)[:, None, None]
     g = pid * BLOCK_G + r
     gmask = g < n_groups
     u = tl.arange(0, L)[None, :, None] * U + tl.arange(0, U)[None, None, :]
-    if ROWS:
-        row = (g // gpr).to(tl.int64)
-        unit = row * row_words + (g - row * gpr) * (GS // CPU) + u
-        sidx = row * scale_row + (g - row * gpr)
-    else:
-        unit = pid.to(tl.int64) * (BLOCK_G * (GS // CPU)) + (r * (GS // CPU) + u)
-        sidx = g
+    unit = pid.to(tl.int64) * (BLOCK_G * (GS // CPU)) + (r * (GS // CPU) + u)
     umask = gmask & (u < GS // CPU)
     if BPU == 4:
         w = tl.load(packed_ptr + unit, mask=umask, other=0)
@@ -258,7 +251,7 @@ def _decode_tile(packed_ptr, scale_ptr, pid, n_groups, gpr, row_words, scale_row
                      << (8 * m))
     shift = BITS * tl.arange(0, CPU)
     code = tl.reshape((w[:, :, :, None] >> shift) & ((1 << BITS) - 1), (BLOCK_G, L, V))
-    scale = tl.load(scale_ptr + sidx, mask=gmask, other=0.0)
+    scale = tl.load(scale_ptr + g, mask=gmask, other=0.0)
     return (code - (QMAX + 1)).to(tl.float32) * scale
 
 
@@ -271,16 +264,25 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, ref_ptr, out_ptr, numel, gpr, 
     """qWD's update ``w~ + deq(C(w - w~))`` (SDP4Bit Alg. 2): ``ref`` plus the decoded
     values in float32, rounded to ``ref``'s dtype (``OUT_BF16``: ``out_ptr`` is an int16
     view of a bfloat16 output); the payload holds ``numel`` values and then padding, or
-    (``ROWS``) rows of ``gpr`` whole groups read in place (:func:`_decode_tile`)."""
+    (``ROWS``, ``BPU == 4``) is rows of ``gpr`` whole groups read in place, row r's words at
+    ``r * row_words`` and its scales at ``r * scale_row`` (a wire's column views): a 2-D
+    grid, axis 1 the rows, each program's pointers offset by its row."""
     pid = tl.program_id(0)
     K: tl.constexpr = (1 << LOG2V) // VEC
-    base, off, mask = _tile(pid, tl.cdiv(numel, GS), GS, BLOCK_G, L, K, VEC)
+    n_groups = tl.cdiv(numel, GS)
+    if ROWS:
+        row = tl.program_id(1).to(tl.int64)
+        packed_ptr += row * row_words
+        scale_ptr += row * scale_row
+        ref_ptr += row * gpr * GS
+        out_ptr += row * gpr * GS
+        n_groups = gpr
+    base, off, mask = _tile(pid, n_groups, GS, BLOCK_G, L, K, VEC)
     if RAGGED:
         mask = mask & (off < tl.minimum(numel - base, BLOCK_G * GS).to(tl.int32))
     y = _per_thread(tl.load(ref_ptr + base + off, mask=mask, other=0.0).to(tl.float32))
-    y = _per_load(y + _decode_tile(packed_ptr, scale_ptr, pid, tl.cdiv(numel, GS), gpr,
-                                   row_words, scale_row, GS, BLOCK_G, L, 1 << LOG2V, BITS, CPU,
-                                   BPU, ROWS), K, VEC)
+    y = _per_load(y + _decode_tile(packed_ptr, scale_ptr, pid, n_groups, GS, BLOCK_G, L,
+                                   1 << LOG2V, BITS, CPU, BPU), K, VEC)
     if OUT_BF16:
         tl.store(out_ptr + base + off, _bf16_bits(y), mask=mask)
     else:
@@ -307,8 +309,7 @@ def _dequantize_sum_quantize_kernel(packed_ptr, scale_ptr, noise_ptr, noise_row,
         scale_ptr += peer_groups
         y = y + _dequantize_at(packed_ptr, scale_ptr, e, mask, GS, BITS, CPU, BPU)
     _quantize_tile(_per_thread(y), pid, base, n_groups, noise_ptr, noise_row, out_packed_ptr,
-                   out_scale_ptr, 1, 0, OGS, BLOCK_G, L, LOG2V, OBITS, OCPU, OBPU, STOCHASTIC,
-                   HASH, False)
+                   out_scale_ptr, OGS, BLOCK_G, L, LOG2V, OBITS, OCPU, OBPU, STOCHASTIC, HASH)
 
 
 @functools.lru_cache(maxsize=256)
@@ -355,11 +356,13 @@ def _quantize(x: torch.Tensor, ref: torch.Tensor | None, bits: int, group_size: 
 def _launch_quantize(x: torch.Tensor, ref: torch.Tensor | None, noise: torch.Tensor | None,
                      words: torch.Tensor, scale: torch.Tensor, n_groups: int, gpr: int,
                      row_words: int, group_size: int, bits: int, k: dict) -> None:
-    """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows,
-    ``x`` flat or its rows (:func:`rows_of_groups`)."""
+    """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows
+    of ``gpr`` groups, ``x`` flat or its rows (:func:`rows_of_groups`), a program per
+    ``BLOCK_G`` groups of a row (:func:`row_launch`)."""
     numel = x.numel()
     u, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
-    _quantize_kernel[(cdiv(n_groups, k["BLOCK_G"]),)](
+    grid, hashed = row_launch(n_groups, gpr, row_words, group_size, k["BLOCK_G"], hashed, row)
+    _quantize_kernel[grid](
         x, x if ref is None else ref.reshape(-1).contiguous(), u, row, words, scale, n_groups,
         numel, gpr, row_words, x.stride(0) if x.dim() == 2 else 0, GS=group_size, BITS=bits,
         STOCHASTIC=noise is not None, HASH=hashed, DIFF=ref is not None,
@@ -476,12 +479,16 @@ def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
     if numel:
         k = _tile_consts(bits, group_size, _block(flat), flat.element_size())
         rows = _row_strides(packed, scale) if k["BPU"] == 4 else None
+        if rows is not None and numel != packed.shape[0] * rows[0] * group_size:
+            rows = None     # a payload padded past ``ref``: read flat
         if rows is None:
             packed, scale = packed.reshape(-1).contiguous(), scale.reshape(-1)
         if k["BPU"] == 4 and (packed.storage_offset() % 4 or packed.numel() % 4):
             k = {**k, "CPU": _UNIT[bits][0], "BPU": _UNIT[bits][1]}  # words: aligned, whole
         bf16 = ref.dtype == torch.bfloat16
-        _dequantize_add_kernel[(cdiv(cdiv(numel, group_size), k["BLOCK_G"]),)](
+        grid = (cdiv(cdiv(numel, group_size), k["BLOCK_G"]),) if rows is None else \
+            (cdiv(rows[0], k["BLOCK_G"]), packed.shape[0])
+        _dequantize_add_kernel[grid](
             packed.view(torch.int32) if k["BPU"] == 4 else packed, scale, flat,
             out.view(torch.int16) if bf16 else out, numel, *(rows or (1, 0, 0)), GS=group_size,
             BITS=bits, RAGGED=numel % group_size != 0, OUT_BF16=bf16, ROWS=rows is not None,

@@ -31,8 +31,10 @@ from . import triton_dequantize_sum as _dsum
 from .group_quant import join_rows
 from .hadamard import inv_sqrt
 from .packing import packed_nbytes, payload_buffers, row_wire
-from .triton_noise import group_noise_at, noise_operand
+from .triton_noise import ROW_MODES, group_noise_at, noise_operand, row_launch
 from .triton_tiles import cdiv, per_program, rows_of_groups
+
+_ROW_GROUPS, _ROW_ONE = ROW_MODES
 
 #: values per program (a power of two; tiles of whole groups / whole n-blocks): few large
 #: programs under TRITON_INTERPRET (its cost is per program); on a GPU ``GPU_BLOCK_ELEMS``
@@ -113,21 +115,30 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_group
     (RUN // K, BLOCK_G, RPG, K) tile: value ``j * K + k`` of run ``b`` of group ``g`` at
     ``[j, g, b, k]``. Its first axis outermost, Triton keeps a run in one thread's registers
     (``K`` values per vector load), the lanes and warps over runs (see _consts). ``ROWS``
-    (``WORDS``): the outputs are a wire of rows of ``row_words`` int32 words, each the codes
-    then the scales of ``gpr`` groups (``scale_ptr``: row 0's first scale); ``XROWS``: the
-    inputs rows of ``gpr`` groups ``x_row`` values apart (a strided view)."""
+    (``WORDS``): a 2-D grid, its axis 1 the rows of ``gpr`` groups, written as a wire of rows
+    of ``row_words`` int32 words each, the codes then the scales (``scale_ptr``: row 0's
+    first scale); ``XROWS``: the input rows ``x_row`` values apart (a strided view), else
+    a flat ``x``. A program's row is its pointers' offset (no division by ``gpr``)."""
     J: tl.constexpr = RUN // K
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
+    nbase = 0
+    if ROWS:
+        row = tl.program_id(1).to(tl.int64)
+        x_ptr += row * (x_row if XROWS else gpr * GS)
+        packed_ptr += row * row_words
+        scale_ptr += row * row_words
+        n_groups = gpr
+        if HASH == _ROW_GROUPS:   # the row's keys, indices within the row (ROW_ONE)
+            noise_ptr += 2 * row
+        else:                     # the flat indices of the whole launch
+            nbase = row * gpr * GS
     g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     b = tl.arange(0, RPG)
     gmask = g < n_groups
     mask = (gmask[:, None] & (b < GS // RUN)[None, :])[None, :, :, None]
     offs = ((g[:, None] * GS + b[None, :] * RUN)[None, :, :, None]
             + (tl.arange(0, J) * K)[:, None, None, None] + tl.arange(0, K)[None, None, None, :])
-    src = x_ptr + offs
-    if XROWS:   # value i of row r lies x_row - gpr * GS further than in a flat x
-        src += ((g // gpr) * (x_row - gpr * GS))[None, :, None, None]
-    y = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if N > 1:  # the butterfly on the n-blocks in memory order
         y = tl.reshape(tl.permute(y, (1, 2, 0, 3)), (BLOCK_G * RPG * RUN // N, N))
         y = _fwht(y, BLOCK_G * RPG * RUN // N, N, LOG2N, SCALE)
@@ -143,22 +154,17 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_group
     inv = tl.where(ok, tl.math.div_rn(one, tl.where(ok, absmax, 1.0)) * QMAX, 0.0)
     t = y * inv[None, :, None, None]
     if STOCHASTIC:
-        q = tl.floor(t + group_noise_at(noise_ptr, offs, mask, g[None, :, None, None],
-                                        gmask[None, :, None, None], GS, HASH, noise_row))
+        q = tl.floor(t + group_noise_at(noise_ptr, nbase + offs, mask, g[None, :, None, None],
+                                        gmask[None, :, None, None], GS,
+                                        _ROW_ONE if ROWS and HASH == _ROW_GROUPS else HASH,
+                                        noise_row))
     else:
         q = tl.floor(t + 0.5)
     q = tl.where(q == q, tl.minimum(tl.maximum(q, -QMAX), QMAX), 0.0)
     codes = q.to(tl.int32) + (QMAX + 1)
     U: tl.constexpr = 32 // BITS if WORDS else CPU
-    if ROWS:  # group j of row r: its codes from word r * row_words + j * GS / U
-        row = g // gpr
-        sidx = row * row_words + (g - row * gpr)
-        first = row * row_words + (g - row * gpr) * (GS // U)
-    else:
-        sidx = g
-        first = g * (GS // U)
-    tl.store(scale_ptr + sidx, scale, mask=gmask)
-    _store_codes(packed_ptr, codes, first, b, gmask, BLOCK_G, RPG, GS, RUN, BITS, CPU, BPU,
+    tl.store(scale_ptr + g, scale, mask=gmask)
+    _store_codes(packed_ptr, codes, g * (GS // U), b, gmask, BLOCK_G, RPG, GS, RUN, BITS, CPU, BPU,
                  WORDS)
 
 
@@ -213,11 +219,13 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
 def _launch_quantize(x: torch.Tensor, noise: torch.Tensor | None, packed: torch.Tensor,
                      scale: torch.Tensor, n_groups: int, gpr: int, row_words: int,
                      group_size: int, k: dict) -> None:
-    """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows,
-    ``x`` flat or its rows (``triton_tiles.rows_of_groups``)."""
+    """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows
+    of ``gpr`` groups, ``x`` flat or its rows (``triton_tiles.rows_of_groups``), a program
+    per ``BLOCK_G`` groups of a row (``triton_noise.row_launch``)."""
     u, hashed, row = noise_operand(noise, x.numel(), x, group_size)
+    grid, hashed = row_launch(n_groups, gpr, row_words, group_size, k["BLOCK_G"], hashed, row)
     warps = min(NUM_WARPS, max(QUANT_WARPS, k["BLOCK_G"] * k["RPG"] // 32))
-    _quantize_kernel[(cdiv(n_groups, k["BLOCK_G"]),)](
+    _quantize_kernel[grid](
         x, u, row, packed, scale, n_groups, gpr, row_words, x.stride(0) if x.dim() == 2 else 0,
         **k, STOCHASTIC=noise is not None, HASH=hashed, ROWS=row_words > 0,
         XROWS=row_words > 0 and x.dim() == 2, num_warps=warps, enable_fp_fusion=False)

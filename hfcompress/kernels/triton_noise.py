@@ -35,8 +35,12 @@ MUL1, MUL2 = tl.constexpr(noise.MUL1), tl.constexpr(noise.MUL2)
 SHIFT, ULP = tl.constexpr(32 - noise.BITS), tl.constexpr(1.0 / (1 << noise.BITS))
 
 #: ``HASH`` of a kernel: float32 noise values, one key pair, row keys (a row per value,
-#: 32-bit or 64-bit division), row keys found once per group (``group_noise_at``)
-VALUES, ONE_KEY, ROW_KEYS, ROW_KEYS_WIDE, ROW_GROUPS = 0, 1, 2, 3, 4
+#: 32-bit or 64-bit division), row keys found once per group (``group_noise_at``); and
+#: inside a kernel whose program lies in one row of ``ROW_GROUPS`` keys: that row's key
+#: pair at ``noise_ptr``, the indices within the row (``ROW_ONE``, never a launch's)
+VALUES, ONE_KEY, ROW_KEYS, ROW_KEYS_WIDE, ROW_GROUPS, ROW_ONE = 0, 1, 2, 3, 4, 5
+#: ``ROW_GROUPS`` and ``ROW_ONE`` as the constexprs a kernel compares ``HASH`` with
+ROW_MODES = (tl.constexpr(ROW_GROUPS), tl.constexpr(ROW_ONE))
 #: ``ROW_KEYS`` while every flat index is below this (int32)
 INT32_INDICES = noise.INT32_INDICES
 
@@ -105,8 +109,12 @@ def group_noise_at(noise_ptr, i, mask, g, gmask, GS, HASH: tl.constexpr, row_len
     ``g`` the (int32 or int64) group ids and ``gmask`` their mask, shaped to broadcast against
     ``i``. With ``ROW_GROUPS`` (rows of whole groups, below 2**31 groups and 2**31 values per
     row) each group's row and keys are found once, in 32 bits, and the index within the row
-    is the low word of ``i`` minus that of the row's first index (exact below 2**31)."""
-    if HASH == 4:  # ROW_GROUPS
+    is the low word of ``i`` minus that of the row's first index (exact below 2**31).
+    ``ROW_ONE``: ``noise_ptr`` is one row's key pair and ``i`` indices within that row."""
+    if HASH == 5:  # ROW_ONE: one row's keys, indices within it (below 2**31)
+        u = hashed32(i.to(tl.int32), tl.load(noise_ptr).to(tl.uint32),
+                     tl.load(noise_ptr + 1).to(tl.uint32))
+    elif HASH == 4:  # ROW_GROUPS
         r = g.to(tl.int32) // (row_len // GS)
         k1, k2 = row_keys(noise_ptr, r, gmask)
         start = (r.to(tl.int64) * row_len).to(tl.int32)
@@ -151,6 +159,20 @@ def noise_operand(noise: torch.Tensor | None, numel: int, unused: torch.Tensor,
         raise ValueError(f"noise must be {numel} float32 values or int64 keys (k1, k2), got "
                          f"{noise.dtype} with {noise.numel()} elements")
     return noise.reshape(-1).contiguous(), VALUES, 1
+
+
+def row_launch(n_groups: int, gpr: int, row_words: int, group_size: int, block_g: int,
+               hashed: int, row_len: int) -> tuple[tuple[int, ...], int]:
+    """A quantize kernel's grid and ``HASH`` for ``n_groups`` groups, ``block_g`` a program:
+    flat (``row_words == 0``), or a 2-D grid whose axis 1 is the rows of ``gpr`` groups
+    (the kernel offsets its pointers by the row). There ``ROW_GROUPS`` keys must be one pair
+    per row, which the kernel reads once (``ROW_ONE``); keys of other rows than the wire's
+    are found per value from the flat index (``ROW_KEYS``, the same numbers)."""
+    if not row_words:
+        return (cdiv(n_groups, block_g),), hashed
+    if hashed == ROW_GROUPS and row_len != gpr * group_size:
+        hashed = ROW_KEYS if n_groups * group_size <= INT32_INDICES else ROW_KEYS_WIDE
+    return (cdiv(gpr, block_g), n_groups // gpr), hashed
 
 
 def uniform_like(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
