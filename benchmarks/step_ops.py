@@ -38,6 +38,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -257,16 +258,20 @@ def measure(presets: list[str] | None = None, warmup: int = 3, counted: int = 2,
     env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
     env["HFCOMPRESS_COMPILE"] = "0"
     with tempfile.TemporaryDirectory(prefix="step_ops_") as tmp:
-        runs = [subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--child",
-             json.dumps([presets, warmup, counted, repeats, r, world, per_node,
-                         f"{tmp}/store" if world > 1 else ""])],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for r in range(world)]
-        outs = [r.communicate(timeout=3600) for r in runs]
-    failed = [(r, err) for r, (run, (_, err)) in enumerate(zip(runs, outs)) if run.returncode]
-    if failed:
-        raise RuntimeError(f"step_ops failed on rank {failed[0][0]}:\n{failed[0][1][-4000:]}")
+        logs = [(Path(tmp) / f"out{r}", Path(tmp) / f"err{r}") for r in range(world)]
+        runs = []
+        for r, (out, err) in enumerate(logs):
+            with open(out, "w") as o, open(err, "w") as e:
+                runs.append(subprocess.Popen(
+                    [sys.executable, str(Path(__file__).resolve()), "--child",
+                     json.dumps([presets, warmup, counted, repeats, r, world, per_node,
+                                 f"{tmp}/store" if world > 1 else ""])],
+                    env=env, stdout=o, stderr=e, text=True))
+        report = _wait_all(runs, timeout=3600)
+        outs = [(out.read_text(), err.read_text()) for out, err in logs]
+    if report is not None:
+        rank, why = report
+        raise RuntimeError(f"step_ops {why} on rank {rank}:\n{outs[rank][1][-4000:]}")
     raw = json.loads(outs[0][0].split("JSON", 1)[1])
     none = next((r for r in raw if r["preset"] == "none"), None)
     for r in raw:
@@ -279,6 +284,26 @@ def measure(presets: list[str] | None = None, warmup: int = 3, counted: int = 2,
                 r[k] = round(r[k], 2)
         r["host_ms"] = round(r["host_ms"], 3)
     return raw
+
+
+def _wait_all(runs: list[subprocess.Popen], timeout: float) -> tuple[int, str] | None:
+    """Wait for every rank; the first that fails (or all, past ``timeout``) stops the others
+    at once, not after gloo's timeout. Returns ``(rank, "failed" / "timed out")`` to report,
+    None when every rank succeeded."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        codes = [r.poll() for r in runs]    # every rank polled
+        if None not in codes or any(codes):
+            break
+        time.sleep(0.1)
+    failed = next((k for k, r in enumerate(runs) if r.poll()), None)
+    report = (failed, "failed") if failed is not None else \
+        (0, "timed out") if any(r.poll() is None for r in runs) else None
+    for r in runs:
+        if r.poll() is None:
+            r.kill()
+            r.wait()
+    return report
 
 
 def print_table(rows: list[dict]) -> None:

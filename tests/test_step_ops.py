@@ -73,3 +73,22 @@ def test_ops_per_unit_on_one_node_of_two_ranks():
     for preset, budget in NODE_BUDGET.items():
         assert rows[preset]["ops_per_unit"] <= budget, rows[preset]
         assert rows[preset]["collectives"] == 2.0, rows[preset]
+
+
+def test_a_failing_rank_stops_the_others_at_once():
+    """``--world N``: the first rank that fails is reported and the others are stopped, not
+    left to run into gloo's timeout; a run past the timeout is reported as such."""
+    import subprocess
+
+    import step_ops
+
+    def spawn(code: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", code])
+
+    assert step_ops._wait_all([spawn("pass"), spawn("pass")], timeout=60) is None
+    runs = [spawn("import time; time.sleep(600)"), spawn("import sys; sys.exit(3)")]
+    assert step_ops._wait_all(runs, timeout=1200) == (1, "failed")
+    assert runs[0].returncode < 0           # killed, not left to finish
+    runs = [spawn("import time; time.sleep(600)")]
+    assert step_ops._wait_all(runs, timeout=1) == (0, "timed out")
+    assert runs[0].returncode < 0
