@@ -66,10 +66,14 @@ def test_host_picks_the_mode():
 def test_row_launch_grid_and_mode():
     """A wire of rows is a 2-D grid (programs of a row x rows); its row keys are read once per
     program where they are one pair per wire row, else found per value (same numbers)."""
-    assert tn.row_launch(12, 12, 0, 128, 5, tn.ROW_GROUPS, 128) == ((3,), tn.ROW_GROUPS)
-    assert tn.row_launch(12, 4, 10, 128, 3, tn.ROW_GROUPS, 512) == ((2, 3), tn.ROW_GROUPS)
-    assert tn.row_launch(12, 4, 10, 128, 3, tn.ROW_GROUPS, 256) == ((2, 3), tn.ROW_KEYS)
-    assert tn.row_launch(12, 4, 10, 128, 3, tn.ONE_KEY, 1) == ((2, 3), tn.ONE_KEY)
+    n = 12 * 128
+    assert tn.row_launch(n, 12, 12, 0, 128, 5, tn.ROW_GROUPS, n) == ((3,), tn.ROW_GROUPS)
+    assert tn.row_launch(n, 12, 4, 10, 128, 3, tn.ROW_GROUPS, 512) == ((2, 3), tn.ROW_GROUPS)
+    assert tn.row_launch(n, 12, 4, 10, 128, 3, tn.ROW_GROUPS, 256) == ((2, 3), tn.ROW_KEYS)
+    assert tn.row_launch(n, 12, 4, 10, 128, 3, tn.ONE_KEY, 1) == ((2, 3), tn.ONE_KEY)
+    for bad in ((n - 1, 12, 4), (n, 12, 5)):    # a ragged tail, a partial row: refused
+        with pytest.raises(ValueError, match="whole rows of whole groups"):
+            tn.row_launch(*bad, 10, 128, 3, tn.ONE_KEY, 1)
 
 
 @pytest.mark.parametrize("kernel", ["group_quant", "hadamard"])

@@ -27,7 +27,6 @@ import triton
 import triton.language as tl
 
 from .hadamard import inv_sqrt
-from .packing import _UNIT
 from .triton_tiles import cdiv, per_program
 
 #: values per program under TRITON_INTERPRET (few large programs: its cost is per program);

@@ -361,7 +361,8 @@ def _launch_quantize(x: torch.Tensor, ref: torch.Tensor | None, noise: torch.Ten
     ``BLOCK_G`` groups of a row (:func:`row_launch`)."""
     numel = x.numel()
     u, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
-    grid, hashed = row_launch(n_groups, gpr, row_words, group_size, k["BLOCK_G"], hashed, row)
+    grid, hashed = row_launch(x.numel(), n_groups, gpr, row_words, group_size, k["BLOCK_G"],
+                              hashed, row)
     _quantize_kernel[grid](
         x, x if ref is None else ref.reshape(-1).contiguous(), u, row, words, scale, n_groups,
         numel, gpr, row_words, x.stride(0) if x.dim() == 2 else 0, GS=group_size, BITS=bits,

@@ -223,7 +223,8 @@ def _launch_quantize(x: torch.Tensor, noise: torch.Tensor | None, packed: torch.
     of ``gpr`` groups, ``x`` flat or its rows (``triton_tiles.rows_of_groups``), a program
     per ``BLOCK_G`` groups of a row (``triton_noise.row_launch``)."""
     u, hashed, row = noise_operand(noise, x.numel(), x, group_size)
-    grid, hashed = row_launch(n_groups, gpr, row_words, group_size, k["BLOCK_G"], hashed, row)
+    grid, hashed = row_launch(x.numel(), n_groups, gpr, row_words, group_size, k["BLOCK_G"],
+                              hashed, row)
     warps = min(NUM_WARPS, max(QUANT_WARPS, k["BLOCK_G"] * k["RPG"] // 32))
     _quantize_kernel[grid](
         x, u, row, packed, scale, n_groups, gpr, row_words, x.stride(0) if x.dim() == 2 else 0,

@@ -161,15 +161,19 @@ def noise_operand(noise: torch.Tensor | None, numel: int, unused: torch.Tensor,
     return noise.reshape(-1).contiguous(), VALUES, 1
 
 
-def row_launch(n_groups: int, gpr: int, row_words: int, group_size: int, block_g: int,
-               hashed: int, row_len: int) -> tuple[tuple[int, ...], int]:
-    """A quantize kernel's grid and ``HASH`` for ``n_groups`` groups, ``block_g`` a program:
-    flat (``row_words == 0``), or a 2-D grid whose axis 1 is the rows of ``gpr`` groups
-    (the kernel offsets its pointers by the row). There ``ROW_GROUPS`` keys must be one pair
-    per row, which the kernel reads once (``ROW_ONE``); keys of other rows than the wire's
-    are found per value from the flat index (``ROW_KEYS``, the same numbers)."""
+def row_launch(numel: int, n_groups: int, gpr: int, row_words: int, group_size: int,
+               block_g: int, hashed: int, row_len: int) -> tuple[tuple[int, ...], int]:
+    """A quantize kernel's grid and ``HASH`` for ``n_groups`` groups of ``numel`` values,
+    ``block_g`` a program: flat (``row_words == 0``), or a 2-D grid whose axis 1 is the rows
+    of ``gpr`` whole groups (the kernel offsets its pointers by the row). There
+    ``ROW_GROUPS`` keys must be one pair per row, which the kernel reads once (``ROW_ONE``);
+    keys of other rows than the wire's are found per value from the flat index
+    (``ROW_KEYS``, the same numbers)."""
     if not row_words:
         return (cdiv(n_groups, block_g),), hashed
+    if numel != n_groups * group_size or n_groups % gpr:
+        raise ValueError(f"a wire of rows holds whole rows of whole groups: got {numel} values "
+                         f"in {n_groups} groups of {group_size}, {gpr} groups per row")
     if hashed == ROW_GROUPS and row_len != gpr * group_size:
         hashed = ROW_KEYS if n_groups * group_size <= INT32_INDICES else ROW_KEYS_WIDE
     return (cdiv(gpr, block_g), n_groups // gpr), hashed
