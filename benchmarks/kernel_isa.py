@@ -57,6 +57,10 @@ ROWS = [
     # ... from 8 gathered slots read in place in the wire (8 rider bytes after each payload)
     ("qwd_dequantize_add_wire_rows", "(*wire_rows(4, 2048), rb.view(8, -1))",
      "GQ.dequantize_add_rows(a[0], a[1], 4, 2048, a[2])", 1),
+    # zeropp's weight gather: 8 int8 g2048 slots decoded in place from the wire into their
+    # rows of a bf16 output (a column block of the all-gather's buffer)
+    ("dequantize_rows_int8_wire_rows", "(*wire_rows(8, 2048), torch.empty(8, N // 8 + 64, "
+     "dtype=torch.bfloat16)[:, :N // 8])", "GQ.dequantize_rows(a[0], a[1], 8, 2048, a[2])", 1),
     ("dequantize_sum_int4", "peers(4)", "GQ.dequantize_sum(*a, 4, 128)", 8),
     ("dequantize_sum_int8", "peers(8)", "GQ.dequantize_sum(*a, 8, 128)", 8),
     # the 2-hop: 8 peers' int8 sum requantized to int4 (stochastic, one key pair)

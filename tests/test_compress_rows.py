@@ -287,3 +287,27 @@ def test_exponential_rows_are_the_per_row_calls(bits, block, width, backend):
         Packed({"scale": s, "codes": p.payload["codes"]}, torch.Size([width]), torch.float32))
         for s, p in zip(per, want)]))
     assert fast.rng.calls == slow.rng.calls
+
+
+@pytest.mark.parametrize("params", [{"bits": 8, "group_size": 2048, "rounding": "nearest"},
+                                    {"bits": 4, "group_size": 128, "rounding": "stochastic"}])
+def test_group_slots_decode_in_place(params):
+    """A gathered wire's slots (ZeRO++'s int8 weights) are decoded where they lie: the Triton
+    kernel reads every row's codes and scales in the wire (exact values riding after them)
+    and writes each slot into its row of the output, a strided column block of the
+    all-gather's buffer, in its dtype: no copy of the fields, no decoded buffer; the numbers
+    of the torch twin, for slots that are not whole groups, one slot or several."""
+    for rows, numel, dtype in ((3, 2048 * 2 + 100, torch.bfloat16), (1, 300, torch.float32),
+                               (2, 256, torch.float16)):
+        x = _rows(rows, numel, dtype)
+        twin = build_compressor("int", backend="torch", **params)
+        wire = twin.compress_rows(x, torch.ones(rows, 6, dtype=dtype))   # riders after
+        body = wire[:, :wire.shape[1] - 6 * dtype.itemsize]
+        want = torch.full((rows, numel + 40), 7.0, dtype=dtype)
+        twin.decompress_slots(body, numel, want[:, 8:8 + numel])
+        fast = build_compressor("int", backend="triton", **params)
+        got = torch.full((rows, numel + 40), 7.0, dtype=dtype)
+        with _Ops() as ops:
+            fast.decompress_slots(body, numel, got[:, 8:8 + numel])
+        assert torch.equal(got, want), (rows, numel, dtype)
+        assert not {"clone", "copy_", "contiguous", "cat", "_to_copy"} & set(ops.names), ops.names

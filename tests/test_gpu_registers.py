@@ -106,6 +106,14 @@ for bits, gs, out, rows in [(4, 2048, "*bf16", False), (4, 128, "*bf16", False),
                                        gpr=i32, row_words=i32, scale_row=i32),
         dict(GS=gs, BITS=bits, RAGGED=not rows, OUT_BF16=out != f32, ROWS=rows, **k),
         T.NUM_WARPS)
+# the slots of a gathered wire decoded in place (zeropp's int8 weights; int4 for qw-style)
+for bits, gs, out in [(8, 2048, "*bf16"), (8, 2048, f32), (4, 128, "*bf16")]:
+    k = T._tile_consts(bits, gs, T.GPU_BLOCK_ELEMS, itemsize=2 if out != f32 else 4)
+    row(f"group_quant._dequantize_rows_kernel bits={bits} gs={gs} out={out}",
+        T._dequantize_rows_kernel, dict(packed_ptr="*i32", scale_ptr=f32,
+                                        out_ptr="*i16" if out != f32 else f32, numel=i32,
+                                        gpr=i32, row_words=i32, scale_row=i32, out_row=i32),
+        dict(GS=gs, BITS=bits, RAGGED=True, OUT_BF16=out != f32, **k), T.NUM_WARPS)
 for bits, h in ((8, 1), (8, RG), (4, RG)):
     v = T.SUM_VALUES_PER_THREAD
     k = dict(T._tile_consts(4, 128, T.NUM_WARPS * 32 * v, per_thread=v))

@@ -47,6 +47,8 @@ class BucketQuantizer(Compressor):
     edge_padded: ClassVar[bool] = False
     #: the kernels' ``dequantize_sum`` takes ``out=`` (writes the sum in place)
     sums_into: ClassVar[bool] = False
+    #: the kernels' ``dequantize_rows`` decode a wire's rows into ``out``'s rows in place
+    decodes_rows_into: ClassVar[bool] = False
 
     def __init__(self, bits: int = 8, bucket_size: int = 1024, seed: int = 0,
                  backend: str = "auto") -> None:
@@ -104,12 +106,17 @@ class BucketQuantizer(Compressor):
     def decompress_slots(self, wire: torch.Tensor, numel: int, out: torch.Tensor) -> None:
         """All rows in one ``dequantize``: a row is the codes and per-bucket values of
         ``numel`` values padded to whole buckets, so the rows' fields side by side are the
-        payload of ``rows`` x that many values (a bucket never spans two rows). A payload
-        with more than codes and bucket values (e.g. a codebook per payload) decodes row by
-        row."""
+        payload of ``rows`` x that many values (a bucket never spans two rows). With
+        ``decodes_rows_into`` the kernels read the fields in the wire and write ``out``'s rows.
+        A payload with more than codes and bucket values (e.g. a codebook per payload)
+        decodes row by row."""
         spec = self.payload_spec(numel)
         if list(spec) != ["codes", *self.bucket_params]:
             return super().decompress_slots(wire, numel, out)
+        if self.decodes_rows_into:
+            fields = self.payload_rows(wire, numel)
+            self._impl(fields[0]).dequantize_rows(*fields, self.bits, self._size, out)
+            return None
         rows, fields, offset = wire.shape[0], [], 0
         for dt, n in spec.values():
             nbytes = dt.itemsize * n

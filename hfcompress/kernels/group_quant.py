@@ -175,6 +175,16 @@ def difference(x: torch.Tensor, ref: torch.Tensor, group_size: int) -> torch.Ten
     return torch.cat([d, d.new_zeros(pad)]) if pad else d
 
 
+def dequantize_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
+                    out: torch.Tensor) -> torch.Tensor:
+    """Every row's payload (``packed`` ``[rows, nbytes]``, ``scale`` ``[rows, groups]``, each
+    row padded to whole groups) decoded into its row of ``out`` (``[rows, numel]``, rounded
+    to its dtype): the slots of a gathered wire (ZeRO++ 3.1, QSDP 5.1)."""
+    rows, numel = out.shape
+    values = dequantize(packed.reshape(-1), scale.reshape(-1), bits, group_size, out.dtype)
+    return out.copy_(values.view(rows, -1)[:, :numel])
+
+
 def add_to(ref: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``ref + y[:ref.numel()]`` in float32, rounded to ref's dtype, in ref's shape."""
     return (ref.reshape(-1).float() + y[:ref.numel()]).to(ref.dtype).reshape(ref.shape)

@@ -290,6 +290,34 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, ref_ptr, out_ptr, numel, gpr, 
 
 
 @triton.jit
+def _dequantize_rows_kernel(packed_ptr, scale_ptr, out_ptr, numel, gpr, row_words, scale_row,
+                            out_row, GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr,
+                            LOG2V: tl.constexpr, VEC: tl.constexpr, BITS: tl.constexpr,
+                            CPU: tl.constexpr, BPU: tl.constexpr, RAGGED: tl.constexpr,
+                            OUT_BF16: tl.constexpr):
+    """Every slot of a gathered wire decoded where it lies (ZeRO++ 3.1's weight gather, QSDP
+    5.1's): a 2-D grid, axis 1 the rows; row r's ``gpr`` groups of codes at word
+    ``r * row_words``, its scales at ``r * scale_row``, its first ``numel`` values written to
+    ``out`` at ``r * out_row`` (``RAGGED``: the row's last group is padding past ``numel``),
+    rounded to ``out``'s dtype (``OUT_BF16``: an int16 view of a bfloat16 output)."""
+    pid = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    K: tl.constexpr = (1 << LOG2V) // VEC
+    packed_ptr += row * row_words
+    scale_ptr += row * scale_row
+    out_ptr += row * out_row
+    base, off, mask = _tile(pid, gpr, GS, BLOCK_G, L, K, VEC)
+    if RAGGED:
+        mask = mask & (off < tl.minimum(numel - base, BLOCK_G * GS).to(tl.int32))
+    y = _per_load(_decode_tile(packed_ptr, scale_ptr, pid, gpr, GS, BLOCK_G, L, 1 << LOG2V,
+                               BITS, CPU, BPU), K, VEC)
+    if OUT_BF16:
+        tl.store(out_ptr + base + off, _bf16_bits(y), mask=mask)
+    else:
+        tl.store(out_ptr + base + off, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _dequantize_sum_quantize_kernel(packed_ptr, scale_ptr, noise_ptr, noise_row,
                                     out_packed_ptr, out_scale_ptr, n_groups, n_peers,
                                     peer_bytes, peer_groups, GS: tl.constexpr,
@@ -508,6 +536,36 @@ def _row_strides(packed: torch.Tensor, scale: torch.Tensor) -> tuple[int, int, i
             or packed.storage_offset() % 4 or packed.shape[1] % 4):
         return None
     return scale.shape[1], packed.stride(0) // 4, scale.stride(0)
+
+
+def dequantize_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
+                    out: torch.Tensor) -> torch.Tensor:
+    """The twin's ``dequantize_rows`` in one kernel that reads every row's fields in place
+    (``[rows, nbytes]`` / ``[rows, groups]`` column views of a gathered wire, any row
+    strides) and writes each row's values into its row of ``out`` (``[rows, numel]``, unit
+    column stride, any row stride: the compressed columns of an all-gather's output): no
+    copy of the fields, no decoded buffer. Codes not in whole aligned int32 words: the
+    flat decode, then a copy."""
+    rows, numel = out.shape
+    gpr = scale.shape[1] if scale.dim() == 2 else 0
+    k = _tile_consts(bits, group_size, _block(out), out.element_size())
+    words = k["BPU"] == 4 and packed.stride(-1) == 1 and scale.stride(-1) == 1 and \
+        packed.storage_offset() % 4 == 0 and packed.shape[1] % 4 == 0 and \
+        (rows == 1 or packed.stride(0) % 4 == 0) and out.stride(-1) == 1
+    if not (words and gpr and rows and -(-numel // group_size) == gpr):
+        if rows and numel:
+            values = dequantize(packed.reshape(-1), scale.reshape(-1), bits, group_size,
+                                out.dtype)
+            out.copy_(values.view(rows, -1)[:, :numel])
+        return out
+    bf16 = out.dtype == torch.bfloat16
+    _dequantize_rows_kernel[(cdiv(gpr, k["BLOCK_G"]), rows)](
+        packed.view(torch.int32), scale, out.view(torch.int16) if bf16 else out, numel, gpr,
+        packed.stride(0) // 4 if rows > 1 else 0, scale.stride(0) if rows > 1 else 0,
+        out.stride(0) if rows > 1 else 0, GS=group_size, BITS=bits,
+        RAGGED=numel % group_size != 0, OUT_BF16=bf16, **k, num_warps=NUM_WARPS,
+        enable_fp_fusion=False)
+    return out
 
 
 def dequantize_add_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
