@@ -311,3 +311,23 @@ def test_group_slots_decode_in_place(params):
             fast.decompress_slots(body, numel, got[:, 8:8 + numel])
         assert torch.equal(got, want), (rows, numel, dtype)
         assert not {"clone", "copy_", "contiguous", "cat", "_to_copy"} & set(ops.names), ops.names
+
+
+def test_lattice_slots_decode_in_place():
+    """QSDP's 8-bit random-shift weights: the gathered slots decoded where they lie into
+    their rows of a strided output (no copy of the fields, no decoded buffer), the twin's
+    numbers; 4-bit codes (packed) decode flat first, the same numbers."""
+    for bits, rows, numel, dtype in ((8, 3, 32 * 5 + 7, torch.bfloat16),
+                                     (8, 1, 64, torch.float32), (4, 2, 100, torch.float16)):
+        x = _rows(rows, numel, dtype)
+        twin = build_compressor("random_shift", backend="torch", bits=bits, bucket_size=32)
+        wire = twin.compress_rows(x)
+        want = torch.full((rows, numel + 24), 7.0, dtype=dtype)
+        twin.decompress_slots(wire, numel, want[:, 4:4 + numel])
+        fast = build_compressor("random_shift", backend="triton", bits=bits, bucket_size=32)
+        got = torch.full((rows, numel + 24), 7.0, dtype=dtype)
+        with _Ops() as ops:
+            fast.decompress_slots(wire, numel, got[:, 4:4 + numel])
+        assert torch.equal(got, want), (bits, rows, numel, dtype)
+        copied = {"clone", "copy_", "contiguous", "cat", "_to_copy"} & set(ops.names)
+        assert bool(copied) == (bits != 8), ops.names

@@ -32,7 +32,7 @@ class RandomShift(BucketQuantizer):
     unbiased = True
     twin, triton_module = _twin, "triton_random_shift"
     bucket_params = ("base", "step")
-    edge_padded = True
+    edge_padded = decodes_rows_into = True
 
     def _quantize(self, flat: torch.Tensor, rows: int | None) -> tuple[torch.Tensor, ...]:
         """One shift per bucket from the counter hash (``rng.py``): the same numbers on every

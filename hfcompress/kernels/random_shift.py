@@ -72,3 +72,14 @@ def dequantize_sum(packed: torch.Tensor, base: torch.Tensor, step: torch.Tensor,
     for p in range(1, values.shape[0]):
         total = total + values[p]
     return total
+
+
+def dequantize_rows(packed: torch.Tensor, base: torch.Tensor, step: torch.Tensor, bits: int,
+                    bucket_size: int, out: torch.Tensor) -> torch.Tensor:
+    """Every row's payload (``[rows, ..]`` fields, each row padded to whole buckets) decoded
+    into its row of ``out`` (``[rows, numel]``, in its dtype): the slots of a gathered wire
+    (QSDP 5.1)."""
+    rows, numel = out.shape
+    values = dequantize(packed.reshape(-1), base.reshape(-1), step.reshape(-1), bits,
+                        bucket_size, out.dtype)
+    return out.copy_(values.view(rows, -1)[:, :numel])

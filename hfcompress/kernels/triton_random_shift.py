@@ -10,9 +10,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_tiles import (affine_rows, dequantize_peers, load_codes, load_values,
-                           nonfinite_rows, quantize_buckets, row_min_max, scaled, store_codes,
-                           store_out, store_rows, tile)
+from .triton_tiles import (GPU_TILE, NUM_WARPS, TILE, out_view, affine_rows, cdiv,
+                           dequantize_peers, load_codes, load_values, nonfinite_rows,
+                           per_program, quantize_buckets, row_min_max, scaled, store_codes,
+                           store_out, store_rows, tile, tile_shape)
 
 
 @triton.jit
@@ -56,6 +57,23 @@ def _dequantize_kernel(code_ptr, base_ptr, step_ptr, out_ptr, n_buckets, bucket_
     store_out(out_ptr, offs, total, mask, OUT_BF16)
 
 
+@triton.jit
+def _dequantize_rows_kernel(code_ptr, base_ptr, step_ptr, out_ptr, n_buckets, bucket_size,
+                            numel, code_row, param_row, out_row, BIG, GROUPS: tl.constexpr,
+                            BLOCK: tl.constexpr, OUT_BF16: tl.constexpr):
+    """Every slot of a gathered wire decoded where it lies (QSDP 5.1's weight gather): a
+    2-D grid, axis 1 the rows; row r's byte codes at ``r * code_row``, its bases and steps at
+    ``r * param_row``, its first ``numel`` values written to ``out`` at ``r * out_row``."""
+    r = tl.program_id(1).to(tl.int64)
+    code_ptr += r * code_row
+    base_ptr += r * param_row
+    step_ptr += r * param_row
+    out_ptr += r * out_row
+    rows, row_ok, mask, offs = tile(n_buckets, bucket_size, GROUPS, BLOCK)
+    y = _decode(code_ptr, base_ptr, step_ptr, rows, row_ok, mask, offs, BIG)
+    store_out(out_ptr, offs, y, mask & (offs < numel), OUT_BF16)
+
+
 def quantize(x: torch.Tensor, bits: int, bucket_size: int,
              noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """1-D x, noise (buckets,) -> (packed uint8 codes, float32 base, float32 step), per bucket."""
@@ -75,3 +93,29 @@ def dequantize_sum(packed: torch.Tensor, base: torch.Tensor, step: torch.Tensor,
     """Sum over peers: packed (P, nbytes), base and step (P, buckets) -> float32 (numel,)."""
     return dequantize_peers(_dequantize_kernel, packed, (base, step), bits, bucket_size,
                             torch.float32, BIG=torch.finfo(torch.float32).max)
+
+
+def dequantize_rows(packed: torch.Tensor, base: torch.Tensor, step: torch.Tensor, bits: int,
+                    bucket_size: int, out: torch.Tensor) -> torch.Tensor:
+    """The twin's ``dequantize_rows`` in one kernel reading every row's fields in place
+    (``[rows, ..]`` column views of a gathered wire) and writing its row of ``out`` (unit
+    column stride, any row stride): 8-bit codes (one byte per value); other widths, or
+    fields not read in place, decode flat, then a copy."""
+    rows, numel = out.shape
+    nb = base.shape[1] if base.dim() == 2 else 0
+    if not (bits == 8 and nb and rows and -(-numel // bucket_size) == nb
+            and all(t.dim() == 2 and t.stride(-1) == 1 for t in (packed, base, step, out))
+            and base.stride(0) == step.stride(0)):
+        if rows and numel:
+            values = dequantize(packed.reshape(-1), base.reshape(-1), step.reshape(-1), bits,
+                                bucket_size, out.dtype)
+            out.copy_(values.view(rows, -1)[:, :numel])
+        return out
+    block, groups = tile_shape(bucket_size, per_program(out, TILE, GPU_TILE))
+    _dequantize_rows_kernel[(cdiv(nb, groups), rows)](
+        packed, base, step, out_view(out), nb, bucket_size, numel,
+        packed.stride(0) if rows > 1 else 0, base.stride(0) if rows > 1 else 0,
+        out.stride(0) if rows > 1 else 0, torch.finfo(out.dtype).max, GROUPS=groups,
+        BLOCK=block, OUT_BF16=out.dtype == torch.bfloat16, num_warps=NUM_WARPS,
+        enable_fp_fusion=False)
+    return out
