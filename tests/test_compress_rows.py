@@ -173,6 +173,31 @@ def test_qwd_decode_reads_the_wire_in_place(dtype, e):
         w = (w.float() + 0.01 * _rows(rows, shard)).to(torch.bfloat16)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_qwd_decode_writes_the_output_too(rows):
+    """qWD's update also writes the new references into the all-gather's output columns
+    (``also``: a strided ``[rows, S]`` block, or the flat one row): the Triton kernel stores
+    them a second time, so no copy follows; the numbers the torch twin places there."""
+    shard = 256
+    make = lambda backend: get_compressor("qwd", inner=build_compressor(  # noqa: E731
+        "int", bits=4, group_size=128, rounding="nearest", backend=backend))
+    qwds = {b: make(b) for b in ("triton", "torch")}
+    w = _rows(rows, shard, torch.bfloat16)
+    for step in range(3):
+        wire = torch.cat([qwds["torch"].wire_slot(w[r], r, rows) for r in range(rows)])
+        outs = {}
+        for backend, q in qwds.items():
+            out = torch.full((rows, shard + 32), 5.0, dtype=torch.bfloat16)
+            with _Ops() as ops:
+                q.decompress_rows(wire, shard, torch.bfloat16, out[:, 16:16 + shard])
+            outs[backend] = out
+            if step and backend == "triton":
+                assert not {"copy_", "clone", "contiguous", "cat"} & set(ops.names), ops.names
+            assert torch.equal(out[:, 16:16 + shard], q.reference.view(rows, shard))
+        assert torch.equal(outs["triton"], outs["torch"])
+        w = (w.float() + 0.01 * _rows(rows, shard)).to(torch.bfloat16)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name,params", SCHEMES)
 def test_reduce_rows_is_reduce_of_the_rows(name, params, backend):

@@ -96,16 +96,18 @@ for bits, h in ((4, 0), (4, 1), (8, RG)):
         dict(GS=2048, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=True, RAGGED=True,
              ROWS=False, XROWS=False, **k),
         T.NUM_WARPS)
-for bits, gs, out, rows in [(4, 2048, "*bf16", False), (4, 128, "*bf16", False),
-                            (8, 2048, "*bf16", False), (4, 2048, f32, False),
-                            (4, 2048, "*bf16", True)]:
+for bits, gs, out, rows, also in [(4, 2048, "*bf16", False, False), (4, 128, "*bf16", False, True),
+                                  (8, 2048, "*bf16", False, False), (4, 2048, f32, False, True),
+                                  (4, 2048, "*bf16", True, False), (4, 2048, "*bf16", True, True)]:
     k = T._tile_consts(bits, gs, T.GPU_BLOCK_ELEMS, itemsize=2 if out != f32 else 4)
-    row(f"group_quant._dequantize_add_kernel bits={bits} gs={gs} out={out} ROWS={rows}",
+    o = "*i16" if out != f32 else f32
+    row(f"group_quant._dequantize_add_kernel bits={bits} gs={gs} out={out} ROWS={rows} "
+        f"ALSO={also}",
         T._dequantize_add_kernel, dict(packed_ptr="*i32", scale_ptr=f32, ref_ptr=out,
-                                       out_ptr="*i16" if out != f32 else f32, numel=i32,
-                                       gpr=i32, row_words=i32, scale_row=i32),
-        dict(GS=gs, BITS=bits, RAGGED=not rows, OUT_BF16=out != f32, ROWS=rows, **k),
-        T.NUM_WARPS)
+                                       out_ptr=o, also_ptr=o, numel=i32, gpr=i32,
+                                       row_words=i32, scale_row=i32, also_row=i32),
+        dict(GS=gs, BITS=bits, RAGGED=not rows, OUT_BF16=out != f32, ROWS=rows, ALSO=also,
+             **k), T.NUM_WARPS)
 # the slots of a gathered wire decoded in place (zeropp's int8 weights; int4 for qw-style)
 for bits, gs, out in [(8, 2048, "*bf16"), (8, 2048, f32), (4, 128, "*bf16")]:
     k = T._tile_consts(bits, gs, T.GPU_BLOCK_ELEMS, itemsize=2 if out != f32 else 4)

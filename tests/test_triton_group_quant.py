@@ -280,9 +280,10 @@ s = ptx(T._dequantize_sum_quantize_kernel, dict(packed_ptr=u8, scale_ptr=f32, no
         dict(GS=128, BITS=8, CPU=1, BPU=1, OGS=32, OBITS=2, STOCHASTIC=True, HASH=N.ONE_KEY,
              OCPU=k.pop("CPU"), OBPU=k.pop("BPU"), **k))
 a = "".join(ptx(T._dequantize_add_kernel, dict(packed_ptr="*i32", scale_ptr=f32,
-                ref_ptr="*bf16", out_ptr="*i16", numel="i64", gpr=i32, row_words=i32,
-                scale_row=i32), dict(GS=128, BITS=4, OUT_BF16=True, RAGGED=not rows, ROWS=rows,
-                                     **T._tile_consts(4, 128, 1024, itemsize=2)))
+                ref_ptr="*bf16", out_ptr="*i16", also_ptr="*i16", numel="i64", gpr=i32,
+                row_words=i32, scale_row=i32, also_row=i32),
+                dict(GS=128, BITS=4, OUT_BF16=True, RAGGED=not rows, ROWS=rows, ALSO=rows,
+                     **T._tile_consts(4, 128, 1024, itemsize=2)))
             for rows in (False, True))
 print("div.rn.f32" in q, "div.full" in q + s, "fma.rn.f32" in q + s + a)
 """

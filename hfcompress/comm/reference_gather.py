@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from ..compressors.base import ReferenceCoded
-from ..compressors.runs import Runs, put
+from ..compressors.runs import Runs, put, view
 from .hop import all_gather_single
 from .futures import finish, overlaps
 from .one_rank import skips
@@ -62,6 +62,15 @@ def place_slots(out: torch.Tensor, columns: Runs | None, slots: torch.Tensor) ->
         out.copy_(slots.view(out.shape) if slots.is_contiguous() else slots)
     else:
         put(out, columns, slots)
+
+
+def _placed_view(out: torch.Tensor, columns: Runs | None, y: int, s: int
+                 ) -> torch.Tensor | None:
+    """Where :func:`place_slots` would write the ``[y, s]`` slots, as a view of ``out`` (its
+    ``columns`` one run), else None."""
+    if columns is None:
+        return out.view(y, s) if out.is_contiguous() and out.numel() == y * s else None
+    return view(out, columns) if len(columns) == 1 else None
 
 
 def _slot_rows(out: torch.Tensor, columns: Runs | None, s: int, y: int, x: int,
@@ -176,21 +185,23 @@ class ShardedReferences:
             else:   # this rank alone holds its slot: nothing to send
                 wire = row
 
-            def rebuild() -> None:
+            def rebuild(also: torch.Tensor | None = None) -> None:
                 nonlocal values
                 rows, values = detach(wire, n, riding.dtype) if exchanged and riding is not None \
                     else (wire, riding)
                 self.qwd.decompress_rows(rows if sent is None else sent.expand(rows), s,
-                                         flat.dtype)
+                                         flat.dtype, also)
             intra_bytes, inter_bytes = sends(row.shape[1], route.inter_remote, route.row)
         if x == 1:   # no intra-node step: the rebuilt references are the output
             if meter is not None:
                 meter.record(tag, intra_bytes, inter_bytes)
+            slots = _placed_view(out, columns, y, s)
 
             def rebuild_and_copy() -> None:
-                if rebuild is not None:
-                    rebuild()
-                place_slots(out, columns, self.qwd.reference.view(y, s))
+                if rebuild is not None:   # the decode writes the output's slots too
+                    rebuild(slots)
+                if rebuild is None or slots is None:
+                    place_slots(out, columns, self.qwd.reference.view(y, s))
                 if values is not None:
                     exact[1].copy_(values)
             return finish(work, rebuild_and_copy, async_op, out.device)

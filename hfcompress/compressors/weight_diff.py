@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..kernels import group_quant as _twin
 from .base import Compressor, Packed, check_float_input, resolve_inner, stack_payloads
 from .group_quant import GroupQuantizer
 from .registry import register_compressor
@@ -143,21 +144,23 @@ class WeightDifferenceQuantizer(Compressor):
         self._store(out)
         return out
 
-    def decompress_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    def decompress_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype,
+                        also: torch.Tensor | None = None) -> torch.Tensor:
         """Every row's payload at once -> the new flat w~ (``rows * numel`` values): ``wire``
         is ``(rows, nbytes)`` uint8, row r the flat payload of slot r. The exact first
         payloads become w~; later, one batched decode (``GroupQuantizer`` inner: one
         dequantize-add over all rows, reading their codes and scales in place in the wire
         where aligned, whose output becomes w~: no copy) adds every row's
         difference, bit-identical to ``decompress`` row by row (another inner: w~ updated in
-        place, row by row)."""
+        place, row by row). ``also`` (``[rows, numel]``, e.g. the all-gather's output
+        columns): the new w~ written there too, by the decode kernel where it can."""
         rows = wire.shape[0]
         if self.reference is None:
             self.reference = wire.contiguous().view(dtype).reshape(-1).clone()
             if self.reference.numel() != rows * numel:
                 raise ValueError(f"qwd: exact payloads of {self.reference.numel()} values, "
                                  f"expected {rows} x {numel}")
-            return self.reference
+            return _twin.also_into(self.reference, also)
         ref = self._rows(rows, numel)
         if isinstance(self.inner, GroupQuantizer) and ref.dtype == dtype:
             spec = self.inner.payload_spec(numel)
@@ -168,13 +171,13 @@ class WeightDifferenceQuantizer(Compressor):
             codes, scales = self.inner.payload_rows(wire, numel)   # the wire's columns
             inner = self.inner
             self._replace(inner._impl(codes).dequantize_add_rows(codes, scales, inner.bits,
-                                                                 inner.group_size, ref))
+                                                                 inner.group_size, ref, also))
             return self.reference
         for r in range(rows):  # another inner: its own decode per row
             packed = self.inner.unflatten(wire[r], (numel,), torch.float32)
             ref[r].copy_(self.apply(ref[r], Packed(packed.payload, torch.Size((numel,)), dtype,
                                                    packed.meta)))
-        return self.reference
+        return _twin.also_into(self.reference, also)
 
     def difference_byte_runs(self, numel: int, runs: Runs) -> Runs | None:
         """The ``(start, stop)`` bytes of a difference payload for ``numel`` values that

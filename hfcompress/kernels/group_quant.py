@@ -207,12 +207,21 @@ def quantize_difference_row(x: torch.Tensor, ref: torch.Tensor, bits: int, group
 
 
 def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
-                   ref: torch.Tensor) -> torch.Tensor:
+                   ref: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
     """``add_to(ref, dequantize(...))``: qWD's update ``w~ + deq(C(w - w~))`` (SDP4Bit Alg. 2),
     two kernels on CPU: fused, the add read the float32 values flat, each value's code word
     and bf16 ``ref`` a partial vector away (~8x slower on one AVX2 core than storing the
-    decoded values once)."""
-    return add_to(ref, dequantize(packed, scale, bits, group_size))
+    decoded values once). ``also``: the result copied there too (:func:`also_into`)."""
+    return also_into(add_to(ref, dequantize(packed, scale, bits, group_size)), also)
+
+
+def also_into(result: torch.Tensor, also: torch.Tensor | None) -> torch.Tensor:
+    """``result``, copied into ``also`` (the same number of values, any shape and strides;
+    the Triton kernel stores it there itself) when given."""
+    if also is not None:
+        also.copy_(result.view(also.shape) if result.is_contiguous() else
+                   result.reshape(also.shape))
+    return result
 
 
 def add_rows(ref: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -221,13 +230,16 @@ def add_rows(ref: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_add_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
-                        ref: torch.Tensor) -> torch.Tensor:
+                        ref: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`dequantize_add` of every row of ``ref`` ``(rows, numel)`` at once (the payload
     rows each padded to whole groups, in order): qWD's update of all gathered slots
     (SDP4Bit Alg. 2). Rows of whole groups lie back to back: one fused kernel; otherwise the
     decode, then :func:`add_rows` over the padded rows' views (a fused kernel would index
-    every value through a division by the row length, measured ~10x slower on CPU)."""
+    every value through a division by the row length, measured ~10x slower on CPU).
+    ``also``: the result written there too (the all-gather's output beside the new w~)."""
     rows, numel = ref.shape
     if numel % group_size == 0:
-        return dequantize_add(packed, scale, bits, group_size, ref.reshape(-1)).view(rows, numel)
-    return add_rows(ref, dequantize(packed, scale, bits, group_size).view(rows, -1)[:, :numel])
+        return dequantize_add(packed, scale, bits, group_size, ref.reshape(-1),
+                              also).view(rows, numel)
+    return also_into(add_rows(ref, dequantize(packed, scale, bits, group_size)
+                              .view(rows, -1)[:, :numel]), also)

@@ -256,17 +256,20 @@ def _decode_tile(packed_ptr, scale_ptr, pid, n_groups, GS: tl.constexpr, BLOCK_G
 
 
 @triton.jit
-def _dequantize_add_kernel(packed_ptr, scale_ptr, ref_ptr, out_ptr, numel, gpr, row_words,
-                           scale_row, GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr,
-                           LOG2V: tl.constexpr, VEC: tl.constexpr, BITS: tl.constexpr,
-                           CPU: tl.constexpr, BPU: tl.constexpr, RAGGED: tl.constexpr,
-                           OUT_BF16: tl.constexpr, ROWS: tl.constexpr):
+def _dequantize_add_kernel(packed_ptr, scale_ptr, ref_ptr, out_ptr, also_ptr, numel, gpr,
+                           row_words, scale_row, also_row, GS: tl.constexpr,
+                           BLOCK_G: tl.constexpr, L: tl.constexpr, LOG2V: tl.constexpr,
+                           VEC: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
+                           BPU: tl.constexpr, RAGGED: tl.constexpr, OUT_BF16: tl.constexpr,
+                           ROWS: tl.constexpr, ALSO: tl.constexpr):
     """qWD's update ``w~ + deq(C(w - w~))`` (SDP4Bit Alg. 2): ``ref`` plus the decoded
     values in float32, rounded to ``ref``'s dtype (``OUT_BF16``: ``out_ptr`` is an int16
     view of a bfloat16 output); the payload holds ``numel`` values and then padding, or
     (``ROWS``, ``BPU == 4``) is rows of ``gpr`` whole groups read in place, row r's words at
     ``r * row_words`` and its scales at ``r * scale_row`` (a wire's column views): a 2-D
-    grid, axis 1 the rows, each program's pointers offset by its row."""
+    grid, axis 1 the rows, each program's pointers offset by its row. ``ALSO``: the result
+    stored a second time at ``also_ptr`` (row r at ``r * also_row``: the all-gather's output
+    beside the new w~)."""
     pid = tl.program_id(0)
     K: tl.constexpr = (1 << LOG2V) // VEC
     n_groups = tl.cdiv(numel, GS)
@@ -276,6 +279,7 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, ref_ptr, out_ptr, numel, gpr, 
         scale_ptr += row * scale_row
         ref_ptr += row * gpr * GS
         out_ptr += row * gpr * GS
+        also_ptr += row * also_row
         n_groups = gpr
     base, off, mask = _tile(pid, n_groups, GS, BLOCK_G, L, K, VEC)
     if RAGGED:
@@ -283,10 +287,10 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, ref_ptr, out_ptr, numel, gpr, 
     y = _per_thread(tl.load(ref_ptr + base + off, mask=mask, other=0.0).to(tl.float32))
     y = _per_load(y + _decode_tile(packed_ptr, scale_ptr, pid, n_groups, GS, BLOCK_G, L,
                                    1 << LOG2V, BITS, CPU, BPU), K, VEC)
-    if OUT_BF16:
-        tl.store(out_ptr + base + off, _bf16_bits(y), mask=mask)
-    else:
-        tl.store(out_ptr + base + off, y.to(out_ptr.dtype.element_ty), mask=mask)
+    y = _bf16_bits(y) if OUT_BF16 else y.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + base + off, y, mask=mask)
+    if ALSO:
+        tl.store(also_ptr + base + off, y, mask=mask)
 
 
 @triton.jit
@@ -496,12 +500,14 @@ def quantize_difference_row(x: torch.Tensor, ref: torch.Tensor, bits: int, group
 
 
 def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
-                   ref: torch.Tensor) -> torch.Tensor:
+                   ref: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
     """The twin's ``add_to(ref, dequantize(...))`` in one kernel: qWD's update (SDP4Bit
     Alg. 2); the payload may be padded past ``ref.numel()``. ``packed`` ``[rows, nbytes]``
     and ``scale`` ``[rows, groups]`` may be row-strided (a wire's column views, rows of
     whole groups): read in place where the codes are whole aligned int32 words, else
-    copied flat first."""
+    copied flat first. ``also`` (``ref``'s dtype and number of values): written with the
+    result too, by the kernel where its rows (``[rows, numel]`` of the payload's rows, unit
+    column stride) can be, else copied."""
     flat = ref.reshape(-1).contiguous()
     out = torch.empty_like(flat)
     numel = flat.numel()
@@ -517,12 +523,33 @@ def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
         bf16 = ref.dtype == torch.bfloat16
         grid = (cdiv(cdiv(numel, group_size), k["BLOCK_G"]),) if rows is None else \
             (cdiv(rows[0], k["BLOCK_G"]), packed.shape[0])
+        second = _also_rows(also, ref, grid)
+        target = out if second is None else second[0]
         _dequantize_add_kernel[grid](
             packed.view(torch.int32) if k["BPU"] == 4 else packed, scale, flat,
-            out.view(torch.int16) if bf16 else out, numel, *(rows or (1, 0, 0)), GS=group_size,
-            BITS=bits, RAGGED=numel % group_size != 0, OUT_BF16=bf16, ROWS=rows is not None,
-            **k, num_warps=NUM_WARPS, enable_fp_fusion=False)
+            out.view(torch.int16) if bf16 else out,
+            target.view(torch.int16) if bf16 else target, numel, *(rows or (1, 0, 0)),
+            0 if second is None else second[1], GS=group_size, BITS=bits,
+            RAGGED=numel % group_size != 0, OUT_BF16=bf16, ROWS=rows is not None,
+            ALSO=second is not None, **k, num_warps=NUM_WARPS, enable_fp_fusion=False)
+        if also is not None and second is None:
+            also.copy_(out.view(also.shape))
     return out.view(ref.shape)
+
+
+def _also_rows(also: torch.Tensor | None, ref: torch.Tensor,
+               grid: tuple[int, ...]) -> tuple[torch.Tensor, int] | None:
+    """``also`` as the kernel's second store: ``(tensor, row stride)`` where it is ``ref``'s
+    dtype and its rows are the launch's (one flat run, or the grid's rows of unit column
+    stride); None where it is copied after."""
+    if also is None or also.dtype != ref.dtype or also.numel() != ref.numel():
+        return None
+    if len(grid) == 1:
+        return (also, 0) if also.is_contiguous() else None
+    rows = grid[1]
+    if also.dim() != 2 or also.shape[0] != rows or also.stride(1) != 1:
+        return None
+    return also, also.stride(0)
 
 
 def _row_strides(packed: torch.Tensor, scale: torch.Tensor) -> tuple[int, int, int] | None:
@@ -569,12 +596,13 @@ def dequantize_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_
 
 
 def dequantize_add_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
-                        ref: torch.Tensor) -> torch.Tensor:
+                        ref: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
     """The twin's ``dequantize_add_rows``: rows of whole groups in one kernel
     (:func:`dequantize_add`, ``packed`` / ``scale`` flat or ``[rows, ..]`` row views of a
-    wire, read in place); padded rows decoded, then the twin's ``add_rows``."""
+    wire, read in place; ``also``: written too); padded rows decoded, then the twin's
+    ``add_rows``."""
     rows, numel = ref.shape
     if numel % group_size == 0:
-        return dequantize_add(packed, scale, bits, group_size, ref)
+        return dequantize_add(packed, scale, bits, group_size, ref, also)
     y = dequantize(packed, scale, bits, group_size).view(rows, -1)[:, :numel]
-    return _twin.add_rows(ref, y)
+    return _twin.also_into(_twin.add_rows(ref, y), also)
