@@ -122,6 +122,9 @@ def test_ctrl_c_ends_the_process_with_one_line(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(
         "import os, signal, sys, torch, transformers, hfcompress\n"
+        # Python's handler, as a shell starts a process: the test worker that spawns this
+        # one may have SIGINT ignored, which a child inherits (then no KeyboardInterrupt)
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from hfcompress.testing import tiny_llama\n"
         "class Stop(transformers.TrainerCallback):\n"
         "    def on_step_end(self, args, state, control, **kwargs):\n"
