@@ -157,9 +157,8 @@ class ShardedReferences:
                  columns: Runs | None = None) -> torch.futures.Future | None:
         """``sent``: only those payload bytes cross nodes (frozen parameters, ``frozen.py``).
         ``exact``: ``(values [E], out [world, E])``, columns gathered exactly in steps 1 and
-        3 (``riders.py``; only where :meth:`sends_differences`). ``columns``: ``out`` is
-        the ``[world, S]`` rows of a larger buffer, the slots go to these column runs (no
-        staging buffer)."""
+        3 (``riders.py``; only where :meth:`sends_differences`). ``columns``: ``out`` is the
+        ``[world, S]`` rows of a larger buffer, the slots go to these column runs."""
         route = self._used = self.route(group)
         s, y, x = flat.numel(), route.rows, route.ranks_per_node
         self._check_layout((route.world, x, s))
@@ -192,9 +191,12 @@ class ShardedReferences:
                 self.qwd.decompress_rows(rows if sent is None else sent.expand(rows), s,
                                          flat.dtype, also)
             intra_bytes, inter_bytes = sends(row.shape[1], route.inter_remote, route.row)
-        if x == 1:   # no intra-node step: the rebuilt references are the output
+
+        def record(intra: int, inter: int) -> None:    # step 1's bytes and step 3's, one call
             if meter is not None:
-                meter.record(tag, intra_bytes, inter_bytes)
+                meter.record(tag, intra_bytes + intra, inter_bytes + inter)
+        if x == 1:   # no intra-node step: the rebuilt references are the output
+            record(0, 0)
             slots = _placed_view(out, columns, y, s)
 
             def rebuild_and_copy() -> None:
@@ -207,10 +209,6 @@ class ShardedReferences:
             return finish(work, rebuild_and_copy, async_op, out.device)
         if rebuild is not None:   # step 3 gathers the rebuilt references: rebuild first
             rebuild()
-
-        def record(intra: int, inter: int) -> None:    # step 1's bytes and step 3's, one call
-            if meter is not None:
-                meter.record(tag, intra_bytes + intra, inter_bytes + inter)
         return self._in_node(route, out, s, values, exact, columns, async_op, record)
 
     def _in_node(self, route: Route, out: torch.Tensor, s: int, values: torch.Tensor | None,

@@ -115,10 +115,9 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_group
     (RUN // K, BLOCK_G, RPG, K) tile: value ``j * K + k`` of run ``b`` of group ``g`` at
     ``[j, g, b, k]``. Its first axis outermost, Triton keeps a run in one thread's registers
     (``K`` values per vector load), the lanes and warps over runs (see _consts). ``ROWS``
-    (``WORDS``): a 2-D grid, its axis 1 the rows of ``gpr`` groups, written as a wire of rows
-    of ``row_words`` int32 words each, the codes then the scales (``scale_ptr``: row 0's
-    first scale); ``XROWS``: the input rows ``x_row`` values apart (a strided view), else
-    a flat ``x``. A program's row is its pointers' offset (no division by ``gpr``)."""
+    (``WORDS``): grid axis 1 is the rows of ``gpr`` groups, a wire of ``row_words`` words per
+    row (codes, then scales: ``scale_ptr`` is row 0's first), each program's pointers offset
+    by its row; ``XROWS``: the input rows ``x_row`` values apart, else a flat ``x``."""
     J: tl.constexpr = RUN // K
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     nbase = 0
@@ -154,10 +153,9 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_group
     inv = tl.where(ok, tl.math.div_rn(one, tl.where(ok, absmax, 1.0)) * QMAX, 0.0)
     t = y * inv[None, :, None, None]
     if STOCHASTIC:
-        q = tl.floor(t + group_noise_at(noise_ptr, nbase + offs, mask, g[None, :, None, None],
-                                        gmask[None, :, None, None], GS,
-                                        _ROW_ONE if ROWS and HASH == _ROW_GROUPS else HASH,
-                                        noise_row))
+        q = tl.floor(t + group_noise_at(
+            noise_ptr, nbase + offs, mask, g[None, :, None, None], gmask[None, :, None, None],
+            GS, _ROW_ONE if ROWS and HASH == _ROW_GROUPS else HASH, noise_row))
     else:
         q = tl.floor(t + 0.5)
     q = tl.where(q == q, tl.minimum(tl.maximum(q, -QMAX), QMAX), 0.0)
