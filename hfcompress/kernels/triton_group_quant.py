@@ -33,7 +33,7 @@ import triton.language as tl
 from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
 from .packing import _UNIT, packed_nbytes, payload_buffers, row_wire
-from .triton_noise import ROW_MODES, group_noise_at, noise_operand, row_launch
+from .triton_noise import ROW_MODES, group_noise_at, noise_operand, row_launch, row_program
 from .triton_tiles import cdiv, per_program, rows_of_groups
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
@@ -208,15 +208,9 @@ def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr
     pid = tl.program_id(0)
     n_tile, nbase = n_groups, 0
     if ROWS:
-        row = tl.program_id(1).to(tl.int64)
-        x_ptr += row * (x_row if XROWS else gpr * GS)
-        packed_ptr += row * row_words
-        scale_ptr += row * row_words
         n_tile = gpr
-        if HASH == _ROW_GROUPS:   # the row's keys, indices within the row (ROW_ONE)
-            noise_ptr += 2 * row
-        else:                    # the flat indices of the whole launch
-            nbase = row * gpr * GS
+        x_ptr, packed_ptr, scale_ptr, noise_ptr, nbase = row_program(
+            x_ptr, packed_ptr, scale_ptr, noise_ptr, gpr, row_words, x_row, GS, HASH, XROWS)
     base, off, mask = _tile(pid, n_tile, GS, BLOCK_G, L, (1 << LOG2V) // VEC, VEC)
     if RAGGED:
         mask = mask & (off < tl.minimum(numel - base, BLOCK_G * GS).to(tl.int32))

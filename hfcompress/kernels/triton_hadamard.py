@@ -31,7 +31,7 @@ from . import triton_dequantize_sum as _dsum
 from .group_quant import join_rows
 from .hadamard import inv_sqrt
 from .packing import packed_nbytes, payload_buffers, row_wire
-from .triton_noise import ROW_MODES, group_noise_at, noise_operand, row_launch
+from .triton_noise import ROW_MODES, group_noise_at, noise_operand, row_launch, row_program
 from .triton_tiles import cdiv, per_program, rows_of_groups
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
@@ -122,15 +122,9 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_group
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     nbase = 0
     if ROWS:
-        row = tl.program_id(1).to(tl.int64)
-        x_ptr += row * (x_row if XROWS else gpr * GS)
-        packed_ptr += row * row_words
-        scale_ptr += row * row_words
         n_groups = gpr
-        if HASH == _ROW_GROUPS:   # the row's keys, indices within the row (ROW_ONE)
-            noise_ptr += 2 * row
-        else:                     # the flat indices of the whole launch
-            nbase = row * gpr * GS
+        x_ptr, packed_ptr, scale_ptr, noise_ptr, nbase = row_program(
+            x_ptr, packed_ptr, scale_ptr, noise_ptr, gpr, row_words, x_row, GS, HASH, XROWS)
     g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     b = tl.arange(0, RPG)
     gmask = g < n_groups

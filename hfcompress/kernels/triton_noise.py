@@ -161,6 +161,24 @@ def noise_operand(noise: torch.Tensor | None, numel: int, unused: torch.Tensor,
     return noise.reshape(-1).contiguous(), VALUES, 1
 
 
+@triton.jit
+def row_program(x_ptr, packed_ptr, scale_ptr, noise_ptr, gpr, row_words, x_row,
+                GS: tl.constexpr, HASH: tl.constexpr, XROWS: tl.constexpr):
+    """A quantize kernel's program in a wire of rows (:func:`row_launch`'s 2-D grid): its
+    pointers offset by its row (grid axis 1; the input's rows ``x_row`` values apart with
+    ``XROWS``, else ``gpr`` groups; the wire's ``row_words`` words), the row's key pair
+    where the keys are one pair per row (its noise then ``ROW_ONE``: indices within the row,
+    base 0), else the flat index of the row's first value as the noise base."""
+    row = tl.program_id(1).to(tl.int64)
+    x_ptr += row * (x_row if XROWS else gpr * GS)
+    nbase = 0
+    if HASH == 4:   # ROW_GROUPS
+        noise_ptr += 2 * row
+    else:
+        nbase = row * gpr * GS
+    return x_ptr, packed_ptr + row * row_words, scale_ptr + row * row_words, noise_ptr, nbase
+
+
 def row_launch(numel: int, n_groups: int, gpr: int, row_words: int, group_size: int,
                block_g: int, hashed: int, row_len: int) -> tuple[tuple[int, ...], int]:
     """A quantize kernel's grid and ``HASH`` for ``n_groups`` groups of ``numel`` values,
