@@ -183,12 +183,9 @@ for bf16 in (False, True):
     row(f"qsgd._dequantize_kernel bf16={bf16}", Q._dequantize_kernel,
         dict(code_ptr=u8, scale_ptr=f32, out_ptr=out, **peers),
         dict(S=127, OUT_BF16=bf16, **tile), TT.NUM_WARPS)
-    row(f"random_shift._dequantize_kernel bf16={bf16}", R._dequantize_kernel,
-        dict(code_ptr=u8, base_ptr=f32, step_ptr=f32, out_ptr=out, **peers, BIG="fp32"),
-        dict(OUT_BF16=bf16, **tile), TT.NUM_WARPS)
     row(f"random_shift._dequantize_rows_kernel bf16={bf16}", R._dequantize_rows_kernel,
-        dict(code_ptr=u8, base_ptr=f32, step_ptr=f32, out_ptr=out, **bucket, numel=i32,
-             code_row=i32, param_row=i32, out_row=i32, BIG="fp32"),
+        dict(code_ptr=u8, base_ptr=f32, step_ptr=f32, out_ptr=out, **peers, code_stride=i32,
+             base_stride=i32, step_stride=i32, out_stride=i32, BIG="fp32"),
         dict(OUT_BF16=bf16, **tile), TT.NUM_WARPS)
     for bits in (5, 4):
         row(f"learned_levels._dequantize_kernel bits={bits} bf16={bf16}", L._dequantize_kernel,

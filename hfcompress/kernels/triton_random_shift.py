@@ -10,10 +10,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_tiles import (GPU_TILE, NUM_WARPS, TILE, out_view, affine_rows, cdiv,
-                           dequantize_peers, load_codes, load_values, nonfinite_rows,
-                           per_program, quantize_buckets, row_min_max, scaled, store_codes,
-                           store_out, store_rows, tile, tile_shape)
+from .packing import unpack_codes
+from .triton_tiles import (affine_rows, decode_rows, load_codes, load_values, nonfinite_rows,
+                           quantize_buckets, row_min_max, scaled, store_codes, store_out,
+                           store_rows, tile)
 
 
 @triton.jit
@@ -43,35 +43,26 @@ def _decode(code_ptr, base_ptr, step_ptr, rows, row_ok, mask, offs, BIG):
 
 
 @triton.jit
-def _dequantize_kernel(code_ptr, base_ptr, step_ptr, out_ptr, n_buckets, bucket_size, n_peers,
-                       numel, BIG, GROUPS: tl.constexpr, BLOCK: tl.constexpr,
-                       OUT_BF16: tl.constexpr):
-    """out = sum over peers p (in order) of their decoded tiles; one peer = dequantize."""
+def _dequantize_rows_kernel(code_ptr, base_ptr, step_ptr, out_ptr, n_buckets, bucket_size,
+                            n_peers, numel, code_stride, base_stride, step_stride, out_stride,
+                            BIG, GROUPS: tl.constexpr, BLOCK: tl.constexpr,
+                            OUT_BF16: tl.constexpr):
+    """Row ``program_id(1)`` of byte codes, bases and steps (rows possibly strided: a
+    gathered wire's fields, QSDP 5.1's weight gather) into out's row of as many, plus the
+    ``n_peers - 1`` rows after it, in order (a peer sum: one peer = dequantize); the first
+    ``numel`` values of each row are stored (``triton_tiles.decode_rows`` launches it)."""
+    r = tl.program_id(1).to(tl.int64)
+    code_ptr += r * code_stride
+    base_ptr += r * base_stride
+    step_ptr += r * step_stride
     rows, row_ok, mask, offs = tile(n_buckets, bucket_size, GROUPS, BLOCK)
     total = _decode(code_ptr, base_ptr, step_ptr, rows, row_ok, mask, offs, BIG)
     for _ in range(1, n_peers):
-        code_ptr += numel
-        base_ptr += n_buckets
-        step_ptr += n_buckets
+        code_ptr += code_stride
+        base_ptr += base_stride
+        step_ptr += step_stride
         total = total + _decode(code_ptr, base_ptr, step_ptr, rows, row_ok, mask, offs, BIG)
-    store_out(out_ptr, offs, total, mask, OUT_BF16)
-
-
-@triton.jit
-def _dequantize_rows_kernel(code_ptr, base_ptr, step_ptr, out_ptr, n_buckets, bucket_size,
-                            numel, code_row, param_row, out_row, BIG, GROUPS: tl.constexpr,
-                            BLOCK: tl.constexpr, OUT_BF16: tl.constexpr):
-    """Every slot of a gathered wire decoded where it lies (QSDP 5.1's weight gather): a
-    2-D grid, axis 1 the rows; row r's byte codes at ``r * code_row``, its bases and steps at
-    ``r * param_row``, its first ``numel`` values written to ``out`` at ``r * out_row``."""
-    r = tl.program_id(1).to(tl.int64)
-    code_ptr += r * code_row
-    base_ptr += r * param_row
-    step_ptr += r * param_row
-    out_ptr += r * out_row
-    rows, row_ok, mask, offs = tile(n_buckets, bucket_size, GROUPS, BLOCK)
-    y = _decode(code_ptr, base_ptr, step_ptr, rows, row_ok, mask, offs, BIG)
-    store_out(out_ptr, offs, y, mask & (offs < numel), OUT_BF16)
+    store_out(out_ptr + r * out_stride, offs, total, mask & (offs < numel), OUT_BF16)
 
 
 def quantize(x: torch.Tensor, bits: int, bucket_size: int,
@@ -84,38 +75,31 @@ def quantize(x: torch.Tensor, bits: int, bucket_size: int,
 def dequantize(packed: torch.Tensor, base: torch.Tensor, step: torch.Tensor, bits: int,
                bucket_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Inverse of :func:`quantize`: 1-D tensor of ``base.numel() * bucket_size`` values."""
-    return dequantize_peers(_dequantize_kernel, packed[None], (base[None], step[None]), bits,
-                            bucket_size, dtype, BIG=torch.finfo(dtype).max)
+    out = torch.empty(1, base.numel() * bucket_size, dtype=dtype, device=packed.device)
+    return _decode_rows(packed.reshape(1, -1), base.reshape(1, -1), step.reshape(1, -1), bits,
+                        bucket_size, out, False)[0]
 
 
 def dequantize_sum(packed: torch.Tensor, base: torch.Tensor, step: torch.Tensor, bits: int,
                    bucket_size: int) -> torch.Tensor:
     """Sum over peers: packed (P, nbytes), base and step (P, buckets) -> float32 (numel,)."""
-    return dequantize_peers(_dequantize_kernel, packed, (base, step), bits, bucket_size,
-                            torch.float32, BIG=torch.finfo(torch.float32).max)
+    out = torch.empty(1, base.shape[1] * bucket_size, dtype=torch.float32, device=packed.device)
+    return _decode_rows(packed, base, step, bits, bucket_size, out, True)[0]
 
 
 def dequantize_rows(packed: torch.Tensor, base: torch.Tensor, step: torch.Tensor, bits: int,
                     bucket_size: int, out: torch.Tensor) -> torch.Tensor:
     """The twin's ``dequantize_rows`` in one kernel reading every row's fields in place
     (``[rows, ..]`` column views of a gathered wire) and writing its row of ``out`` (unit
-    column stride, any row stride): 8-bit codes (one byte per value); other widths, or
-    fields not read in place, decode flat, then a copy."""
-    rows, numel = out.shape
-    nb = base.shape[1] if base.dim() == 2 else 0
-    if not (bits == 8 and nb and rows and -(-numel // bucket_size) == nb
-            and all(t.dim() == 2 and t.stride(-1) == 1 for t in (packed, base, step, out))
-            and base.stride(0) == step.stride(0)):
-        if rows and numel:
-            values = dequantize(packed.reshape(-1), base.reshape(-1), step.reshape(-1), bits,
-                                bucket_size, out.dtype)
-            out.copy_(values.view(rows, -1)[:, :numel])
-        return out
-    block, groups = tile_shape(bucket_size, per_program(out, TILE, GPU_TILE))
-    _dequantize_rows_kernel[(cdiv(nb, groups), rows)](
-        packed, base, step, out_view(out), nb, bucket_size, numel,
-        packed.stride(0) if rows > 1 else 0, base.stride(0) if rows > 1 else 0,
-        out.stride(0) if rows > 1 else 0, torch.finfo(out.dtype).max, GROUPS=groups,
-        BLOCK=block, OUT_BF16=out.dtype == torch.bfloat16, num_warps=NUM_WARPS,
-        enable_fp_fusion=False)
-    return out
+    column stride, any row stride)."""
+    return _decode_rows(packed, base, step, bits, bucket_size, out, False)
+
+
+def _decode_rows(packed: torch.Tensor, base: torch.Tensor, step: torch.Tensor, bits: int,
+                 bucket_size: int, out: torch.Tensor, peers: bool) -> torch.Tensor:
+    """``triton_tiles.decode_rows`` of the rows kernel: byte codes read where they lie (8
+    bits), packed ones unpacked first (one byte per value, rows back to back)."""
+    if bits != 8:
+        packed = unpack_codes(packed.reshape(-1), bits).view(base.shape[0], -1)
+    return decode_rows(_dequantize_rows_kernel, packed, (base, step), bucket_size, out, peers,
+                       BIG=torch.finfo(out.dtype).max)

@@ -208,7 +208,7 @@ def load_packed(code_ptr, rows, umask, bucket_size, BITS: tl.constexpr, U: tl.co
 @triton.jit
 def store_out(out_ptr, offs, y, mask, OUT_BF16: tl.constexpr):
     """Store float32 y in out's dtype; bf16 is rounded to nearest even by hand (bits into a
-    uint16 view, see :func:`out_view`), as torch does and as the interpreter's own bf16 cast
+    uint16 view, see :func:`_out_view`), as torch does and as the interpreter's own bf16 cast
     does not."""
     if OUT_BF16:
         b = y.to(tl.uint32, bitcast=True)
@@ -219,7 +219,7 @@ def store_out(out_ptr, offs, y, mask, OUT_BF16: tl.constexpr):
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def out_view(out: torch.Tensor) -> torch.Tensor:
+def _out_view(out: torch.Tensor) -> torch.Tensor:
     """The tensor :func:`store_out` writes to (bf16 as its uint16 bits)."""
     return out.view(torch.uint16) if out.dtype == torch.bfloat16 else out
 
@@ -257,7 +257,7 @@ def dequantize_peers(kernel, packed: torch.Tensor, operands: tuple[torch.Tensor,
     if nb:
         block, groups = tile_shape(bucket_size, per_program(codes, TILE, GPU_TILE))
         kernel[(cdiv(nb, groups),)](
-            codes, *(t.contiguous() for t in operands), out_view(out), nb, bucket_size,
+            codes, *(t.contiguous() for t in operands), _out_view(out), nb, bucket_size,
             n_peers, n, **consts, GROUPS=groups, BLOCK=block,
             OUT_BF16=dtype == torch.bfloat16, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
@@ -288,7 +288,7 @@ def decode_rows(kernel, packed: torch.Tensor, operands: tuple[torch.Tensor, ...]
         block, groups = tile_shape(bucket_size, per_program(packed, TILE, gpu_tile))
         grid = (cdiv(nb, groups), 1 if peers else rows)
         kernel[grid](
-            packed, *operands, out_view(out), nb, bucket_size, rows if peers else 1,
+            packed, *operands, _out_view(out), nb, bucket_size, rows if peers else 1,
             out.shape[-1], packed.stride(0), *(t.stride(0) for t in operands), out.stride(0),
             **consts, GROUPS=groups, BLOCK=block, OUT_BF16=out.dtype == torch.bfloat16,
             num_warps=NUM_WARPS, enable_fp_fusion=False)
