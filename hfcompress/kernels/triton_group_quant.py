@@ -387,7 +387,7 @@ def _launch_quantize(x: torch.Tensor, ref: torch.Tensor | None, noise: torch.Ten
     ``BLOCK_G`` groups of a row (:func:`row_launch`)."""
     numel = x.numel()
     u, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
-    grid, hashed = row_launch(x.numel(), n_groups, gpr, row_words, group_size, k["BLOCK_G"],
+    grid, hashed = row_launch(numel, n_groups, gpr, row_words, group_size, k["BLOCK_G"],
                               hashed, row)
     _quantize_kernel[grid](
         x, x if ref is None else ref.reshape(-1).contiguous(), u, row, words, scale, n_groups,
@@ -526,8 +526,8 @@ def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
             0 if second is None else second[1], GS=group_size, BITS=bits,
             RAGGED=numel % group_size != 0, OUT_BF16=bf16, ROWS=rows is not None,
             ALSO=second is not None, **k, num_warps=NUM_WARPS, enable_fp_fusion=False)
-        if also is not None and second is None:
-            also.copy_(out.view(also.shape))
+        if second is None:
+            _twin.also_into(out, also)
     return out.view(ref.shape)
 
 
