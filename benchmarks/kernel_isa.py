@@ -68,6 +68,11 @@ ROWS = [
      "GQ.dequantize_sum_quantize(*a, 8, 128, 4, 128, keys)", 8),
     ("hadamard_dequantize_sum_int4", "peers(4)", "H.dequantize_sum(*a, 4, 128, 32)", 8),
     # the preset's launch: int8 wire, one scale per tensor, 127 levels (one peer)
+    # LoCo's error feedback of one int4 g128 gradient row (the loco preset's reduce-scatter, one
+    # launch per destination row): bf16 gradients and the 8-bit error read, payload and new
+    # error written
+    ("loco_feedback_int4", "(xb, *K.group_quant.quantize(x, 8, 128))",
+     "K.triton_loco.feedback(a[0], a[1], a[2], 0.2, 4, 128)", 1),
     ("global_qsgd_quantize", "x, x.abs().amax().reshape(1), keys",
      "GQS.linear_quantize(a[0], a[1], 127, a[2], torch.int8)", 1),
     # its scale: max |x| of the tensor (before the MAX all-reduce)

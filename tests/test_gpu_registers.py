@@ -32,7 +32,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from hfcompress.kernels import (triton_dequantize_sum as D, triton_global_qsgd as GQ,
                                 triton_group_quant as T, triton_hadamard as H,
-                                triton_learned_levels as L, triton_noise as N, triton_qsgd as Q,
+                                triton_learned_levels as L, triton_loco as LC,
+                                triton_noise as N, triton_qsgd as Q,
                                 triton_random_shift as R, triton_tiles as TT)
 
 triton.knobs.nvidia.dump_ptxas_log = True  # Triton's own ptxas run (its flags) prints -v
@@ -116,6 +117,18 @@ for bits, gs, out in [(8, 2048, "*bf16"), (8, 2048, f32), (4, 128, "*bf16")]:
                                         out_ptr="*i16" if out != f32 else f32, numel=i32,
                                         gpr=i32, row_words=i32, scale_row=i32, out_row=i32),
         dict(GS=gs, BITS=bits, RAGGED=True, OUT_BF16=out != f32, **k), T.NUM_WARPS)
+# triton_loco: LoCo's error feedback (loco: int4 nearest, loco_zeropp: int4 stochastic with
+# one key pair; bf16 or float32 gradients; the first call without an error)
+for bits, h, x, err in ((4, 0, "*bf16", True), (4, 1, "*bf16", True), (4, 0, f32, False),
+                        (8, 0, f32, True)):
+    k = T._tile_consts(bits, 128, T.GPU_BLOCK_ELEMS, itemsize=2 if x != f32 else 4)
+    row(f"loco._feedback_kernel bits={bits} HASH={h} x={x} HAS_ERROR={err}",
+        LC._feedback_kernel, dict(x_ptr=x, ecode_ptr="*i32", escale_ptr=f32,
+                                  noise_ptr=i64 if h else x, noise_row=i32,
+                                  packed_ptr="*i32", scale_ptr=f32, ecode_out_ptr="*i32",
+                                  escale_out_ptr=f32, n_groups=i32, numel=i32, beta="fp32"),
+        dict(GS=128, BITS=bits, STOCHASTIC=h != 0, HASH=h, HAS_ERROR=err, SMALL=True, **k),
+        T.NUM_WARPS)
 for bits, h in ((8, 1), (8, RG), (4, RG)):
     v = T.SUM_VALUES_PER_THREAD
     k = dict(T._tile_consts(4, 128, T.NUM_WARPS * 32 * v, per_thread=v))

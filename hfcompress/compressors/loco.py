@@ -64,6 +64,13 @@ Choices the paper leaves open:
 - Non-finite gradient entries make the payload non-finite (as the inner does) but store a zero
   error there, so one overflow step cannot poison e until the next reset.
 
+On a GPU, with a group-quantizing inner of groups of 128 (the error's; the ``loco`` and
+``loco_zeropp`` presets) and the 8-bit group error, one compress is one Triton kernel
+(``kernels/triton_loco.py``): it reads g in its dtype and the stored error once and writes the
+payload and the new error, the numbers of the torch ops of :meth:`LoCo.compress` (its twin,
+bit for bit: every step one IEEE rounding, the lerp one fused multiply-add as torch's), with no
+float32 transient of g. Other settings run those torch ops around the inner's kernels.
+
 Memory (``state_bytes()``): e covers every value this instance sends. In the reduce-scatter
 one instance serves one destination row (1-hop) or one intra-node part (2-hop); together
 they hold the error of the rank's whole local gradient, i.e. 1 uint8 code per value plus a
@@ -82,6 +89,7 @@ from typing import Any, Sequence
 import torch
 
 from .. import kernels
+from ..kernels import dispatch
 from .base import Compressor, Packed, check_float_input, pad_to, resolve_inner
 from .group_quant import GroupQuantizer
 from .registry import register_compressor
@@ -139,10 +147,12 @@ class LoCo(Compressor):
     # -- error feedback -------------------------------------------------------------------
     def compress(self, x: torch.Tensor) -> Packed:
         check_float_input(self.name, x)
-        g = x.detach().reshape(-1).float()
-        if self.numel is not None and self.numel != g.numel():
-            raise ValueError(f"loco: got {g.numel()} values but the error buffer holds "
+        if self.numel is not None and self.numel != x.numel():
+            raise ValueError(f"loco: got {x.numel()} values but the error buffer holds "
                              f"{self.numel}; use one instance per tensor (fresh())")
+        if self._fused(x):
+            return self._compress_fused(x)
+        g = x.detach().reshape(-1).float()
         e = self._error(g)
         h = g + e
         packed = self.inner.compress(h.view(x.shape))
@@ -152,6 +162,28 @@ class LoCo(Compressor):
         # a zero error where e_avg is not finite (one kernel: finite values as they are)
         self._store(e_avg.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0))
         return Packed(packed.payload, x.shape, x.dtype, packed.meta)
+
+    def _fused(self, x: torch.Tensor) -> bool:
+        """``compress`` runs as one Triton kernel (``kernels/triton_loco.py``, the numbers of
+        the torch ops below): a group-quantizing inner of groups of 128 (the error's), the
+        8-bit group error stored whole-word aligned, Triton chosen for ``x``."""
+        inner = self.inner
+        return (self.error_scale == "group" and isinstance(inner, GroupQuantizer)
+                and inner.group_size == ERROR_GROUP and dispatch.use_triton(x, inner.backend)
+                and (self.error_codes is None or (self.error_codes.is_contiguous()
+                                                  and self.error_codes.storage_offset() % 4 == 0
+                                                  and self.error_scales.is_contiguous())))
+
+    def _compress_fused(self, x: torch.Tensor) -> Packed:
+        """:meth:`compress` in one launch: reads x and the stored error once, writes the
+        payload and the new error (no float32 transient of x)."""
+        from ..kernels import triton_loco
+        inner = self.inner
+        codes, scales, self.error_codes, self.error_scales = triton_loco.feedback(
+            x.detach().contiguous(), self.error_codes, self.error_scales, self.beta, inner.bits,
+            inner.group_size, inner._keys(x.device))
+        self.numel = x.numel()
+        return Packed({"codes": codes, "scales": scales}, x.shape, x.dtype)
 
     def step(self) -> None:
         """End of optimizer step k: zero e (and so the average e~, module docstring) if

@@ -102,19 +102,17 @@ def _absmax(y, LOG2V: tl.constexpr):
 
 
 @triton.jit
-def _quantize_tile(y, pid, base, n_groups, noise_ptr, noise_row, packed_ptr, scale_ptr,
-                   GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr,
-                   LOG2V: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
-                   BPU: tl.constexpr, STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
-    """Quantize the float32 ``(BLOCK_G, L, V)`` tile ``y`` (:func:`_per_thread`, masked
-    values 0) of program ``pid`` over ``n_groups`` groups and store its scales and packed
-    codes: units of ``CPU`` codes, one int32 word each where ``BPU == 4``, else ``BPU``
-    bytes. The absmax is reduced inside a warp where a group fits in one, and the division
-    pair is computed once per group and thread. ``base``: the noise index of the tile's
-    first value (``group_noise_at``)."""
+def _levels(y, pid, base, n_groups, noise_ptr, noise_row, GS: tl.constexpr,
+            BLOCK_G: tl.constexpr, L: tl.constexpr, LOG2V: tl.constexpr, BITS: tl.constexpr,
+            STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
+    """The int32 levels ``q`` in ``[-QMAX, QMAX]`` (the codes less ``QMAX + 1``) and the
+    per-group scales of the float32 ``(BLOCK_G, L, V)`` tile ``y`` (:func:`_per_thread`,
+    masked values 0) of program ``pid`` over ``n_groups`` groups. The absmax is reduced
+    inside a warp where a group fits in one, and the division pair is computed once per
+    group and thread. ``base``: the noise index of the tile's first value
+    (``group_noise_at``)."""
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     V: tl.constexpr = 1 << LOG2V
-    U: tl.constexpr = V // CPU
     absmax = _absmax(y, LOG2V)
     finite = absmax < float("inf")
     scale = tl.where(finite, tl.math.div_rn(absmax, tl.full(absmax.shape, QMAX, tl.float32)),
@@ -135,7 +133,17 @@ def _quantize_tile(y, pid, base, n_groups, noise_ptr, noise_row, packed_ptr, sca
     else:
         q = tl.floor(t + 0.5)
     # NaN (a non-finite group, 0 * inf where 1 / absmax overflows, NaN noise): level 0
-    q = tl.where(q == q, tl.minimum(tl.maximum(q, -QMAX), QMAX), 0.0).to(tl.int32)
+    return tl.where(q == q, tl.minimum(tl.maximum(q, -QMAX), QMAX), 0.0).to(tl.int32), scale
+
+
+@triton.jit
+def _store_levels(q, scale, pid, n_groups, packed_ptr, scale_ptr, GS: tl.constexpr,
+                  BLOCK_G: tl.constexpr, L: tl.constexpr, LOG2V: tl.constexpr,
+                  BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr):
+    """Store the levels and scales of :func:`_levels` as codes ``q + QMAX + 1``: units of
+    ``CPU`` codes, one int32 word each where ``BPU == 4``, else ``BPU`` bytes."""
+    QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
+    U: tl.constexpr = (1 << LOG2V) // CPU
     if CPU > 1:
         shift = BITS * tl.arange(0, CPU)
         q = tl.sum(tl.reshape(q, (BLOCK_G, L, U, CPU)) << shift, axis=3)
@@ -143,6 +151,19 @@ def _quantize_tile(y, pid, base, n_groups, noise_ptr, noise_row, packed_ptr, sca
     LEVEL0: tl.constexpr = (QMAX + 1) * ((1 << (BITS * CPU)) - 1) // ((1 << BITS) - 1)
     word = q + (LEVEL0 - ((LEVEL0 >> 31) << 32))
     _store_tile(word, scale, pid, n_groups, packed_ptr, scale_ptr, GS, BLOCK_G, L, U, CPU, BPU)
+
+
+@triton.jit
+def _quantize_tile(y, pid, base, n_groups, noise_ptr, noise_row, packed_ptr, scale_ptr,
+                   GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr,
+                   LOG2V: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
+                   BPU: tl.constexpr, STOCHASTIC: tl.constexpr, HASH: tl.constexpr):
+    """Quantize the float32 ``(BLOCK_G, L, V)`` tile ``y`` (:func:`_levels`) and store its
+    scales and packed codes (:func:`_store_levels`)."""
+    q, scale = _levels(y, pid, base, n_groups, noise_ptr, noise_row, GS, BLOCK_G, L, LOG2V,
+                       BITS, STOCHASTIC, HASH)
+    _store_levels(q, scale, pid, n_groups, packed_ptr, scale_ptr, GS, BLOCK_G, L, LOG2V, BITS,
+                  CPU, BPU)
 
 
 @triton.jit
