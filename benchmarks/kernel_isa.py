@@ -73,6 +73,10 @@ ROWS = [
     # error written
     ("loco_feedback_int4", "(xb, *K.group_quant.quantize(x, 8, 128))",
      "K.triton_loco.feedback(a[0], a[1], a[2], 0.2, 4, 128)", 1),
+    # ... of a hop's 8 destination rows in one launch, each with its stream's error (read and
+    # rewritten in place), the wire written
+    ("loco_feedback_rows_int4", "loco_rows()",
+     "K.triton_loco.feedback_rows(a[0], a[1], None, 0.2, 4, 128)", 1),
     ("global_qsgd_quantize", "x, x.abs().amax().reshape(1), keys",
      "GQS.linear_quantize(a[0], a[1], 127, a[2], torch.int8)", 1),
     # its scale: max |x| of the tensor (before the MAX all-reduce)
@@ -131,6 +135,11 @@ def wire_rows(bits, gs, n=8, rider=8):   # n slots' codes and scales: views of o
     wire = torch.randint(0, 255, (n, ncodes + 4 * groups + rider), dtype=torch.uint8)
     wire[:, ncodes:ncodes + 4 * groups] = torch.rand(n, groups).view(torch.uint8)
     return wire[:, :ncodes], wire[:, ncodes:ncodes + 4 * groups].view(torch.float32)
+
+def loco_rows(n=8):   # a hop's n bf16 gradient rows and the table of their 8-bit errors
+    rows = torch.randn(n, N // n + 64).bfloat16()[:, :N // n]
+    errors = [K.packing.payload_buffers(N // n, N // n // 128, "cpu") for _ in range(n)]
+    return rows, torch.tensor([[c.data_ptr(), s.data_ptr(), 1] for c, s in errors])
 
 def compile_launch(fn, args, kwargs):
     binder = create_function_from_signature(fn.signature, fn.params, BACKEND)

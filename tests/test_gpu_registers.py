@@ -121,13 +121,23 @@ for bits, gs, out in [(8, 2048, "*bf16"), (8, 2048, f32), (4, 128, "*bf16")]:
 # one key pair; bf16 or float32 gradients; the first call without an error)
 for bits, h, x, err in ((4, 0, "*bf16", True), (4, 1, "*bf16", True), (4, 0, f32, False),
                         (8, 0, f32, True)):
-    k = T._tile_consts(bits, 128, T.GPU_BLOCK_ELEMS, itemsize=2 if x != f32 else 4)
+    k = T._tile_consts(bits, 128, T.NUM_WARPS * 32 * LC.PER_THREAD,
+                       itemsize=2 if x != f32 else 4, per_thread=LC.PER_THREAD)
     row(f"loco._feedback_kernel bits={bits} HASH={h} x={x} HAS_ERROR={err}",
         LC._feedback_kernel, dict(x_ptr=x, ecode_ptr="*i32", escale_ptr=f32,
                                   noise_ptr=i64 if h else x, noise_row=i32,
                                   packed_ptr="*i32", scale_ptr=f32, ecode_out_ptr="*i32",
-                                  escale_out_ptr=f32, n_groups=i32, numel=i32, beta="fp32"),
+                                  escale_out_ptr=f32, n_groups=i32, numel=i32, coeff="fp32"),
         dict(GS=128, BITS=bits, STOCHASTIC=h != 0, HASH=h, HAS_ERROR=err, SMALL=True, **k),
+        T.NUM_WARPS)
+for bits, stochastic, x in ((4, False, "*bf16"), (4, True, "*bf16"), (8, True, f32)):
+    k = T._tile_consts(bits, 128, T.NUM_WARPS * 32 * LC.PER_THREAD,
+                       itemsize=2 if x != f32 else 4, per_thread=LC.PER_THREAD)
+    row(f"loco._feedback_rows_kernel bits={bits} stochastic={stochastic} x={x}",
+        LC._feedback_rows_kernel, dict(x_ptr=x, x_row=i32, errors_ptr=i64, noise_ptr=i64,
+                                       wire_ptr="*i32", row_words=i32, code_words=i32,
+                                       n_groups=i32, numel=i32, coeff="fp32"),
+        dict(GS=128, BITS=bits, STOCHASTIC=stochastic, HASH=N.ONE_KEY, SMALL=True, **k),
         T.NUM_WARPS)
 for bits, h in ((8, 1), (8, RG), (4, RG)):
     v = T.SUM_VALUES_PER_THREAD

@@ -69,9 +69,10 @@ def test_feedback_kernel_equals_torch_ops(n, dtype, rounding):
     run(*pair(rounding=rounding), n, dtype)
 
 
-@pytest.mark.parametrize("beta", [0.0, 0.5, 0.7, 1.0])
+@pytest.mark.parametrize("beta", [0.0, 0.5, 0.8, 0.9, 1.0])
 def test_every_beta_rounds_as_torch_lerp(beta):
-    """torch.lerp's two forms (weight below 0.5, and from 0.5 up) each rounded once."""
+    """torch.lerp's two forms (weight below 0.5, and from 0.5 up) each rounded once, with the
+    float32 coefficient ``beta - 1`` (0.8: float64 ``0.8 - 1`` rounds to another float32)."""
     run(*pair(beta=beta, reset_every=None), 3000, torch.float32, seed=int(beta * 10))
 
 
@@ -148,3 +149,69 @@ def test_a_stored_error_of_another_size_is_refused():
     codes, scales = torch.zeros(256, dtype=torch.uint8), torch.zeros(2)
     with pytest.raises(ValueError, match="expected 384 codes and 3 scales"):
         triton_loco.feedback(torch.randn(300), codes, scales, 0.2, 4, 128)
+
+
+def streams_pair(rounding, beta=0.2):
+    from hfcompress.comm.streams import Streams
+
+    return [Streams(LoCo(GroupQuantizer(4, 128, rounding, seed=3, backend=b), beta=beta,
+                         reset_every=3)) for b in ("triton", "torch")]
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,n", [(1, 1024), (3, 1000), (4, 2048)])
+def test_every_destination_row_in_one_launch_equals_row_by_row(rows, n, dtype, rounding):
+    """A reduce-scatter hop's rows (strided rows of a wider input, exact values riding along),
+    each with its own stream's error (``comm/hop.compress_rows``): one kernel writes the wire
+    and rewrites every stored error in place; the same wire and errors as LoCo's torch ops row
+    by row, over resets and a non-finite step."""
+    from hfcompress.comm.hop import compress_rows
+
+    fused, ref = streams_pair(rounding, beta=0.8 if rows == 4 else 0.2)
+    g = torch.Generator().manual_seed(rows * n)
+    key = lambda k: (k, 0)   # noqa: E731
+    for k in range(rows):    # each row's stream at another point of its noise
+        fused[key(k)].inner.rng.calls = ref[key(k)].inner.rng.calls = 7 * k
+    for t in range(5):
+        x = (torch.randn(rows, n + 64, generator=g) * 3).to(dtype)[:, :n]
+        if t == 2:
+            x[rows - 1, 7], x[0, 300] = float("nan"), float("inf")
+        rider = torch.randn(rows, 6, generator=g).to(dtype)
+        assert torch.equal(compress_rows(fused, x, key, False, rider),
+                           compress_rows(ref, x, key, False, rider))
+        for k in range(rows):
+            check_same_state(fused[key(k)], ref[key(k)])
+        for s in (fused, ref):
+            for loco in s.instances():
+                loco.step()
+
+
+def test_rows_launch_once_and_copy_nothing_from_the_host_once_running(monkeypatch):
+    """One launch per hop whatever the rows; the device table of the errors' addresses is made
+    on the first calls (no error yet, then errors) and after a reset, not in between."""
+    from hfcompress.comm.hop import compress_rows
+    from hfcompress.kernels import triton_loco
+
+    fused, _ = streams_pair("stochastic")
+    tables = []
+    make = LoCo._error_table
+
+    def recorded(self, instances, x):
+        table = make(self, instances, x)
+        tables.append(table)
+        return table
+    monkeypatch.setattr(LoCo, "_error_table", recorded)
+    x = torch.randn(4, 1024)
+    for _ in range(4):
+        compress_rows(fused, x, lambda k: (k, 0), False)
+    assert len({id(t) for t in tables}) == 2 and len(tables) == 4   # no error yet, errors
+    for loco in fused.instances():
+        loco.step()                 # a reset (step 0): new errors, a new table
+    compress_rows(fused, x, lambda k: (k, 0), False)
+    assert len({id(t) for t in tables}) == 3
+    launches = []
+    monkeypatch.setattr(triton_loco._feedback_rows_kernel, "run",
+                        lambda *a, **k: launches.append(k["grid"]))
+    compress_rows(fused, x, lambda k: (k, 0), False)
+    assert len(launches) == 1 and launches[0][1] == 4

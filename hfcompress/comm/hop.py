@@ -69,14 +69,18 @@ def compress_rows(streams: Streams, rows: torch.Tensor, key: Callable[[int], Has
     """The uint8 ``[peers, nbytes]`` send buffer of a hop: row k of 2-D ``rows`` compressed for
     peer k, followed by row k of ``rider`` (exact values, ``riders.py``). Stateless: one
     ``compress_rows`` (``compress_rotated_rows`` if ``rotated``) call, which writes the
-    rider too; stateful: row k through its own stream ``streams[key(k)]`` (the rider in the
-    same ``cat``)."""
+    rider too; stateful: row k through its own stream ``streams[key(k)]``, every row in one
+    ``compress_streams`` call where the scheme has one (LoCo's kernel), else row by row (the
+    rider in the same ``cat``)."""
+    c = streams.compressor
     if not streams.stateful:
-        c = streams.compressor
         return (c.compress_rotated_rows if rotated else c.compress_rows)(rows, rider)
-    return stack_payloads([
-        (streams[key(k)].compress_rotated if rotated else streams[key(k)].compress)(rows[k])
-        for k in range(rows.shape[0])], rider)
+    instances = [streams[key(k)] for k in range(rows.shape[0])]
+    wire = None if rotated else c.compress_streams(instances, rows, rider)
+    if wire is not None:
+        return wire
+    return stack_payloads([(s.compress_rotated if rotated else s.compress)(r)
+                           for s, r in zip(instances, rows)], rider)
 
 
 class Exchange:

@@ -112,6 +112,14 @@ class Compressor:
         (launches independent of the number of peers a collective sends to)."""
         return stack_payloads([self.compress(r) for r in x], tail)
 
+    def compress_streams(self, instances: Sequence["Compressor"], x: torch.Tensor,
+                         tail: torch.Tensor | None = None) -> torch.Tensor | None:
+        """What :meth:`compress_rows` is for a stateful scheme with one instance per row
+        (``comm/streams.py``): row r of 2-D ``x`` compressed by ``instances[r]`` (fresh copies
+        of this one), the ``[rows, nbytes]`` wire with ``tail``'s rows after the payloads, in
+        one call where the scheme can; None: compress row by row."""
+        return None
+
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
                     dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
         """``reduce`` of the payloads in the rows of ``wire`` (uint8 ``[rows, nbytes]``, each

@@ -69,7 +69,10 @@ On a GPU, with a group-quantizing inner of groups of 128 (the error's; the ``loc
 (``kernels/triton_loco.py``): it reads g in its dtype and the stored error once and writes the
 payload and the new error, the numbers of the torch ops of :meth:`LoCo.compress` (its twin,
 bit for bit: every step one IEEE rounding, the lerp one fused multiply-add as torch's), with no
-float32 transient of g. Other settings run those torch ops around the inner's kernels.
+float32 transient of g. A hop's destination rows, one instance each, go through one such
+launch together (:meth:`LoCo.compress_streams`: each error read and rewritten in place through
+a device table of their addresses), so the launches of a reduce-scatter do not grow with the
+world size. Other settings run those torch ops around the inner's kernels, row by row.
 
 Memory (``state_bytes()``): e covers every value this instance sends. In the reduce-scatter
 one instance serves one destination row (1-hop) or one intra-node part (2-hop); together
@@ -90,6 +93,7 @@ import torch
 
 from .. import kernels
 from ..kernels import dispatch
+from ..kernels.packing import payload_buffers
 from .base import Compressor, Packed, check_float_input, pad_to, resolve_inner
 from .group_quant import GroupQuantizer
 from .registry import register_compressor
@@ -128,6 +132,8 @@ class LoCo(Compressor):
         self.numel: int | None = None
         self.error_codes: torch.Tensor | None = None
         self.error_scales: torch.Tensor | None = None
+        #: the device tables of ``compress_streams``, per instance set (their signature)
+        self._tables: dict[tuple[int, ...], tuple[tuple, torch.Tensor, torch.Tensor]] = {}
 
     # -- wire format: the inner's ---------------------------------------------------------
     def payload_spec(self, numel: int) -> dict[str, tuple[torch.dtype, int]]:
@@ -184,6 +190,60 @@ class LoCo(Compressor):
             inner.group_size, inner._keys(x.device))
         self.numel = x.numel()
         return Packed({"codes": codes, "scales": scales}, x.shape, x.dtype)
+
+    def compress_streams(self, instances: Sequence[LoCo], x: torch.Tensor,
+                         tail: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Row r of ``x`` through ``instances[r]`` (its own error), every row in one launch
+        that writes the wire and rewrites each stored error in place
+        (``kernels/triton_loco.feedback_rows``): the numbers of :meth:`compress` row by row.
+        None (row by row) where a row would not run the one-tensor kernel (:meth:`_fused`), a
+        stored error is not 16-byte aligned, or the wire's rows are not whole int32 words."""
+        check_float_input(self.name, x)
+        inner = self.inner
+        if (x.dim() != 2 or x.stride(1) != 1 or not self._fused(x) or inner.bits not in (2, 4, 8)
+                or (tail is not None and tail.shape[1] * tail.element_size() % 4)
+                or not all(i._fused(x) and (i.error_codes is None or (
+                    i.error_codes.data_ptr() % 16 == 0 and i.error_scales.data_ptr() % 16 == 0))
+                           for i in instances)):
+            return None
+        for i in instances:
+            if i.numel is not None and i.numel != x.shape[1]:
+                raise ValueError(f"loco: got {x.shape[1]} values but the error buffer holds "
+                                 f"{i.numel}; use one instance per tensor (fresh())")
+        from ..kernels import triton_loco
+        errors = self._error_table(instances, x)
+        keys = None if inner.rounding != "stochastic" else \
+            _stacked([i.inner._keys(x.device) for i in instances])
+        wire = triton_loco.feedback_rows(x.detach(), errors, keys, self.beta, inner.bits,
+                                         inner.group_size, tail)
+        for i in instances:
+            i.numel = x.shape[1]
+        return wire
+
+    def _error_table(self, instances: Sequence[LoCo], x: torch.Tensor) -> torch.Tensor:
+        """The ``[rows, 3]`` int64 table ``feedback_rows`` reads the instances' errors through
+        (codes' and scales' addresses, 1 where there is an error): buffers allocated for
+        those without one (the kernel writes them), the table made on ``x``'s device only
+        when an address or a flag changed since the last call (the first calls, a reset, a
+        load), so a step copies nothing from the host (and then without a host sync)."""
+        n_groups = -(-x.shape[1] // ERROR_GROUP)
+        rows = []
+        for i in instances:
+            has = i.error_codes is not None
+            if not has:
+                i.error_codes, i.error_scales = payload_buffers(n_groups * ERROR_GROUP, n_groups,
+                                                                x.device)
+            rows.append((i.error_codes.data_ptr(), i.error_scales.data_ptr(), int(has)))
+        key, sig = tuple(map(id, instances)), tuple(rows)
+        cached = self._tables.get(key)
+        if cached is None or cached[0] != sig:
+            if len(self._tables) >= 16:     # instances replaced (a load): drop the old tables
+                self._tables.clear()
+            host = torch.tensor(rows, dtype=torch.int64)
+            if x.is_cuda:   # an asynchronous copy (no host sync); its pinned source kept
+                host = host.pin_memory()
+            cached = self._tables[key] = (sig, host.to(x.device, non_blocking=True), host)
+        return cached[1]
 
     def step(self) -> None:
         """End of optimizer step k: zero e (and so the average e~, module docstring) if
@@ -261,6 +321,11 @@ class LoCo(Compressor):
         scales = state.get("error_scales")
         self.error_codes = None if codes is None else codes.clone()
         self.error_scales = None if scales is None else scales.clone()
+
+
+def _stacked(keys: list[torch.Tensor]) -> torch.Tensor:
+    """The rows' ``(k1, k2)`` keys as ``(rows, 2)``: one row's a view (no kernel)."""
+    return keys[0].unsqueeze(0) if len(keys) == 1 else torch.stack(keys)
 
 
 def check_error_scale(error_scale: Any) -> None:
