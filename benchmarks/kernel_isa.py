@@ -189,9 +189,10 @@ def count(text, trips):
 
 from torch.utils._python_dispatch import TorchDispatchMode
 #: aten ops that launch no kernel on a GPU (allocation, views, metadata)
-FREE = {"empty", "empty_strided", "view", "_unsafe_view", "reshape", "as_strided", "expand",
-        "slice", "select", "t", "transpose", "permute", "unsqueeze", "squeeze", "alias",
-        "detach", "lift_fresh", "_to_copy_noop", "split", "split_with_sizes", "unbind"}
+FREE = {"empty", "empty_strided", "empty_like", "new_empty", "view", "_unsafe_view", "reshape",
+        "as_strided", "expand", "slice", "select", "t", "transpose", "permute", "unsqueeze",
+        "squeeze", "alias", "detach", "lift_fresh", "_to_copy_noop", "split",
+        "split_with_sizes", "unbind"}
 
 class AtenOps(TorchDispatchMode):
     def __init__(self):

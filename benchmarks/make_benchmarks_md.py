@@ -284,7 +284,8 @@ def headline(results: Path) -> str | None:
 
 
 def kernel_isa_section(results: Path, title: str) -> str | None:
-    """Before / after tables of ``kernel_isa/``: SASS per value, and ops per FSDP unit."""
+    """Before / after tables of ``kernel_isa/``: SASS per value, and ops per FSDP unit, each
+    followed by its notes (``table_notes.md``, ``history.md``: what changed since, where)."""
     d = results / "kernel_isa"
     if not (d / "after.csv").exists():
         return None
@@ -303,6 +304,9 @@ def kernel_isa_section(results: Path, title: str) -> str | None:
         b = before.get(name, {}).get("sass_per_value", "-")
         lines.append(f"| {name} | {b} | {r['sass_per_value']} | {r['bar']} | {r['shfl']} | "
                      f"{r['registers']} | {r['launches']} + {r['host_ops']} |")
+    notes = lambda name: [] if not (d / name).exists() else \
+        ["", (d / name).read_text().rstrip()]  # noqa: E731
+    lines += notes("table_notes.md")
     ops_b, ops_a = rows("step_ops_before.csv"), rows("step_ops_after.csv")
     if ops_a:
         lines += ["", "GPU operations per FSDP unit and step (Triton launches, torch kernels, "
@@ -316,6 +320,7 @@ def kernel_isa_section(results: Path, title: str) -> str | None:
             lines.append(f"| {name} | {b.get('ops_per_unit', '-')} | {r['ops_per_unit']} | "
                          f"{b.get('host_ms', '-')} | {r['host_ms']} | "
                          f"{r['host_ratio_vs_none']} |")
+    lines += notes("history.md")
     return "\n".join(lines)
 
 
