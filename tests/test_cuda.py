@@ -522,6 +522,37 @@ def test_compressors_on_the_gpu_equal_the_cpu(compiled_triton, name, params):
                 a.reduce_rows(wa, (x.shape[1],), x.dtype))
 
 
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_loco_feedback_on_the_gpu_equals_the_cpu(compiled_triton, rounding):
+    """LoCo's feedback kernels on the device (one tensor; a hop's rows in one launch, errors
+    rewritten in place) give LoCo's torch ops on the CPU: payloads and stored 8-bit errors,
+    over a reset and a non-finite step, beta in both of torch.lerp's forms."""
+    from hfcompress.comm.hop import compress_rows
+    from hfcompress.comm.streams import Streams
+    from hfcompress.compressors.group_quant import GroupQuantizer
+    from hfcompress.compressors.loco import LoCo
+
+    for beta in (0.2, 0.8):
+        make = lambda b: LoCo(GroupQuantizer(4, 128, rounding, seed=3, backend=b),  # noqa: E731
+                              beta=beta, reset_every=2)
+        one, ref = make("triton"), make("torch")
+        rows, rows_ref = Streams(make("triton")), Streams(make("torch"))
+        key = lambda k: (k, 0)   # noqa: E731
+        for t in range(4):
+            x = values(3 * 4001, 20 + t, torch.bfloat16).reshape(3, -1)
+            if t != 1:
+                x = x.nan_to_num(0, 0, 0)
+            a, b = one.compress(x[0].to(DEVICE_TYPE)), ref.compress(x[0])
+            assert all(same(a.payload[k].cpu(), b.payload[k]) for k in b.payload), (beta, t)
+            wa = compress_rows(rows, x.to(DEVICE_TYPE), key, False, x[:, :6].to(DEVICE_TYPE))
+            assert same(wa.cpu(), compress_rows(rows_ref, x, key, False, x[:, :6])), (beta, t)
+            for got, want in [(one, ref)] + [(rows[key(k)], rows_ref[key(k)]) for k in range(3)]:
+                assert same(got.error_codes.cpu(), want.error_codes), (beta, t)
+                assert same(got.error_scales.cpu(), want.error_scales), (beta, t)
+            for loco in [one, ref, *rows.instances(), *rows_ref.instances()]:
+                loco.step()
+
+
 # -- training: a few steps of every preset at world size 1 -----------------------------------
 STEPS = 4
 _losses: dict[tuple[str, str], list[float]] = {}
