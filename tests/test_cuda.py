@@ -531,7 +531,10 @@ def test_loco_feedback_on_the_gpu_equals_the_cpu(compiled_triton, rounding):
     from hfcompress.comm.streams import Streams
     from hfcompress.compressors.group_quant import GroupQuantizer
     from hfcompress.compressors.loco import LoCo
+    from interpreter_fma import interpreter_fuses_fma
 
+    if not ON_GPU and not interpreter_fuses_fma():
+        pytest.skip("this Triton's interpreter rounds tl.fma twice (a GPU fuses it)")
     for beta in (0.2, 0.8):
         make = lambda b: LoCo(GroupQuantizer(4, 128, rounding, seed=3, backend=b),  # noqa: E731
                               beta=beta, reset_every=2)
