@@ -153,9 +153,7 @@ class LoCo(Compressor):
     # -- error feedback -------------------------------------------------------------------
     def compress(self, x: torch.Tensor) -> Packed:
         check_float_input(self.name, x)
-        if self.numel is not None and self.numel != x.numel():
-            raise ValueError(f"loco: got {x.numel()} values but the error buffer holds "
-                             f"{self.numel}; use one instance per tensor (fresh())")
+        self._check_numel(x.numel())
         if self._fused(x):
             return self._compress_fused(x)
         g = x.detach().reshape(-1).float()
@@ -169,16 +167,30 @@ class LoCo(Compressor):
         self._store(e_avg.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0))
         return Packed(packed.payload, x.shape, x.dtype, packed.meta)
 
+    def _check_numel(self, numel: int) -> None:
+        if self.numel is not None and self.numel != numel:
+            raise ValueError(f"loco: got {numel} values but the error buffer holds "
+                             f"{self.numel}; use one instance per tensor (fresh())")
+
     def _fused(self, x: torch.Tensor) -> bool:
         """``compress`` runs as one Triton kernel (``kernels/triton_loco.py``, the numbers of
-        the torch ops below): a group-quantizing inner of groups of 128 (the error's), the
-        8-bit group error stored whole-word aligned, Triton chosen for ``x``."""
+        the torch ops below): :meth:`_kernel_runs`, the error stored whole-word aligned."""
+        return self._kernel_runs(x) and self._error_at(4)
+
+    def _kernel_runs(self, x: torch.Tensor) -> bool:
+        """A group-quantizing inner of groups of 128 (the error's), the 8-bit group error,
+        Triton chosen for ``x``."""
         inner = self.inner
         return (self.error_scale == "group" and isinstance(inner, GroupQuantizer)
-                and inner.group_size == ERROR_GROUP and dispatch.use_triton(x, inner.backend)
-                and (self.error_codes is None or (self.error_codes.is_contiguous()
-                                                  and self.error_codes.storage_offset() % 4 == 0
-                                                  and self.error_scales.is_contiguous())))
+                and inner.group_size == ERROR_GROUP and dispatch.use_triton(x, inner.backend))
+
+    def _error_at(self, align: int) -> bool:
+        """No stored error, or contiguous codes and scales starting at multiples of ``align``
+        bytes (the kernels read them as int32 words, in place)."""
+        codes, scales = self.error_codes, self.error_scales
+        return codes is None or (codes.is_contiguous() and scales.is_contiguous()
+                                 and codes.data_ptr() % align == 0
+                                 and scales.data_ptr() % align == 0)
 
     def _compress_fused(self, x: torch.Tensor) -> Packed:
         """:meth:`compress` in one launch: reads x and the stored error once, writes the
@@ -196,20 +208,18 @@ class LoCo(Compressor):
         """Row r of ``x`` through ``instances[r]`` (its own error), every row in one launch
         that writes the wire and rewrites each stored error in place
         (``kernels/triton_loco.feedback_rows``): the numbers of :meth:`compress` row by row.
-        None (row by row) where a row would not run the one-tensor kernel (:meth:`_fused`), a
-        stored error is not 16-byte aligned, or the wire's rows are not whole int32 words."""
+        None (row by row) where the one-tensor kernel would not run (:meth:`_kernel_runs`; the
+        instances are this one's fresh copies), a stored error is not 16-byte aligned, or the
+        wire's rows are not whole int32 words."""
         check_float_input(self.name, x)
         inner = self.inner
-        if (x.dim() != 2 or x.stride(1) != 1 or not self._fused(x) or inner.bits not in (2, 4, 8)
+        if (x.dim() != 2 or x.stride(1) != 1 or not self._kernel_runs(x)
+                or inner.bits not in (2, 4, 8)
                 or (tail is not None and tail.shape[1] * tail.element_size() % 4)
-                or not all(i._fused(x) and (i.error_codes is None or (
-                    i.error_codes.data_ptr() % 16 == 0 and i.error_scales.data_ptr() % 16 == 0))
-                           for i in instances)):
+                or not all(i._error_at(16) for i in instances)):
             return None
         for i in instances:
-            if i.numel is not None and i.numel != x.shape[1]:
-                raise ValueError(f"loco: got {x.shape[1]} values but the error buffer holds "
-                                 f"{i.numel}; use one instance per tensor (fresh())")
+            i._check_numel(x.shape[1])
         from ..kernels import triton_loco
         errors = self._error_table(instances, x)
         keys = None if inner.rounding != "stochastic" else \

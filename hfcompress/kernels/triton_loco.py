@@ -129,8 +129,14 @@ def _feedback_rows_kernel(x_ptr, x_row, errors_ptr, noise_ptr, wire_ptr, row_wor
 
 
 def _consts(bits: int, group_size: int, x: torch.Tensor) -> dict:
-    """The tile of ``triton_group_quant`` at :data:`PER_THREAD` values per thread."""
-    return _tile_consts(bits, group_size, _block(x, PER_THREAD), x.element_size(), PER_THREAD)
+    """The tile of ``triton_group_quant`` at :data:`PER_THREAD` values per thread, which must
+    also be the 8-bit error's (one tile serves both quantizations)."""
+    block, size = _block(x, PER_THREAD), x.element_size()
+    k = _tile_consts(bits, group_size, block, size, PER_THREAD)
+    if _tile_consts(ERROR_BITS, group_size, block, size, PER_THREAD)["LOG2V"] != k["LOG2V"]:
+        raise ValueError(f"loco feedback kernel: {bits}-bit codes need another tile than the "
+                         f"8-bit error")
+    return k
 
 
 def lerp_coefficient(beta: float) -> tuple[float, bool]:
@@ -164,9 +170,6 @@ def feedback(x: torch.Tensor, error_codes: torch.Tensor | None,
         raise ValueError(f"loco feedback kernel: a stored error of {error_codes.numel()} codes "
                          f"for {numel} values, expected {padded} codes and {n_groups} scales")
     k = _consts(bits, group_size, x)
-    if _consts(ERROR_BITS, group_size, x)["LOG2V"] != k["LOG2V"]:
-        raise ValueError(f"loco feedback kernel: {bits}-bit codes need another tile than the "
-                         f"8-bit error")
     packed, scale = payload_buffers(packed_nbytes(padded, bits), n_groups, x.device)
     ecodes, escales = payload_buffers(packed_nbytes(padded, ERROR_BITS), n_groups, x.device)
     if n_groups:
