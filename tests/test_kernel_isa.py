@@ -27,6 +27,14 @@ BUDGET = {
     # (53.2 / 54.1 with Triton 3.9; eight launches per row before), a hop's rows in one launch
     "loco_feedback_int4": 56, "loco_feedback_rows_int4": 56,
 }
+#: the same rows compiled by Triton < 3.9 (3.6: torch 2.10-2.12 and the GPU image; run by
+#: ``benchmarks/compat_venv.sh``), whose layout conversions through shared memory cost more
+#: where noted (measured 3.6: stochastic 46.1 / 44.6 / 45.5, Hadamard 58.2 / 57.6 (78.0 / 77.7
+#: before its butterfly stayed in a thread's run), global_qsgd 31.1, LoCo 155.4 / 163.3)
+OLDER_TRITON = {**BUDGET, "quantize_int4_stochastic": 48, "quantize_int8_stochastic": 48,
+                "quantize_int4_stochastic_strided_rows": 48, "hadamard_int4_quantize": 60,
+                "hadamard_int4_quantize_strided_rows": 60, "global_qsgd_quantize": 32,
+                "loco_feedback_int4": 160, "loco_feedback_rows_int4": 168}
 #: rows that must run as one kernel with no tensor op of torch around it
 ONE_PASS = ("qwd_difference_quantize", "global_qsgd_quantize", "dequantize_sum_int4",
             "dequantize_sum_int8", "quantize_int4_stochastic_strided_rows",
@@ -42,11 +50,19 @@ def rows():
     return {r["name"]: r for r in kernel_isa.measure()}
 
 
+def budget(name: str) -> float:
+    """The row's budget for the installed Triton."""
+    import triton
+
+    older = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9)
+    return (OLDER_TRITON if older else BUDGET)[name]
+
+
 @pytest.mark.triton
 @pytest.mark.parametrize("name", sorted(BUDGET))
 def test_sass_per_value_within_budget(rows, name):
     r = rows[name]
-    assert r["sass_per_value"] <= BUDGET[name], r
+    assert r["sass_per_value"] <= budget(name), r
     assert r["registers"] <= 128, r
 
 

@@ -62,6 +62,38 @@ def _fwht(x, ROWS: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr, SCALE: tl
 
 
 @triton.jit
+def _stage(y, LO: tl.constexpr, H: tl.constexpr, HI: tl.constexpr, G: tl.constexpr,
+           R: tl.constexpr, K: tl.constexpr, AXIS_J: tl.constexpr):
+    """One butterfly stage (pairs ``i, i + h``) on a (HI = J, G, R, K) tile of runs, the
+    run's value ``j * K + k``: the J axis (``AXIS_J``, h >= K) or the K axis split as
+    ``(LO, 2, H)``, the pair axis moved last, added and subtracted, moved back."""
+    if AXIS_J:
+        t = tl.permute(tl.reshape(y, (LO, 2, H, G, R, K)), (0, 2, 3, 4, 5, 1))
+        a, b = tl.split(t)
+        t = tl.permute(tl.join(a + b, a - b), (0, 5, 1, 2, 3, 4))
+    else:
+        t = tl.permute(tl.reshape(y, (HI, G, R, LO, 2, H)), (0, 1, 2, 3, 5, 4))
+        a, b = tl.split(t)
+        t = tl.permute(tl.join(a + b, a - b), (0, 1, 2, 3, 5, 4))
+    return tl.reshape(t, (HI, G, R, K))
+
+
+@triton.jit
+def _fwht_runs(y, J: tl.constexpr, G: tl.constexpr, R: tl.constexpr, K: tl.constexpr,
+               LOG2N: tl.constexpr, SCALE: tl.constexpr):
+    """:func:`_fwht` (the same stages, pairs ``i, i + h`` for h = 1, 2, .., n / 2) of every
+    n-block of a (J, G, R, K) tile of runs of ``J * K`` values, ``n`` dividing the run:
+    reshaped along the run's axes only, which stay in the thread's registers (the
+    reshape to (rows, n) of :func:`_fwht` makes Triton 3.6 move the values across lanes)."""
+    for s in tl.static_range(LOG2N):
+        if (1 << s) < K:
+            y = _stage(y, K >> (s + 1), 1 << s, J, G, R, K, False)
+        else:
+            y = _stage(y, (J * K) >> (s + 1), (1 << s) // K, J, G, R, K, True)
+    return y * SCALE
+
+
+@triton.jit
 def _store_codes(packed_ptr, codes, first, b, gmask, BLOCK_G: tl.constexpr, RPG: tl.constexpr,
                  GS: tl.constexpr, RUN: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
                  BPU: tl.constexpr, WORDS: tl.constexpr):
@@ -132,7 +164,9 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_group
     offs = ((g[:, None] * GS + b[None, :] * RUN)[None, :, :, None]
             + (tl.arange(0, J) * K)[:, None, None, None] + tl.arange(0, K)[None, None, None, :])
     y = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if N > 1:  # the butterfly on the n-blocks in memory order
+    if N > 1 and N <= RUN:  # every n-block inside a run: the butterfly in registers
+        y = _fwht_runs(y, J, BLOCK_G, RPG, K, LOG2N, SCALE)
+    elif N > 1:  # the butterfly on the n-blocks in memory order
         y = tl.reshape(tl.permute(y, (1, 2, 0, 3)), (BLOCK_G * RPG * RUN // N, N))
         y = _fwht(y, BLOCK_G * RPG * RUN // N, N, LOG2N, SCALE)
         y = tl.permute(tl.reshape(y, (BLOCK_G, RPG, J, K)), (2, 0, 1, 3))
