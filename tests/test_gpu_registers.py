@@ -121,8 +121,9 @@ for bits, gs, out in [(8, 2048, "*bf16"), (8, 2048, f32), (4, 128, "*bf16")]:
 # one key pair; bf16 or float32 gradients; the first call without an error)
 for bits, h, x, err in ((4, 0, "*bf16", True), (4, 1, "*bf16", True), (4, 0, f32, False),
                         (8, 0, f32, True)):
-    k = T._tile_consts(bits, 128, T.NUM_WARPS * 32 * LC.PER_THREAD,
-                       itemsize=2 if x != f32 else 4, per_thread=LC.PER_THREAD)
+    size = 2 if x != f32 else 4
+    n = LC._values_per_thread(bits, size)   # the launch's values per thread
+    k = T._tile_consts(bits, 128, T.NUM_WARPS * 32 * n, itemsize=size, per_thread=n)
     row(f"loco._feedback_kernel bits={bits} HASH={h} x={x} HAS_ERROR={err}",
         LC._feedback_kernel, dict(x_ptr=x, ecode_ptr="*i32", escale_ptr=f32,
                                   noise_ptr=i64 if h else x, noise_row=i32,
@@ -131,8 +132,9 @@ for bits, h, x, err in ((4, 0, "*bf16", True), (4, 1, "*bf16", True), (4, 0, f32
         dict(GS=128, BITS=bits, STOCHASTIC=h != 0, HASH=h, HAS_ERROR=err, SMALL=True, **k),
         T.NUM_WARPS)
 for bits, stochastic, x in ((4, False, "*bf16"), (4, True, "*bf16"), (8, True, f32)):
-    k = T._tile_consts(bits, 128, T.NUM_WARPS * 32 * LC.PER_THREAD,
-                       itemsize=2 if x != f32 else 4, per_thread=LC.PER_THREAD)
+    size = 2 if x != f32 else 4
+    n = LC._values_per_thread(bits, size)   # the launch's values per thread
+    k = T._tile_consts(bits, 128, T.NUM_WARPS * 32 * n, itemsize=size, per_thread=n)
     row(f"loco._feedback_rows_kernel bits={bits} stochastic={stochastic} x={x}",
         LC._feedback_rows_kernel, dict(x_ptr=x, x_row=i32, errors_ptr=i64, noise_ptr=i64,
                                        wire_ptr="*i32", row_words=i32, code_words=i32,

@@ -169,6 +169,25 @@ def test_every_destination_row_in_one_launch_equals_row_by_row(rows, n, dtype, r
     each with its own stream's error (``comm/hop.compress_rows``): one kernel writes the wire
     and rewrites every stored error in place; the same wire and errors as LoCo's torch ops row
     by row, over resets and a non-finite step."""
+    run_rows(rows, n, dtype, rounding)
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_older_tritons_tile_equals_torch_ops(monkeypatch, dtype, rounding):
+    """Triton < 3.9 runs 16-bit gradients at 8 values per thread (``triton_loco.PER_THREAD``'s
+    note): that tile too, for one tensor and for a hop's rows, gives the torch ops' numbers."""
+    from hfcompress.kernels import triton_loco
+
+    monkeypatch.setattr(triton_loco, "OLDER_TRITON", True)
+    assert [triton_loco._values_per_thread(b, 2) for b in (2, 4, 8)] == [16, 8, 8]
+    assert triton_loco._values_per_thread(4, 4) == 16
+    run(*pair(rounding=rounding), 4096 + 77, dtype)
+    run_rows(3, 1000, dtype, rounding)
+
+
+def run_rows(rows, n, dtype, rounding):
+    """Five calls of a hop's rows through the kernel and through the torch ops row by row."""
     from hfcompress.comm.hop import compress_rows
 
     fused, ref = streams_pair(rounding, beta=0.8 if rows == 4 else 0.2)

@@ -38,8 +38,13 @@ from .triton_tiles import cdiv
 #: the stored error: 8-bit codes, one float32 scale per group of 128 (LoCo 3.2)
 ERROR_BITS, ERROR_GROUP = 8, 128
 #: values per thread: 16, half the group quantizers' 32, keeps the five live tiles (g / h, e,
-#: the levels, the new error) within 128 registers on sm_90 (tests/test_gpu_registers.py)
+#: the levels, the new error) within 128 registers on sm_90 (tests/test_gpu_registers.py; 32:
+#: up to 190). Triton < 3.9 (3.6: torch 2.10-2.12 and the GPU image) spreads a thread's two
+#: 16-byte loads of a 16-bit gradient over two lanes and converts layouts through shared memory:
+#: there 16-bit gradients take 8, one load (bf16 into int4: 155.4 -> 83.4 SASS per value on
+#: sm_90; float32 keeps 16: 65.9, at 8 90.9). Triton 3.9: 16 for every dtype (53.2; at 8 69.0).
 PER_THREAD = 16
+OLDER_TRITON = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9)
 
 
 @triton.jit
@@ -128,12 +133,20 @@ def _feedback_rows_kernel(x_ptr, x_row, errors_ptr, noise_ptr, wire_ptr, row_wor
                    HASH, SMALL)
 
 
+def _values_per_thread(bits: int, itemsize: int) -> int:
+    """Values per thread for ``bits``-bit codes of a gradient of ``itemsize`` bytes
+    (:data:`PER_THREAD`), at least one int32 word of codes (2-bit: 16); the error's tile the
+    same."""
+    return max(8 if OLDER_TRITON and itemsize == 2 else PER_THREAD, 32 // bits)
+
+
 def _consts(bits: int, group_size: int, x: torch.Tensor) -> dict:
-    """The tile of ``triton_group_quant`` at :data:`PER_THREAD` values per thread, which must
-    also be the 8-bit error's (one tile serves both quantizations)."""
-    block, size = _block(x, PER_THREAD), x.element_size()
-    k = _tile_consts(bits, group_size, block, size, PER_THREAD)
-    if _tile_consts(ERROR_BITS, group_size, block, size, PER_THREAD)["LOG2V"] != k["LOG2V"]:
+    """The tile of ``triton_group_quant`` at :func:`_values_per_thread` values per thread,
+    which must also be the 8-bit error's (one tile serves both quantizations)."""
+    n = _values_per_thread(bits, x.element_size())
+    block, size = _block(x, n), x.element_size()
+    k = _tile_consts(bits, group_size, block, size, n)
+    if _tile_consts(ERROR_BITS, group_size, block, size, n)["LOG2V"] != k["LOG2V"]:
         raise ValueError(f"loco feedback kernel: {bits}-bit codes need another tile than the "
                          f"8-bit error")
     return k
