@@ -202,6 +202,13 @@ def kernel_cases(n: int, device) -> list[tuple[str, Callable[[], tuple[Callable,
         impl = dispatch.pick(x, "auto", gq, "triton_group_quant")
         return lambda: impl.quantize_difference(x, ref, 4, 2048), 8 * n + n // 2 + 2 * n // 1024
 
+    def loco():
+        """LoCo's feedback (the loco preset's int4 g128 inner) of bf16 gradients with a stored
+        error: reads g and the 8-bit error, writes the payload and the new error."""
+        c, xb = get_compressor("loco"), x.bfloat16()
+        c.compress(xb)
+        return lambda: c.compress(xb), 2 * n + 2 * (n + n // 32) + n // 2 + n // 32
+
     q = get_compressor("global_qsgd", num_peers=peers, seed=0)
 
     def global_qsgd(scale: bool):
@@ -221,6 +228,7 @@ def kernel_cases(n: int, device) -> list[tuple[str, Callable[[], tuple[Callable,
     return cases + [("hadamard32_rotate", lambda: hadamard(True)),
                     ("hadamard32_int4_quantize", lambda: hadamard(False)),
                     ("qwd_int4_g2048_difference_quantize", qwd),
+                    ("loco_int4_g128_feedback_bf16", loco),
                     ("global_qsgd_local_scale", lambda: global_qsgd(True)),
                     ("global_qsgd_int8_quantize", lambda: global_qsgd(False))]
 
