@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .hadamard import inv_sqrt
+from .triton_butterfly import fwht, fwht_runs
 from .triton_tiles import cdiv, per_program
 
 #: values per program under TRITON_INTERPRET (few large programs: its cost is per program);
@@ -54,13 +55,14 @@ def _bf16_bits(x):
 @triton.jit
 def _rotate(x, R: tl.constexpr, ROWV: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr,
             SCALE: tl.constexpr):
-    """Normalized Walsh-Hadamard transform of every N-block of an (ROWV / 4, R, 4) tile."""
-    y = tl.reshape(tl.permute(x, (1, 0, 2)), (R * ROWV // N, N))
-    for s in tl.static_range(LOG2N):  # pairs (i, i + h), h = 1 << s
-        y = tl.permute(tl.reshape(y, (R * ROWV // N, N >> (s + 1), 2, 1 << s)), (0, 1, 3, 2))
-        a, b = tl.split(y)
-        y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (R * ROWV // N, N))
-    y = y * SCALE
+    """Normalized Walsh-Hadamard transform of every N-block of an (ROWV / 4, R, 4) tile: in
+    each thread's row where N divides it (``triton_butterfly.fwht_runs``), else on the rows'
+    N-blocks in memory order."""
+    if N <= ROWV:
+        y = fwht_runs(tl.reshape(x, (ROWV // 4, 1, R, 4)), ROWV // 4, 1, R, 4, LOG2N, SCALE)
+        return tl.reshape(y, (ROWV // 4, R, 4))
+    y = fwht(tl.reshape(tl.permute(x, (1, 0, 2)), (R * ROWV // N, N)), R * ROWV // N, N, LOG2N,
+             SCALE)
     return tl.permute(tl.reshape(y, (R, ROWV // 4, 4)), (1, 0, 2))
 
 

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from . import triton_dequantize_sum as _dsum
+from .triton_butterfly import fwht, fwht_runs
 from .group_quant import join_rows
 from .hadamard import inv_sqrt
 from .packing import packed_nbytes, payload_buffers, row_wire
@@ -48,49 +49,6 @@ RUN_MAX = 32
 QUANT_WARPS = GPU_BLOCK_ELEMS // (32 * RUN_MAX)
 #: codes per packing unit and bytes per unit, as in packing.py
 _UNIT = {8: (1, 1), 4: (2, 1), 2: (4, 1), 6: (4, 3)}
-
-
-@triton.jit
-def _fwht(x, ROWS: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr, SCALE: tl.constexpr):
-    """Normalized Walsh-Hadamard transform of every row of a float32 (ROWS, N) tile."""
-    for s in tl.static_range(LOG2N):  # pairs (i, i + h), h = 1 << s
-        y = tl.permute(tl.reshape(x, (ROWS, N >> (s + 1), 2, 1 << s)), (0, 1, 3, 2))
-        a, b = tl.split(y)
-        y = tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2))
-        x = tl.reshape(y, (ROWS, N))
-    return x * SCALE
-
-
-@triton.jit
-def _stage(y, LO: tl.constexpr, H: tl.constexpr, HI: tl.constexpr, G: tl.constexpr,
-           R: tl.constexpr, K: tl.constexpr, AXIS_J: tl.constexpr):
-    """One butterfly stage (pairs ``i, i + h``) on a (HI = J, G, R, K) tile of runs, the
-    run's value ``j * K + k``: the J axis (``AXIS_J``, h >= K) or the K axis split as
-    ``(LO, 2, H)``, the pair axis moved last, added and subtracted, moved back."""
-    if AXIS_J:
-        t = tl.permute(tl.reshape(y, (LO, 2, H, G, R, K)), (0, 2, 3, 4, 5, 1))
-        a, b = tl.split(t)
-        t = tl.permute(tl.join(a + b, a - b), (0, 5, 1, 2, 3, 4))
-    else:
-        t = tl.permute(tl.reshape(y, (HI, G, R, LO, 2, H)), (0, 1, 2, 3, 5, 4))
-        a, b = tl.split(t)
-        t = tl.permute(tl.join(a + b, a - b), (0, 1, 2, 3, 5, 4))
-    return tl.reshape(t, (HI, G, R, K))
-
-
-@triton.jit
-def _fwht_runs(y, J: tl.constexpr, G: tl.constexpr, R: tl.constexpr, K: tl.constexpr,
-               LOG2N: tl.constexpr, SCALE: tl.constexpr):
-    """:func:`_fwht` (the same stages, pairs ``i, i + h`` for h = 1, 2, .., n / 2) of every
-    n-block of a (J, G, R, K) tile of runs of ``J * K`` values, ``n`` dividing the run:
-    reshaped along the run's axes only, which stay in the thread's registers (the
-    reshape to (rows, n) of :func:`_fwht` makes Triton 3.6 move the values across lanes)."""
-    for s in tl.static_range(LOG2N):
-        if (1 << s) < K:
-            y = _stage(y, K >> (s + 1), 1 << s, J, G, R, K, False)
-        else:
-            y = _stage(y, (J * K) >> (s + 1), (1 << s) // K, J, G, R, K, True)
-    return y * SCALE
 
 
 @triton.jit
@@ -126,7 +84,7 @@ def _rotate_kernel(x_ptr, out_ptr, n_rows, ROWS: tl.constexpr, N: tl.constexpr,
     offs = r[:, None] * N + tl.arange(0, N)[None, :]
     mask = r[:, None] < n_rows
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, _fwht(x, ROWS, N, LOG2N, SCALE), mask=mask)
+    tl.store(out_ptr + offs, fwht(x, ROWS, N, LOG2N, SCALE), mask=mask)
 
 
 @triton.jit
@@ -165,10 +123,10 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_group
             + (tl.arange(0, J) * K)[:, None, None, None] + tl.arange(0, K)[None, None, None, :])
     y = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if N > 1 and N <= RUN:  # every n-block inside a run: the butterfly in registers
-        y = _fwht_runs(y, J, BLOCK_G, RPG, K, LOG2N, SCALE)
+        y = fwht_runs(y, J, BLOCK_G, RPG, K, LOG2N, SCALE)
     elif N > 1:  # the butterfly on the n-blocks in memory order
         y = tl.reshape(tl.permute(y, (1, 2, 0, 3)), (BLOCK_G * RPG * RUN // N, N))
-        y = _fwht(y, BLOCK_G * RPG * RUN // N, N, LOG2N, SCALE)
+        y = fwht(y, BLOCK_G * RPG * RUN // N, N, LOG2N, SCALE)
         y = tl.permute(tl.reshape(y, (BLOCK_G, RPG, J, K)), (2, 0, 1, 3))
     # the group max of |y| (register axes first), NaN if any is NaN: non-finite iff bad
     absmax = tl.reduce(tl.reduce(tl.reduce(tl.abs(y), 0, _max_nan), 2, _max_nan), 1, _max_nan)
