@@ -28,10 +28,10 @@ import triton
 import triton.language as tl
 
 from . import triton_dequantize_sum as _dsum
-from .triton_butterfly import fwht, fwht_runs
 from .group_quant import join_rows
 from .hadamard import inv_sqrt
 from .packing import packed_nbytes, payload_buffers, row_wire
+from .triton_butterfly import fwht, fwht_runs
 from .triton_noise import ROW_MODES, group_noise_at, noise_operand, row_launch, row_program
 from .triton_tiles import cdiv, per_program, rows_of_groups
 
