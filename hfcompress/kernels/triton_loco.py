@@ -33,7 +33,7 @@ from .packing import packed_nbytes, payload_buffers, row_wire
 from .triton_group_quant import (NUM_WARPS, _block, _decode_tile, _levels, _per_thread,
                                  _store_levels, _tile, _tile_consts)
 from .triton_noise import ONE_KEY, noise_operand
-from .triton_tiles import cdiv
+from .triton_tiles import OLDER_TRITON, cdiv
 
 #: the stored error: 8-bit codes, one float32 scale per group of 128 (LoCo 3.2)
 ERROR_BITS, ERROR_GROUP = 8, 128
@@ -44,7 +44,6 @@ ERROR_BITS, ERROR_GROUP = 8, 128
 #: there 16-bit gradients take 8, one load (bf16 into int4: 155.4 -> 83.4 SASS per value on
 #: sm_90; float32 keeps 16: 65.9, at 8 90.9). Triton 3.9: 16 for every dtype (53.2; at 8 69.0).
 PER_THREAD = 16
-OLDER_TRITON = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9)
 
 
 @triton.jit

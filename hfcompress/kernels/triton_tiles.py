@@ -24,6 +24,9 @@ from .packing import pack_codes, unpack_codes
 #: on a GPU ``GPU_TILE`` over ``NUM_WARPS`` warps, 8 values per thread (<= 128 registers and
 #: no spill on sm_90: tests/test_gpu_registers.py)
 TILE, GPU_TILE, NUM_WARPS = 8192, 2048, 8
+#: the installed Triton is older than 3.9 (3.6: torch 2.10-2.12, the GPU image), whose layout
+#: choices some kernels' tiles are tuned for (``triton_loco``; ``tests/test_kernel_isa.py``)
+OLDER_TRITON = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9)
 
 
 def cdiv(a: int, b: int) -> int:
