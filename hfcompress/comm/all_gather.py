@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from ..compressors.base import Compressor, ReferenceCoded
 from ..compressors.runs import Runs
+from ..kernels.packing import flat_contiguous
 from .hop import all_gather_single
 from .futures import finish, inline, overlaps, side_stream_call
 from .reference_gather import ShardedReferences
@@ -81,14 +82,16 @@ class QuantizedAllGather(StreamOwner):
         launch = overlaps(input.device, async_op)
         if self.compressor is None:
             self._record(s * input.element_size(), group, me)
-            work = all_gather_single(output.view(-1), input.reshape(-1).contiguous(),
+            work = all_gather_single(output.view(-1), flat_contiguous(input),
                                      group=group, async_op=launch)
             return finish(work, None, async_op, input.device)
         if s == 0:
             return finish(None, None, async_op, input.device)
-        flat = input.reshape(-1)
+        flat = input if input.dim() == 1 else input.reshape(-1)
         # may be row-strided (FSDP's compressed columns)
-        out = output.view(world, s if columns is None else -1)
+        out = output if output.dim() == 2 and output.shape[0] == world and \
+            (columns is not None or output.shape[1] == s) else \
+            output.view(world, s if columns is None else -1)
         if self.references is not None:
             return self.references(out, flat, group, unchanged, self.meter, self.tag, async_op,
                                    exact=exact, columns=columns)

@@ -91,7 +91,8 @@ class Exchange:
     def __init__(self, send: torch.Tensor, group: dist.ProcessGroup, meter: WireMeter | None,
                  tag: str, remote: tuple[bool, ...], async_op: bool = False) -> None:
         self.count, self.nbytes = send.shape
-        self.send = send.contiguous().reshape(-1)  # kept alive until the exchange is done
+        # kept alive until the exchange is done; rows split along dim 0 (no flat views)
+        self.send = send if send.is_contiguous() else send.contiguous()
         self.recv = torch.empty_like(self.send)
         self.work = dist.all_to_all_single(self.recv, self.send, group=group, async_op=async_op)
         if meter is not None:
@@ -99,7 +100,7 @@ class Exchange:
 
     def received(self) -> torch.Tensor:
         """The received rows (valid once the exchange is done)."""
-        return self.recv.view(self.count, self.nbytes)
+        return self.recv
 
     def wait(self) -> torch.Tensor:
         if self.work is not None:

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..compressors.base import Compressor
+from ..kernels.packing import flat_contiguous
 from .hop import Exchange, compress_rows, reduce_scatter_single
 from .one_rank import skips
 from .riders import check_exact, detach, rider_nbytes
@@ -88,7 +89,7 @@ def sum_target(output: torch.Tensor, op: Any) -> torch.Tensor | None:
     into a contiguous float32 output: :func:`write_result` would only copy), else None."""
     if (op is _SUM or (premul_factor(op) is None and op == _SUM)) \
             and output.dtype == torch.float32 and output.is_contiguous():
-        return output.view(-1)
+        return output if output.dim() == 1 else output.view(-1)
     return None
 
 
@@ -97,7 +98,8 @@ def final_sum(values: torch.Tensor, out: torch.Tensor, op: Any, world: int) -> N
     PREMUL_SUM), in ``out``'s dtype; one op for a SUM into float32."""
     target = sum_target(out, op)
     if target is not None:
-        torch.sum(values.reshape(values.shape[0], -1), 0, dtype=torch.float32, out=target)
+        torch.sum(values if values.dim() == 2 else values.reshape(values.shape[0], -1), 0,
+                  dtype=torch.float32, out=target)
         return
     write_result(out, torch.sum(values, 0, dtype=torch.float32), op, world)
 
@@ -124,7 +126,7 @@ class QuantizedReduceScatter(StreamOwner):
         if self.compressor is None:
             if self.meter is not None:
                 self.meter.record_sends(self.tag, s * input.element_size(), remote, me)
-            flat, op = exact_op(input.reshape(-1).contiguous(), op, group)
+            flat, op = exact_op(flat_contiguous(input), op, group)
             reduce_scatter_single(output, flat, op=op, group=group)
             return
         check_scatter_op(op)

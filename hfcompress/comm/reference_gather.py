@@ -46,7 +46,7 @@ from ..compressors.runs import Runs, put, view
 from .hop import all_gather_single
 from .futures import finish, overlaps
 from .one_rank import skips
-from .riders import detach, rider_nbytes
+from .riders import as_row, detach, rider_nbytes
 from .topology import Topology
 from .traffic import Phase, gather, payload_bytes
 from .wire_meter import WireMeter, peer_is_remote, sends
@@ -171,7 +171,7 @@ class ShardedReferences:
             raise ValueError("qwd: exact columns ride step 1 only (sends_differences(), no "
                              "frozen columns)")
         if step1:
-            riding = None if exact is None else exact[0].reshape(1, -1)
+            riding = None if exact is None else as_row(exact[0])
             exchanged = y > 1 or not skips(y)   # then the values ride the row the kernel writes
             row = self.qwd.wire_slot(flat, route.row, y, riding if exchanged else None)
             if sent is not None:
@@ -179,8 +179,7 @@ class ShardedReferences:
             n = row.shape[1] - rider_nbytes(riding if exchanged else None)
             if exchanged:
                 wire = torch.empty(y, row.shape[1], dtype=torch.uint8, device=row.device)
-                work = all_gather_single(wire.view(-1), row.view(-1), group=route.inter,
-                                         async_op=launch)
+                work = all_gather_single(wire, row, group=route.inter, async_op=launch)
             else:   # this rank alone holds its slot: nothing to send
                 wire = row
 

@@ -38,6 +38,11 @@ def detach(wire: torch.Tensor, nbytes: int, dtype: torch.dtype | None
     return wire[:, :nbytes], raw.view(dtype)
 
 
+def as_row(values: torch.Tensor) -> torch.Tensor:
+    """``values`` as one ``[1, E]`` row: itself where it is one (no torch call)."""
+    return values if values.dim() == 2 and values.shape[0] == 1 else values.reshape(1, -1)
+
+
 def forwarded(values: torch.Tensor) -> torch.Tensor:
     """What an intermediate hop sends on: ``[k, Y, E]`` contributions -> ``[Y, E]``, the only
     one as it is, or their sum (float32 accumulation, peer order) rounded to their dtype, as

@@ -91,7 +91,7 @@ class TwoHopReduceScatter(StreamOwner):
             bounds = self._checked[key] = self._check(output, input, group, exact)
         check_scatter_op(op)
         s = output.numel()
-        rows = input.reshape(p, s)
+        rows = input if input.shape == (p, s) else input.reshape(p, s)
         # SDP4Bit 3.3: H once per row, in the first hop that compresses (the intra-node hop,
         # else the inter-node one); the sums stay in the rotated domain. Pipeline chunks cut
         # the rows: then the whole rows are rotated first, so that every Hadamard block is
@@ -195,7 +195,7 @@ class TwoHopReduceScatter(StreamOwner):
         x, y = self.topology.ranks_per_node, self.topology.num_nodes
         a, b = bounds[c]
         if x == 1:   # no intra-node hop: this rank's rows as they are (not rotated yet)
-            part = rows[:, a:b]
+            part = rows if (a, b) == (0, rows.shape[1]) else rows[:, a:b]
             riding = None if exact is None else exact.unsqueeze(0)
             return lambda: (part, riding)
         width = b - a
@@ -237,7 +237,8 @@ class TwoHopReduceScatter(StreamOwner):
         exchanged) and handed to ``finish_exact``."""
         if self.raw_inter:  # compression off sends the input's dtype, as torch's collective
             partial = partial.to(dtype)
-        parts = partial.reshape(self.topology.num_nodes, width)
+        shape = (self.topology.num_nodes, width)
+        parts = partial if partial.shape == shape else partial.reshape(shape)
         if self._alone():   # one node: nothing to send
             rotate = self.streams["inter"].compressor.rotate if inverse else torch.Tensor.float
 
@@ -276,7 +277,8 @@ class TwoHopReduceScatter(StreamOwner):
 
         def finish() -> tuple[torch.Tensor, torch.Tensor | None]:
             got, values = detach(ex.take(), nbytes, rider_dtype)
-            return reduce(got, (width,), dtype, out=out).reshape(-1).float(), values
+            total = reduce(got, (width,), dtype, out=out)
+            return (total if total.dim() == 1 else total.reshape(-1)).float(), values
         return finish
 
 

@@ -211,8 +211,10 @@ class HadamardQuantizer(Compressor):
         written into ``out`` by the kernel where it holds whole groups (else copied)."""
         impl = self._impl(codes)
         if out is not None and shape.numel() % self.group_size == 0:
-            return impl.dequantize_sum(codes, scales, self.bits, self.group_size,
-                                       self.hadamard_size, inverse, out=out.view(-1)).view(shape)
+            flat = impl.dequantize_sum(codes, scales, self.bits, self.group_size,
+                                       self.hadamard_size, inverse,
+                                       out=out if out.dim() == 1 else out.view(-1))
+            return flat if flat.shape == shape else flat.view(shape)
         total = impl.dequantize_sum(codes, scales, self.bits, self.group_size,
                                     self.hadamard_size, inverse)
         return into(total[:shape.numel()].reshape(shape), out)

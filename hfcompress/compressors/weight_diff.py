@@ -103,8 +103,12 @@ class WeightDifferenceQuantizer(Compressor):
         E]``, written by the inner's kernel where it is a ``GroupQuantizer`` (no ``cat``)."""
         if self.reference is None or not isinstance(self.inner, GroupQuantizer):
             return stack_payloads([self.compress_slot(x, row, rows)], tail)
-        ref = self._rows(rows, x.numel())[row].view(x.shape)
-        return self.inner.compress_difference_row(x.detach(), ref, tail)
+        n = x.numel()
+        self._check_rows(rows, n)   # the row sliced flat: one torch call, not three
+        ref = self.reference[row * n:(row + 1) * n]
+        return self.inner.compress_difference_row(
+            x.detach() if x.requires_grad else x, ref if x.dim() == 1 else ref.view(x.shape),
+            tail)
 
     def _encode(self, x: torch.Tensor, ref: torch.Tensor | None, unchanged: bool) -> Packed:
         check_float_input(self.name, x)
@@ -197,10 +201,13 @@ class WeightDifferenceQuantizer(Compressor):
                       for offset, width in fields for k in groups)
 
     def _rows(self, rows: int, numel: int) -> torch.Tensor:
+        self._check_rows(rows, numel)
+        return self.reference.view(rows, numel)
+
+    def _check_rows(self, rows: int, numel: int) -> None:
         if self.reference.numel() != rows * numel:
             raise ValueError(f"qwd: {rows} rows of {numel} values do not match the reference "
                              f"of {self.reference.numel()} values")
-        return self.reference.view(rows, numel)
 
     def _replace(self, new: torch.Tensor) -> None:
         """w~ <- ``new``, a fresh tensor the decode made (no copy into the old w~). On CUDA the

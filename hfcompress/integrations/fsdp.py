@@ -35,7 +35,7 @@ from ..comm.frozen import FrozenParams
 from ..comm.futures import FutureWork, finish_all, inline, side_stream_call
 from ..compressors.base import FLOAT_DTYPES
 from ..compressors.registry import build_compressor
-from ..compressors.runs import put, view
+from ..compressors.runs import one_run, put, view
 from ..config import CompressionConfig, upgrade_dict
 from ..cost.hops import gradient_hops
 from ..cost.units import Unit, hpz_reshard
@@ -239,19 +239,18 @@ class FSDPReduceScatter(_Alloc, _fsdp2.ReduceScatter):
             world = group.size()
             comp_in, exact_in = layout.split(input_tensor.view(world, -1))
             # each column set reduced straight into the output where it is one run (a slice)
-            row = output_tensor.view(1, -1)
+            flat = output_tensor if output_tensor.dim() == 1 else output_tensor.view(-1)
             outs = []
             for runs, cols in ((layout.compressed_runs, comp_in),
                                (layout.exact_runs, exact_in)):
-                out = view(row, runs)
+                out = one_run(flat, runs)
                 outs.append((runs, out, out if out is not None else torch.empty(
-                    1, cols.shape[1], dtype=output_tensor.dtype, device=output_tensor.device)))
+                    cols.shape[1], dtype=output_tensor.dtype, device=output_tensor.device)))
             # the exact columns ride the compressed exchange (comm/riders.py)
-            self.compressed(outs[0][2].view(-1), comp_in, op, group,
-                            exact=(exact_in, outs[1][2].view(-1)))
+            self.compressed(outs[0][2], comp_in, op, group, exact=(exact_in, outs[1][2]))
             for runs, out, buf in outs:
                 if out is None:
-                    put(row, runs, buf)
+                    put(flat, runs, buf)
         return None
 
     def _layout(self, numel: int) -> SlotLayout | None:

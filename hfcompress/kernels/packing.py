@@ -41,6 +41,12 @@ def payload_buffers(nbytes: int, n_groups: int, device) -> tuple[torch.Tensor, t
     return buf[:nbytes], buf[nbytes:].view(torch.float32)
 
 
+def flat_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t.reshape(-1).contiguous()``, ``t`` itself where it already is that (what a kernel
+    reads by pointer): each torch call costs the host ~2-4 us, a step makes hundreds."""
+    return t if t.dim() == 1 and t.is_contiguous() else t.reshape(-1).contiguous()
+
+
 def tail_bytes(tail: torch.Tensor | None) -> torch.Tensor | None:
     """``[rows, E]`` values (any dtype, any strides) as their ``[rows, E * itemsize]``
     bytes: what rides after each row's payload on a wire (``comm/riders.py``)."""
@@ -67,7 +73,10 @@ def row_wire(rows: int, code_bytes: int, groups: int, device,
     if extra is not None:
         wire[:, width - extra.shape[1]:].copy_(extra)
     words = wire.view(torch.int32)
-    return wire, words, words.view(torch.float32).view(-1)[code_bytes // 4:]
+    scales = words.view(torch.float32)   # row 0's first scale on: one strided view
+    first = code_bytes // 4
+    return wire, words, scales.as_strided((scales.numel() - first,), (1,),
+                                          scales.storage_offset() + first)
 
 
 def _steps(bits: int) -> list[tuple[int, int, int]]:

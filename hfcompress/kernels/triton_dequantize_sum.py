@@ -161,8 +161,10 @@ def _source(packed: torch.Tensor, upr: int) -> tuple[torch.Tensor, int]:
     power of two <= min(upr, 4) their alignment allows; else the bytes (``V`` 0)."""
     if packed.storage_offset() % 4 or (packed.shape[0] > 1 and packed.stride(0) % 4):
         return packed, 0
-    stride = packed.stride(0) if packed.shape[0] > 1 else packed.shape[1]
-    words = torch.as_strided(packed, packed.shape, (stride, 1)).view(torch.int32)
+    if packed.shape[0] > 1:
+        words = packed.view(torch.int32)    # its strides: (row stride, 1), a multiple of 4
+    else:   # one row: its stride set to its width (the kernel steps by it)
+        words = torch.as_strided(packed, packed.shape, (packed.shape[1], 1)).view(torch.int32)
     v = min(upr, 4)
     while v > 1 and (words.data_ptr() % (4 * v) or words.stride(0) % v):
         v //= 2

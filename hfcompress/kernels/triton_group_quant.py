@@ -32,7 +32,7 @@ import triton.language as tl
 
 from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
-from .packing import _UNIT, packed_nbytes, payload_buffers, row_wire
+from .packing import _UNIT, flat_contiguous, packed_nbytes, payload_buffers, row_wire
 from .triton_noise import ROW_MODES, group_noise_at, noise_operand, row_launch, row_program
 from .triton_tiles import cdiv, per_program, rows_of_groups
 
@@ -390,7 +390,7 @@ def _packed(numel: int, bits: int, bpu: int, n_groups: int,
 def _quantize(x: torch.Tensor, ref: torch.Tensor | None, bits: int, group_size: int,
               noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`quantize` of ``x`` (``ref`` None) or of ``x - ref`` zero-padded to whole groups."""
-    x = x.reshape(-1).contiguous()
+    x = flat_contiguous(x)
     numel = x.numel()
     n_groups = (numel if ref is None else numel + group_size - 1) // group_size
     k = _tile_consts(bits, group_size, _block(x), x.element_size())
@@ -411,7 +411,7 @@ def _launch_quantize(x: torch.Tensor, ref: torch.Tensor | None, noise: torch.Ten
     grid, hashed = row_launch(numel, n_groups, gpr, row_words, group_size, k["BLOCK_G"],
                               hashed, row)
     _quantize_kernel[grid](
-        x, x if ref is None else ref.reshape(-1).contiguous(), u, row, words, scale, n_groups,
+        x, x if ref is None else flat_contiguous(ref), u, row, words, scale, n_groups,
         numel, gpr, row_words, x.stride(0) if x.dim() == 2 else 0, GS=group_size, BITS=bits,
         STOCHASTIC=noise is not None, HASH=hashed, DIFF=ref is not None,
         RAGGED=numel % group_size != 0, ROWS=row_words > 0,
@@ -433,7 +433,7 @@ def _rows(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, group
     """:func:`quantize_rows` of ``x`` (``ref`` None) or of ``x - ref`` (one row, zero-padded
     to whole groups); rows of whole groups are read in place (:func:`rows_of_groups`)."""
     if ref is not None or rows_of_groups(x, rows, group_size) is None:
-        x = x.reshape(-1).contiguous()
+        x = flat_contiguous(x)
     n_groups = (x.numel() if ref is None else x.numel() + group_size - 1) // group_size
     k = _tile_consts(bits, group_size, _block(x), x.element_size())
     gpr = n_groups // rows
@@ -523,7 +523,7 @@ def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
     copied flat first. ``also`` (``ref``'s dtype and number of values): written with the
     result too, by the kernel where its rows (``[rows, numel]`` of the payload's rows, unit
     column stride) can be, else copied."""
-    flat = ref.reshape(-1).contiguous()
+    flat = ref if ref.is_contiguous() else ref.contiguous()   # the kernel reads it flat
     out = torch.empty_like(flat)
     numel = flat.numel()
     if numel:
@@ -549,7 +549,7 @@ def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
             ALSO=second is not None, **k, num_warps=NUM_WARPS, enable_fp_fusion=False)
         if second is None:
             _twin.also_into(out, also)
-    return out.view(ref.shape)
+    return out
 
 
 def _also_rows(also: torch.Tensor | None, ref: torch.Tensor,

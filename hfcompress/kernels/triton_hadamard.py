@@ -30,7 +30,7 @@ import triton.language as tl
 from . import triton_dequantize_sum as _dsum
 from .group_quant import join_rows
 from .hadamard import inv_sqrt
-from .packing import packed_nbytes, payload_buffers, row_wire
+from .packing import flat_contiguous, packed_nbytes, payload_buffers, row_wire
 from .triton_butterfly import fwht, fwht_runs
 from .triton_noise import ROW_MODES, group_noise_at, noise_operand, row_launch, row_program
 from .triton_tiles import cdiv, per_program, rows_of_groups
@@ -224,7 +224,7 @@ def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadama
     after them), no ``cat``; codes in bytes, or rows not whole words, go through the twin's
     join. Rows of whole groups are read in place (``triton_tiles.rows_of_groups``)."""
     if rows_of_groups(x, rows, group_size) is None:
-        x = x.reshape(-1).contiguous()
+        x = flat_contiguous(x)
     n_groups = x.numel() // group_size
     k = _consts(bits, group_size, hadamard_size, _block(x))
     gpr = n_groups // rows

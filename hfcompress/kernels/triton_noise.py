@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from . import noise
+from .packing import flat_contiguous
 from .triton_tiles import cdiv
 
 #: values per program (few large programs: cheap under TRITON_INTERPRET; on GPU 16 lanes
@@ -158,7 +159,7 @@ def noise_operand(noise: torch.Tensor | None, numel: int, unused: torch.Tensor,
     if noise.dtype != torch.float32 or noise.numel() != numel:
         raise ValueError(f"noise must be {numel} float32 values or int64 keys (k1, k2), got "
                          f"{noise.dtype} with {noise.numel()} elements")
-    return noise.reshape(-1).contiguous(), VALUES, 1
+    return flat_contiguous(noise), VALUES, 1
 
 
 @triton.jit
