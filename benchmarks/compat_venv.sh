@@ -6,7 +6,8 @@
 #      (what the GPU runs, on gloo with Triton interpreted);
 #   2. the tests of every FSDP2 / DDP / HSDP code path that need no datasets or lm-eval
 #      (N-D meshes: FSDP2 x TP, native HSDP through the Trainer, auto on a sub-mesh), and
-#      the sm_90 instruction budgets of the hot kernels as Triton 3.6 compiles them.
+#      the sm_90 instruction budgets of the hot kernels and every kernel's registers (<= 128,
+#      no spill) as Triton 3.6 compiles them.
 #
 #   bash benchmarks/compat_venv.sh [VENV]          # default .venv-compat; reused when present
 #   TORCH=2.12.0 bash benchmarks/compat_venv.sh .venv-2.12    # another torch (its own triton)
@@ -34,4 +35,4 @@ PYTHONPATH=$PWD "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider \
     tests/test_handle.py tests/test_stream_contract.py tests/test_one_rank.py \
     tests/test_ddp_async.py tests/test_all_reduce.py tests/test_fsdp_tp.py \
     tests/test_trainer_tp.py tests/test_auto_submesh.py tests/test_auto.py tests/test_riders.py \
-    tests/test_kernel_isa.py
+    tests/test_kernel_isa.py tests/test_gpu_registers.py

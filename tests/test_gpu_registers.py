@@ -27,6 +27,7 @@ SHARDS = 2      # subprocesses compiling at once; shard i compiles rows i, i + S
 
 _SCRIPT = r"""
 import contextlib, io, re
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
@@ -167,8 +168,9 @@ for bits, n, h, xrows in [(b, n, h, False) for b in (4, 8) for n in (32, 1) for 
              ROWS=h == RG, XROWS=xrows),
         H.QUANT_WARPS)
 
-# triton_dequantize_sum: the decode-sums of both (8 peers unrolled; 16 unrolled and the loop
-# past MAX_UNROLL; bytes where the payload is not 4-byte aligned, unrolled up to
+# triton_dequantize_sum: the decode-sums of both (8 peers unrolled; 16 unrolled, as
+# _sum_consts unrolls them: in the loop on Triton < 3.9 past OLDER_UNROLL_ROW_BYTES, "(loop)";
+# and the loop past MAX_UNROLL; bytes where the payload is not 4-byte aligned, unrolled up to
 # MAX_UNROLL_BYTES, a loop beyond; 6 bits), group quant at 128 / 2048
 # (the Hadamard sum without the inverse), the inverse of n 32 fused, float32 and bfloat16
 dsum = [(b, g, 1, 8, o, True) for b in (4, 8) for g in (128, 2048) for o in (False, True)]
@@ -176,11 +178,16 @@ dsum += [(b, 128, 32, 8, o, True) for b in (4, 8) for o in (False, True)]
 dsum += [(4, 128, 1, 16, False, True), (8, 128, 32, 16, True, True), (4, 128, 32, 0, True, True),
          (8, 128, 32, 0, True, False), (8, 128, 1, 4, False, False), (6, 128, 1, 5, True, False)]
 for bits, gs, n, peers, bf16, words in dsum:
+    k = D.row_layout(bits, gs, n)
+    v = min(k["UPR"], 4) if words else 0
+    unrolled = peers and D._sum_consts(bits, gs, n, n > 1, True, torch.bfloat16 if bf16 else
+                                       torch.float32, peers, v)["PEERS"]
     row(f"dequantize_sum._dequantize_sum_kernel bits={bits} gs={gs} n={n} peers={peers} "
-        f"bf16={bf16} words={words}", D._dequantize_sum_kernel,
+        f"bf16={bf16} words={words}{'' if unrolled == peers else ' (loop)'}",
+        D._dequantize_sum_kernel,
         dict(src_ptr="*i32" if words else u8, scale_ptr=f32, out_ptr="*u16" if bf16 else f32,
              n_rows=i32, n_peers=i32, src_stride=i32, scale_stride=i32, BIG="fp32"),
-        dict(PEERS=peers, GS=gs, BITS=bits, **(k := D.row_layout(bits, gs, n)),
+        dict(PEERS=unrolled, GS=gs, BITS=bits, **k,
              V=min(k["UPR"], 4) if words else 1, WORDS=words,
              R=D.GPU_ROWS, N=n, LOG2N=n.bit_length() - 1, SCALE=H.inv_sqrt(n), INVERSE=n > 1,
              CLIP=bf16 and n > 1, OUT_BF16=bf16), D.NUM_WARPS)
@@ -224,7 +231,8 @@ for bf16 in (False, True):
 # one key pair or row keys (ROW_KEYS_WIDE: tensors past 2G values); one scale, one per
 # program or one per value (SCALES 0 / 1 / 2; linear: the wide tile with one key pair and a
 # scale per program, else the small one); whole programs or a ragged tail (EVEN); the local
-# scale (whole blocks per program, or atomic_max of a long block's segments)
+# scale (whole blocks per program, or atomic_max of a long block's segments); a ragged wide
+# tile is GPU_LINEAR_RAGGED (16 values per thread on Triton < 3.9)
 blk = dict(BLOCK=GQ.GPU_BLOCK)
 for h, sc, even in [(1, 0, True), (1, 0, False), (1, 1, False), (1, 2, False), (RK, 0, False),
                     (RK, 2, False), (RW, 0, False), (RW, 2, False)]:
@@ -234,7 +242,8 @@ for h, sc, even in [(1, 0, True), (1, 0, False), (1, 1, False), (1, 2, False), (
         dict(x_ptr=f32, scale_ptr=f32, noise_ptr=i64, noise_row=i32, out_ptr="*i8", n=i32,
              per=i32, levels="fp32"),
         dict(HASH=h, SCALES=sc, EVEN=even,
-             BLOCK=GQ.GPU_LINEAR_BLOCK if wide else GQ.GPU_LINEAR_SMALL), GQ.NUM_WARPS)
+             BLOCK=(GQ.GPU_LINEAR_BLOCK if even else GQ.GPU_LINEAR_RAGGED) if wide
+             else GQ.GPU_LINEAR_SMALL), GQ.NUM_WARPS)
 for out, sc in [(o, s) for o in (f32, "*bf16") for s in (0, 2)]:
     row(f"global_qsgd._linear_dequantize_kernel out={out} SCALES={sc}",
         GQ._linear_dequantize_kernel,

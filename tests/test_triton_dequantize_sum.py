@@ -99,6 +99,27 @@ def test_hadamard_sum_equals_twin(ds, bits, gs, n, p):
         assert same(got, hk.dequantize_sum(packed, scale, bits, gs, n, inverse)), inverse
 
 
+def test_older_tritons_loop_past_their_unroll_bytes(ds, monkeypatch):
+    """Triton < 3.9 keeps every unrolled peer's loads in flight (16 peers of int8 rows of 32
+    values: 150 registers): there peers past ``OLDER_UNROLL_ROW_BYTES`` per thread run in the
+    loop; 8 of them, and 16 of int4, stay unrolled; Triton 3.9 unrolls all 16. The loop's sum
+    is the twin's."""
+    consts = lambda bits, peers: ds._sum_consts(  # noqa: E731
+        bits, 128, 32, True, True, torch.bfloat16, peers, 4)["PEERS"]
+    monkeypatch.setattr(ds, "OLDER_TRITON", True)
+    ds._sum_consts.cache_clear()
+    try:
+        assert (consts(8, 16), consts(8, 8), consts(4, 16)) == (0, 8, 16)
+        packed, scale = payloads(16, 3, 8, 128, seed=5)
+        got = ds.dequantize_sum(packed, scale, 8, 128, torch.float32, 32, True, clip=True)
+        assert same(got, hk.dequantize_sum(packed, scale, 8, 128, 32, True))
+        monkeypatch.setattr(ds, "OLDER_TRITON", False)
+        ds._sum_consts.cache_clear()
+        assert consts(8, 16) == 16
+    finally:
+        ds._sum_consts.cache_clear()
+
+
 class Launches:
     """Stands in for the kernel: records each launch's arguments, runs nothing."""
 

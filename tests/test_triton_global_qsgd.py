@@ -194,6 +194,24 @@ def test_linear_keys_whole_and_ragged_programs(dtype):
                           twin.linear_dequantize(q.long() * 3, scale, 31, out, bs))
 
 
+@pytest.mark.parametrize("ragged", [tri.GPU_LINEAR_BLOCK, tri.GPU_LINEAR_BLOCK // 2])
+def test_gpu_tile_of_a_ragged_launch(monkeypatch, ragged):
+    """A GPU's wide tile: 32 values per thread (GPU_LINEAR_BLOCK), 16 where the last program
+    is ragged on Triton < 3.9 (``GPU_LINEAR_RAGGED``: 145 registers at 32 there); whole
+    programs keep 32, and the codes are the twin's at either tile (one key pair, a scale per
+    tensor and per program)."""
+    monkeypatch.setattr(tri, "per_program", lambda t, interpreted, gpu: gpu)
+    monkeypatch.setattr(tri, "GPU_LINEAR_RAGGED", ragged)
+    wide, keys = tri.GPU_LINEAR_BLOCK, torch.tensor([0x9E3779B9, 0x7F4A7C15])
+    whole = torch.empty(2 * wide)
+    assert tri._linear_tiles(whole, None, 2 * wide, True, ragged)[0] == wide
+    assert tri._linear_tiles(whole, None, 2 * wide + 5, True, ragged)[0] == ragged
+    x, _ = inputs(2 * wide + 5, torch.bfloat16, 14)
+    for bs, scale in ((None, torch.tensor([0.9])), (wide, block_scales(x.numel(), wide, 15))):
+        q = tri.linear_quantize(x, scale, 127, keys, torch.int8, bs)
+        same_bits(q, twin.linear_quantize(x, scale, 127, keys, torch.int8, bs))
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 def test_exp_scale_per_program(bits):
     """Exponential codes with one block scale per program (block_size 2 * BLOCK values) and

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .hadamard import inv_sqrt
 from .triton_butterfly import fwht, fwht_runs
-from .triton_tiles import cdiv, per_program
+from .triton_tiles import OLDER_TRITON, cdiv, per_program
 
 #: values per program under TRITON_INTERPRET (few large programs: its cost is per program);
 #: on a GPU ``GPU_ROWS`` rows per program, one per thread of ``NUM_WARPS`` warps (<= 128
@@ -38,6 +38,11 @@ GPU_ROWS = 32 * NUM_WARPS
 #: peers summed in straight-line code (a compiled variant per count); more run in a loop, as
 #: do byte loads of more than ``MAX_UNROLL_BYTES`` per thread (a register each, all in flight)
 MAX_UNROLL, MAX_UNROLL_BYTES = 16, 32
+#: Triton < 3.9 keeps every unrolled peer's loads in flight: past ``OLDER_UNROLL_ROW_BYTES``
+#: per thread (16 peers of int8 rows of 32 values: 512) that is 150 registers (> 128); there
+#: more peers run in the loop (108 registers, 8.5 SASS per peer value either way). Triton 3.9
+#: unrolls them in 80 (6.0; the loop: 7.8).
+OLDER_UNROLL_ROW_BYTES = 256
 #: the largest Hadamard block rotated inside a thread's row; a row's bytes of one peer (if
 #: its values lie in one group): 8-byte loads
 ROW_MAX, ROW_BYTES = 32, 8
@@ -227,7 +232,9 @@ def _sum_consts(bits: int, group_size: int, hadamard_size: int, inverse: bool, c
     unrolled up to ``MAX_UNROLL`` peers (``MAX_UNROLL_BYTES`` per thread in byte loads).
     Cached per argument tuple (the launches' Python cost): read-only."""
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
-    unroll = n_peers <= MAX_UNROLL and (v or n_peers * k["UPR"] * k["UB"] <= MAX_UNROLL_BYTES)
+    row_bytes = n_peers * k["UPR"] * k["UB"]
+    unroll = n_peers <= MAX_UNROLL and (v or row_bytes <= MAX_UNROLL_BYTES) and \
+        not (OLDER_TRITON and row_bytes > OLDER_UNROLL_ROW_BYTES)
     return MappingProxyType(dict(
         PEERS=n_peers if unroll else 0, GS=group_size, BITS=bits, **k, V=max(v, 1),
         WORDS=v > 0, N=hadamard_size, LOG2N=hadamard_size.bit_length() - 1,

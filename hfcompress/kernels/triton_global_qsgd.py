@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .triton_noise import MUL1, MUL2, ONE_KEY, _uniform, noise_at, noise_operand
-from .triton_tiles import cdiv, per_program
+from .triton_tiles import OLDER_TRITON, cdiv, per_program
 
 #: output elements per program: few large programs under TRITON_INTERPRET (its cost is per
 #: program); on a GPU over ``NUM_WARPS`` warps (<= 128 registers and no spill on sm_90:
@@ -31,6 +31,10 @@ from .triton_tiles import cdiv, per_program
 #: ``GPU_LINEAR_SMALL`` (8 per thread)
 BLOCK, NUM_WARPS = 2048, 8
 GPU_BLOCK, GPU_LINEAR_BLOCK, GPU_LINEAR_SMALL = 1024, 8192, 2048
+#: the widest tile of a linear quantize whose last program is ragged (masked): Triton < 3.9
+#: gives the one-key quantize 145 registers there at 32 values per thread, 79 at 16 (43.9 SASS
+#: per value either way, sm_90); whole programs, and Triton 3.9 (108), keep 32
+GPU_LINEAR_RAGGED = GPU_LINEAR_BLOCK // 2 if OLDER_TRITON else GPU_LINEAR_BLOCK
 #: ``local_scale``: values per program (powers of two): a block longer than ``GPU_TILE``
 #: spans programs (32 values per thread on a GPU), shorter ones come ``GPU_BLOCKS_TILE`` values
 #: of whole blocks per program (<= 128 registers unaligned: tests/test_gpu_registers.py)
@@ -57,15 +61,16 @@ def _scales(block_size: int | None, numel: int, values: int) -> tuple[int, int]:
     return (2 if block_size + values < 1 << 31 else 3), block_size
 
 
-def _linear_tiles(t: torch.Tensor, block_size: int | None, n: int,
-                  wide: bool) -> tuple[int, int, int]:
+def _linear_tiles(t: torch.Tensor, block_size: int | None, n: int, wide: bool,
+                  ragged: int = GPU_LINEAR_BLOCK) -> tuple[int, int, int]:
     """(values per program, ``SCALES``, ``per``) of a linear kernel over ``n`` values on ``t``'s
     device: if ``wide``, the widest GPU tile (32 down to 4 values per thread) whose programs
-    each have one scale; else, or if none does, ``GPU_LINEAR_SMALL``."""
+    each have one scale, at most ``ragged`` values where ``n`` leaves a ragged last program;
+    else, or if none does, ``GPU_LINEAR_SMALL``."""
     for gpu in (GPU_LINEAR_BLOCK >> k for k in range(4 if wide else 0)):
         block = per_program(t, BLOCK, gpu)
         mode, per = _scales(block_size, n, block)
-        if mode < 2:
+        if mode < 2 and (gpu <= ragged or n % block == 0):
             return block, mode, per
     block = per_program(t, BLOCK, GPU_LINEAR_SMALL)
     return (block, *_scales(block_size, n, block))
@@ -239,7 +244,7 @@ def linear_quantize(x: torch.Tensor, scale: torch.Tensor, levels: int, noise: to
     out = torch.empty(n, dtype=wire_dtype, device=x.device)
     if n:
         u, hashed, row = noise_operand(noise, n, x)
-        block, mode, per = _linear_tiles(x, block_size, n, hashed == ONE_KEY)
+        block, mode, per = _linear_tiles(x, block_size, n, hashed == ONE_KEY, GPU_LINEAR_RAGGED)
         _linear_quantize_kernel[(cdiv(n, block),)](
             x, scale.reshape(-1), u, row, out, n, per, float(levels), HASH=hashed, SCALES=mode,
             EVEN=n % block == 0, BLOCK=block, num_warps=NUM_WARPS, enable_fp_fusion=False)
