@@ -40,8 +40,8 @@ GPU_ROWS = 32 * NUM_WARPS
 MAX_UNROLL, MAX_UNROLL_BYTES = 16, 32
 #: Triton < 3.9 keeps every unrolled peer's loads in flight: past ``OLDER_UNROLL_ROW_BYTES``
 #: per thread (16 peers of int8 rows of 32 values: 512) that is 150 registers (> 128); there
-#: more peers run in the loop (108 registers, 8.5 SASS per peer value either way). Triton 3.9
-#: unrolls them in 80 (6.0; the loop: 7.8).
+#: more peers run in the loop (108-112 registers, 8.5 SASS per peer value either way). Triton
+#: 3.9 unrolls them in 80 (6.0; the loop: 7.8).
 OLDER_UNROLL_ROW_BYTES = 256
 #: the largest Hadamard block rotated inside a thread's row; a row's bytes of one peer (if
 #: its values lie in one group): 8-byte loads
@@ -229,7 +229,8 @@ def _largest(dtype: torch.dtype) -> float:
 def _sum_consts(bits: int, group_size: int, hadamard_size: int, inverse: bool, clip: bool,
                 dtype: torch.dtype, n_peers: int, v: int) -> MappingProxyType:
     """``_dequantize_sum_kernel``'s constants but the rows per program ``R``: the peer loop
-    unrolled up to ``MAX_UNROLL`` peers (``MAX_UNROLL_BYTES`` per thread in byte loads).
+    unrolled up to ``MAX_UNROLL`` peers (``MAX_UNROLL_BYTES`` per thread in byte loads;
+    ``OLDER_UNROLL_ROW_BYTES`` on Triton < 3.9).
     Cached per argument tuple (the launches' Python cost): read-only."""
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
     row_bytes = n_peers * k["UPR"] * k["UB"]
