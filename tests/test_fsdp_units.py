@@ -7,6 +7,7 @@ import torch
 
 import hfcompress
 from hfcompress.compressors import get_compressor
+from hfcompress.compressors.runs import take, view
 from hfcompress.config import Scheme, get_config, is_exact
 from hfcompress.integrations.consistency import differences, flatten, plain
 from hfcompress.integrations.exact_params import Segment, SlotLayout
@@ -56,6 +57,13 @@ def test_slot_layout_adjacent_segments_form_one_run_split_as_views():
     out = torch.zeros_like(rows)
     layout.merge(out, comp * 2, exact * 3)
     assert torch.equal(out, torch.cat([rows[:, :8] * 2, rows[:, 8:] * 3], dim=1))
+    # one run of a 1-D buffer (a reduce-scatter's output): a slice of it; none where two
+    flat = rows[0]
+    for runs in (layout.compressed_runs, layout.exact_runs):
+        got = view(flat, runs)
+        assert got.data_ptr() == flat[runs[0][0]:].data_ptr()
+        assert torch.equal(got, take(flat.view(1, -1), runs).view(-1))
+    assert view(flat, ((0, 2), (8, 10))) is None and view(flat, ()).numel() == 0
 
 
 def test_differences_name_keys_and_ranks():

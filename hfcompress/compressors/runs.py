@@ -41,15 +41,15 @@ def take(rows: torch.Tensor, runs: Runs) -> torch.Tensor:
 
 
 def view(rows: torch.Tensor, runs: Runs) -> torch.Tensor | None:
-    """The columns ``runs`` of ``[k, S]`` rows as a writable view (one run or none), else
-    None (they are not one strided range)."""
-    return take(rows, runs) if len(runs) <= 1 else None
-
-
-def one_run(flat: torch.Tensor, runs: Runs) -> torch.Tensor | None:
-    """The values ``runs`` of 1-D ``flat`` as one slice where they are one run, else None
-    (what :func:`view` gives of its ``[1, S]`` row, one torch call instead of three)."""
-    return flat[runs[0][0]:runs[0][1]] if len(runs) == 1 else None
+    """The columns ``runs`` of ``[k, S]`` rows (or of 1-D ``S`` values: one slice, no
+    ``[1, S]`` views around it) as a writable view (one run or none), else None (they are
+    not one strided range)."""
+    if len(runs) > 1:
+        return None
+    if rows.dim() == 1:
+        a, b = runs[0] if runs else (0, 0)
+        return rows[a:b]
+    return take(rows, runs)
 
 
 def put(rows: torch.Tensor, runs: Runs, cols: torch.Tensor) -> None:

@@ -35,7 +35,7 @@ from ..comm.frozen import FrozenParams
 from ..comm.futures import FutureWork, finish_all, inline, side_stream_call
 from ..compressors.base import FLOAT_DTYPES
 from ..compressors.registry import build_compressor
-from ..compressors.runs import one_run, put, view
+from ..compressors.runs import put, view
 from ..config import CompressionConfig, upgrade_dict
 from ..cost.hops import gradient_hops
 from ..cost.units import Unit, hpz_reshard
@@ -243,7 +243,7 @@ class FSDPReduceScatter(_Alloc, _fsdp2.ReduceScatter):
             outs = []
             for runs, cols in ((layout.compressed_runs, comp_in),
                                (layout.exact_runs, exact_in)):
-                out = one_run(flat, runs)
+                out = view(flat, runs)
                 outs.append((runs, out, out if out is not None else torch.empty(
                     cols.shape[1], dtype=output_tensor.dtype, device=output_tensor.device)))
             # the exact columns ride the compressed exchange (comm/riders.py)
