@@ -72,22 +72,26 @@ def test_gloo_thread_destroys_the_callback_before_exit(tmp_path):
 
 
 SLOW_EXIT = """
-import sys, tempfile, time, torch, torch.distributed as dist
+import sys, time, torch, torch.distributed as dist
 from hfcompress.comm.exit_drain import add_callback
+
+mode, rank, init = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
 class SlowDel:
     def __del__(self):
         time.sleep(0.5)     # on gloo's thread, the GIL released, while the main thread exits
 
-dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0,
-                        world_size=1)
-dist.all_reduce(torch.ones(1 << 22), async_op=True)       # ahead in gloo's queue
+dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+if rank == 1:                                              # joins late: rank 0's is pending
+    time.sleep(1.0)
+    dist.all_reduce(torch.ones(10))
+    sys.exit(0)
 fut = dist.all_reduce(torch.ones(10), async_op=True).get_future()
 if fut.done():
     print("not pending"); sys.exit(0)                      # the race was not set up
 keep = SlowDel()
 cb = lambda f, keep=keep: None                             # noqa: E731
-out = fut.then(cb) if sys.argv[1] == "raw" else add_callback(fut, cb)
+out = fut.then(cb) if mode == "raw" else add_callback(fut, cb)
 del keep, cb
 out.wait()
 print("trained", flush=True)                               # the script's work is done
@@ -95,15 +99,20 @@ print("trained", flush=True)                               # the script's work i
 
 
 def _exit(tmp_path, mode: str) -> subprocess.CompletedProcess:
-    """The script above, until its callback was chained while pending (a few tries)."""
-    (tmp_path / "slow_exit.py").write_text(SLOW_EXIT)
-    for _ in range(5):
-        proc = subprocess.run([sys.executable, str(tmp_path / "slow_exit.py"), mode],
-                              capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
-        if "not pending" not in proc.stdout:
-            return proc
-    raise AssertionError("the all-reduce completed before its callback was chained, 5 times")
+    """The script above as rank 0 of two; rank 1 joins its all-reduce a second late, so the
+    callback is always chained while the all-reduce is pending."""
+    script, init = tmp_path / "slow_exit.py", tmp_path / f"init_{mode}"
+    script.write_text(SLOW_EXIT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    late = subprocess.Popen([sys.executable, str(script), mode, "1", str(init)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        proc = subprocess.run([sys.executable, str(script), mode, "0", str(init)],
+                              capture_output=True, text=True, timeout=120, env=env)
+    finally:
+        late.wait(timeout=120)
+    assert "not pending" not in proc.stdout, "rank 1 joined before rank 0 chained"
+    return proc
 
 
 def test_an_exit_while_gloo_destroys_a_callback_is_clean(tmp_path):
