@@ -27,6 +27,15 @@ calls of a step per unit (``cProfile``'s count, C builtins and tensor methods in
 stubbed launches too), a deterministic proxy of the host time, which moves +-15% between
 runs of this shared machine. ``host_aten``: every aten op the step issues per unit, views
 and allocations included (each costs the host a dispatch, ~1-3 us, kernel or not).
+
+``--floor`` adds the host time of the bare torch calls, timed with the presets' steps:
+``floor:none`` the two collectives ``none`` makes per unit, ``floor:sdp4bit`` the fewest
+torch calls sdp4bit's wire takes per unit (each direction one row of codes with the exact
+columns riding, its collective, the exact columns out of the received rows, and a Python
+call in place of each of its four kernels; one run of exact columns per unit), no hfcompress
+layer around either; and ``floor:sdp4bit+wrapper``, ``none``'s step with its collectives
+traded for ``floor:sdp4bit``'s calls: the least host time sdp4bit could take behind the
+same FSDP wrapper as ``none``.
 """
 
 from __future__ import annotations
@@ -60,9 +69,11 @@ H2D = {"lift_fresh", "lift_fresh_copy"}
 
 
 def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: int = 0,
-           world: int = 1, per_node: int = 1, store: str = "") -> list[dict]:
+           world: int = 1, per_node: int = 1, store: str = "", floor: bool = False
+           ) -> list[dict]:
     """Runs in the clean subprocess (rank ``rank`` of ``world``, nodes of ``per_node``
-    ranks, a shared ``file://`` store when ``world > 1``): one dict per preset."""
+    ranks, a shared ``file://`` store when ``world > 1``): one dict per preset (and, with
+    ``floor``, one per bare step: ``host_ms`` only)."""
     import collections
     import contextlib
     import importlib
@@ -194,18 +205,61 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
         return pstats.Stats(prof, stream=io.StringIO()).total_calls / counted / len(jobs)
 
     def host_ms(presets):
-        """Per preset: the median CPU milliseconds of this thread in a step of the tiny model
-        (``DIMS["cpu"]``), the presets' steps interleaved (a load drift hits them alike)."""
+        """Per preset (and bare step, with ``floor``): the median CPU milliseconds of this
+        thread in a step of the tiny model (``DIMS["cpu"]``), the steps interleaved (a load
+        drift hits them alike)."""
         runs = {p: setup(p, DIMS["cpu"]) for p in presets}
+        steps = {p: lambda h=handle, j=jobs: step(h, j) for p, (handle, jobs) in runs.items()}
+        if floor:
+            steps.update(bare_steps(setup("none", DIMS["cpu"])[1]))
         times = collections.defaultdict(list)
         for _ in range(repeats):
-            for p, (handle, jobs) in runs.items():
+            for p, run in steps.items():
                 t0 = time.thread_time()
-                step(handle, jobs)
+                run()
                 times[p].append(time.thread_time() - t0)
         for handle, _ in runs.values():
             handle.remove()
         return {p: statistics.median(t) * 1e3 for p, t in times.items()}
+
+    def bare_steps(jobs):
+        """``--floor``'s steps (module docstring) on ``none``'s units."""
+        from hfcompress.comm.hop import all_gather_single, reduce_scatter_single
+        units = []
+        for comms, shard, gathered, slot, grads, reduced in jobs:
+            n, e = shard.numel(), comms.layouts.full.exact_numel
+            codes = -(-(n - e) // 8) * 4 + -(-(n - e) // 128) * 4    # 4-bit codes, g128 scales
+            units.append((n - e, codes, codes + 4 * e, slot, gathered.view(world, -1),
+                          grads.view(world, -1), reduced))
+
+        def kernel(*tensors):
+            """A stubbed launch's Python call."""
+
+        def none():
+            with torch.no_grad():
+                for _, _, _, slot, rows, grads, reduced in units:
+                    all_gather_single(rows.view(-1), slot, async_op=True).wait()
+                    reduce_scatter_single(reduced, grads.view(-1))
+
+        def sdp4bit():
+            u8, f32 = torch.uint8, torch.float32
+            with torch.no_grad():
+                for c, codes, width, slot, rows, grads, reduced in units:
+                    send = torch.empty(1, width, dtype=u8)
+                    send[:, codes:].copy_(slot[c:].view(1, -1).view(u8))
+                    kernel(send, slot)                              # qWD quantize
+                    wire = torch.empty(world, width, dtype=u8)
+                    all_gather_single(wire, send, async_op=True).wait()
+                    kernel(wire, rows)                              # dequantize-add
+                    rows[:, c:].copy_(wire[:, codes:].view(f32))
+                    send = torch.empty(world, width, dtype=u8)
+                    send[:, codes:].copy_(grads[:, c:].view(u8))
+                    kernel(send, grads)                             # Hadamard + quantize
+                    wire = torch.empty_like(send)
+                    dist.all_to_all_single(wire, send)
+                    kernel(wire, reduced)                           # decode-sum
+                    torch.sum(wire[:, codes:].view(f32), 0, out=reduced[c:])
+        return {"floor:none": none, "floor:sdp4bit": sdp4bit}
 
     def setup(preset, dims):
         model = tiny_llama(seed=0, **dims)
@@ -227,6 +281,7 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
             with compress_one_rank() if world == 1 else contextlib.nullcontext(), \
                     inline_on_cpu():
                 ms = host_ms(presets)
+                out += [dict(preset=p, host_ms=t) for p, t in ms.items() if p not in presets]
                 for preset in presets:
                     units, tri, ops, host = counted_ops(preset)
                     coll = sum(n for k, n in ops.items() if k.startswith("c10d."))
@@ -243,10 +298,11 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
 
 
 def measure(presets: list[str] | None = None, warmup: int = 3, counted: int = 2,
-            repeats: int = 41, world: int = 1, ranks_per_node: int | None = None
-            ) -> list[dict]:
+            repeats: int = 41, world: int = 1, ranks_per_node: int | None = None,
+            floor: bool = False) -> list[dict]:
     """One dict per preset (``FIELDS``), measured in a clean subprocess per rank (rank 0's
-    counts; ``world`` ranks on gloo in nodes of ``ranks_per_node``, default one node)."""
+    counts; ``world`` ranks on gloo in nodes of ``ranks_per_node``, default one node); with
+    ``floor``, the bare steps' (module docstring) after them, their other fields empty."""
     if presets is None:
         sys.path.insert(0, str(HERE))
         from _dist_common import FSDP_PRESETS
@@ -265,7 +321,7 @@ def measure(presets: list[str] | None = None, warmup: int = 3, counted: int = 2,
                 runs.append(subprocess.Popen(
                     [sys.executable, str(Path(__file__).resolve()), "--child",
                      json.dumps([presets, warmup, counted, repeats, r, world, per_node,
-                                 f"{tmp}/store" if world > 1 else ""])],
+                                 f"{tmp}/store" if world > 1 else "", floor])],
                     env=env, stdout=o, stderr=e, text=True))
         report = _wait_all(runs, timeout=3600)
         outs = [(out.read_text(), err.read_text()) for out, err in logs]
@@ -273,8 +329,18 @@ def measure(presets: list[str] | None = None, warmup: int = 3, counted: int = 2,
         rank, why = report
         raise RuntimeError(f"step_ops {why} on rank {rank}:\n{outs[rank][1][-4000:]}")
     raw = json.loads(outs[0][0].split("JSON", 1)[1])
+    bare = {r["preset"]: r["host_ms"] for r in raw if "units" not in r}
+    raw = [r for r in raw if "units" in r] + [
+        {k: r.get(k, "") for k in FIELDS} for r in raw if "units" not in r]
     none = next((r for r in raw if r["preset"] == "none"), None)
+    if none and bare:
+        raw.append({k: "" for k in FIELDS} | {"preset": "floor:sdp4bit+wrapper", "host_ms": (
+            none["host_ms"] - bare["floor:none"] + bare["floor:sdp4bit"])})
     for r in raw:
+        if r["units"] == "":
+            r["host_ratio_vs_none"] = round(r["host_ms"] / none["host_ms"], 2) if none else ""
+            r["host_ms"] = round(r["host_ms"], 3)
+            continue
         r["ops_per_unit"] = r["triton"] + r["aten"] + r["collectives"] + r["h2d"]
         r["host_ratio_vs_none"] = r["host_ms"] / none["host_ms"] if none else ""
         r["calls_ratio_vs_none"] = r["python_calls"] / none["python_calls"] if none else ""
@@ -332,13 +398,15 @@ def main(argv: list[str] | None = None) -> None:
                     help="ranks (gloo processes; default 1: the one-rank switch)")
     ap.add_argument("--ranks-per-node", type=int, default=0,
                     help="ranks per node (default: all on one node)")
+    ap.add_argument("--floor", action="store_true",
+                    help="add the bare steps' host time (floor:none, floor:sdp4bit)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print("JSON" + json.dumps(_child(*json.loads(args.child))))
         return
     rows = measure(args.presets.split(",") if args.presets else None, world=args.world,
-                   ranks_per_node=args.ranks_per_node or None)
+                   ranks_per_node=args.ranks_per_node or None, floor=args.floor)
     print_table(rows)
     if args.out:
         print(f"wrote {write_csv(rows, args.out)}")

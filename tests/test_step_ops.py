@@ -37,7 +37,7 @@ def rows():
     import step_ops
 
     return {r["preset"]: r for r in step_ops.measure(list(BUDGET), warmup=WARMUP, counted=1,
-                                                     repeats=1)}
+                                                     repeats=1, floor=True)}
 
 
 @pytest.mark.parametrize("preset", sorted(BUDGET))
@@ -66,6 +66,19 @@ def test_no_host_to_device_copy_per_call(rows, preset):
 def test_one_collective_per_unit_and_direction(rows, preset):
     """As many collectives as plain FSDP2: the exact columns take none of their own."""
     assert rows[preset]["collectives"] == rows["none"]["collectives"] == 2.0, rows[preset]
+
+
+def test_the_floor_is_none_with_its_collectives_traded(rows):
+    """``--floor``: the bare steps are timed beside the presets' (host ms, nothing counted),
+    and sdp4bit's floor behind ``none``'s wrapper is ``none`` less its bare collectives plus
+    sdp4bit's bare calls."""
+    bare = [rows[p] for p in ("floor:none", "floor:sdp4bit", "floor:sdp4bit+wrapper")]
+    for r in bare:
+        assert r["host_ms"] > 0 and r["units"] == r["ops_per_unit"] == r["python_calls"] == ""
+    none = rows["none"]["host_ms"]
+    assert bare[2]["host_ms"] == pytest.approx(none - bare[0]["host_ms"] + bare[1]["host_ms"],
+                                               abs=2e-3)    # each rounded to the microsecond
+    assert bare[2]["host_ratio_vs_none"] == pytest.approx(bare[2]["host_ms"] / none, abs=0.01)
 
 
 #: one node of 2 ranks (``--world 2``): the paths every multi-GPU run takes (the 2-hop's
