@@ -211,7 +211,7 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
         runs = {p: setup(p, DIMS["cpu"]) for p in presets}
         steps = {p: lambda h=handle, j=jobs: step(h, j) for p, (handle, jobs) in runs.items()}
         if floor:
-            steps.update(bare_steps(setup("none", DIMS["cpu"])[1]))
+            steps.update(bare_steps(setup("none", DIMS["cpu"])[1], world))
         times = collections.defaultdict(list)
         for _ in range(repeats):
             for p, run in steps.items():
@@ -221,45 +221,6 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
         for handle, _ in runs.values():
             handle.remove()
         return {p: statistics.median(t) * 1e3 for p, t in times.items()}
-
-    def bare_steps(jobs):
-        """``--floor``'s steps (module docstring) on ``none``'s units."""
-        from hfcompress.comm.hop import all_gather_single, reduce_scatter_single
-        units = []
-        for comms, shard, gathered, slot, grads, reduced in jobs:
-            n, e = shard.numel(), comms.layouts.full.exact_numel
-            codes = -(-(n - e) // 8) * 4 + -(-(n - e) // 128) * 4    # 4-bit codes, g128 scales
-            units.append((n - e, codes, codes + 4 * e, slot, gathered.view(world, -1),
-                          grads.view(world, -1), reduced))
-
-        def kernel(*tensors):
-            """A stubbed launch's Python call."""
-
-        def none():
-            with torch.no_grad():
-                for _, _, _, slot, rows, grads, reduced in units:
-                    all_gather_single(rows.view(-1), slot, async_op=True).wait()
-                    reduce_scatter_single(reduced, grads.view(-1))
-
-        def sdp4bit():
-            u8, f32 = torch.uint8, torch.float32
-            with torch.no_grad():
-                for c, codes, width, slot, rows, grads, reduced in units:
-                    send = torch.empty(1, width, dtype=u8)
-                    send[:, codes:].copy_(slot[c:].view(1, -1).view(u8))
-                    kernel(send, slot)                              # qWD quantize
-                    wire = torch.empty(world, width, dtype=u8)
-                    all_gather_single(wire, send, async_op=True).wait()
-                    kernel(wire, rows)                              # dequantize-add
-                    rows[:, c:].copy_(wire[:, codes:].view(f32))
-                    send = torch.empty(world, width, dtype=u8)
-                    send[:, codes:].copy_(grads[:, c:].view(u8))
-                    kernel(send, grads)                             # Hadamard + quantize
-                    wire = torch.empty_like(send)
-                    dist.all_to_all_single(wire, send)
-                    kernel(wire, reduced)                           # decode-sum
-                    torch.sum(wire[:, codes:].view(f32), 0, out=reduced[c:])
-        return {"floor:none": none, "floor:sdp4bit": sdp4bit}
 
     def setup(preset, dims):
         model = tiny_llama(seed=0, **dims)
@@ -295,6 +256,50 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
         finally:
             dist.destroy_process_group()
     return out
+
+
+def bare_steps(jobs: list, world: int) -> dict:
+    """``--floor``'s steps (module docstring) on ``none``'s units (``_child``'s jobs, in its
+    subprocess): name -> a step."""
+    import torch
+    import torch.distributed as dist
+
+    from hfcompress.comm.hop import all_gather_single, reduce_scatter_single
+    units = []
+    for comms, shard, gathered, slot, grads, reduced in jobs:
+        n, e = shard.numel(), comms.layouts.full.exact_numel
+        codes = -(-(n - e) // 8) * 4 + -(-(n - e) // 128) * 4    # 4-bit codes, g128 scales
+        units.append((n - e, codes, codes + 4 * e, slot, gathered.view(world, -1),
+                      grads.view(world, -1), reduced))
+
+    def kernel(*tensors):
+        """A stubbed launch's Python call."""
+
+    def none():
+        with torch.no_grad():
+            for _, _, _, slot, rows, grads, reduced in units:
+                all_gather_single(rows.view(-1), slot, async_op=True).wait()
+                reduce_scatter_single(reduced, grads.view(-1))
+
+    def sdp4bit():
+        u8, f32 = torch.uint8, torch.float32
+        with torch.no_grad():
+            for c, codes, width, slot, rows, grads, reduced in units:
+                send = torch.empty(1, width, dtype=u8)
+                send[:, codes:].copy_(slot[c:].view(1, -1).view(u8))
+                kernel(send, slot)                              # qWD quantize
+                wire = torch.empty(world, width, dtype=u8)
+                all_gather_single(wire, send, async_op=True).wait()
+                kernel(wire, rows)                              # dequantize-add
+                rows[:, c:].copy_(wire[:, codes:].view(f32))
+                send = torch.empty(world, width, dtype=u8)
+                send[:, codes:].copy_(grads[:, c:].view(u8))
+                kernel(send, grads)                             # Hadamard + quantize
+                wire = torch.empty_like(send)
+                dist.all_to_all_single(wire, send)
+                kernel(wire, reduced)                           # decode-sum
+                torch.sum(wire[:, codes:].view(f32), 0, out=reduced[c:])
+    return {"floor:none": none, "floor:sdp4bit": sdp4bit}
 
 
 def measure(presets: list[str] | None = None, warmup: int = 3, counted: int = 2,
