@@ -78,7 +78,7 @@ def test_the_floor_is_none_with_its_collectives_traded(rows):
     assert bare[0]["host_ms"] > 0 and bare[1]["host_ms"] > 0
     none = rows["none"]["host_ms"]
     assert bare[2]["host_ms"] == pytest.approx(none - bare[0]["host_ms"] + bare[1]["host_ms"],
-                                               abs=2e-3)    # each rounded to the microsecond
+                                               abs=3e-3)    # four roundings to the microsecond
     assert bare[2]["host_ratio_vs_none"] == pytest.approx(bare[2]["host_ms"] / none, abs=0.01)
 
 
