@@ -242,7 +242,6 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
             with compress_one_rank() if world == 1 else contextlib.nullcontext(), \
                     inline_on_cpu():
                 ms = host_ms(presets)
-                out += [dict(preset=p, host_ms=t) for p, t in ms.items() if p not in presets]
                 for preset in presets:
                     units, tri, ops, host = counted_ops(preset)
                     coll = sum(n for k, n in ops.items() if k.startswith("c10d."))
@@ -253,6 +252,7 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
                                     python_calls=python_calls(preset), host_aten=host,
                                     triton_kernels=names(tri), aten_ops=names(ops)))
                     print(f"step_ops: {preset} done", file=sys.stderr, flush=True)
+                out += [dict(preset=p, host_ms=t) for p, t in ms.items() if p not in presets]
         finally:
             dist.destroy_process_group()
     return out
@@ -269,22 +269,22 @@ def bare_steps(jobs: list, world: int) -> dict:
     for comms, shard, gathered, slot, grads, reduced in jobs:
         n, e = shard.numel(), comms.layouts.full.exact_numel
         codes = -(-(n - e) // 8) * 4 + -(-(n - e) // 128) * 4    # 4-bit codes, g128 scales
-        units.append((n - e, codes, codes + 4 * e, slot, gathered.view(world, -1),
-                      grads.view(world, -1), reduced))
+        units.append((n - e, codes, codes + 4 * e, slot, gathered, gathered.view(world, -1),
+                      grads, grads.view(world, -1), reduced))
 
     def kernel(*tensors):
         """A stubbed launch's Python call."""
 
     def none():
         with torch.no_grad():
-            for _, _, _, slot, rows, grads, reduced in units:
-                all_gather_single(rows.view(-1), slot, async_op=True).wait()
-                reduce_scatter_single(reduced, grads.view(-1))
+            for _, _, _, slot, gathered, _, grads, _, reduced in units:
+                all_gather_single(gathered, slot, async_op=True).wait()
+                reduce_scatter_single(reduced, grads)
 
     def sdp4bit():
         u8, f32 = torch.uint8, torch.float32
         with torch.no_grad():
-            for c, codes, width, slot, rows, grads, reduced in units:
+            for c, codes, width, slot, _, rows, _, grads, reduced in units:
                 send = torch.empty(1, width, dtype=u8)
                 send[:, codes:].copy_(slot[c:].view(1, -1).view(u8))
                 kernel(send, slot)                              # qWD quantize
@@ -335,8 +335,7 @@ def measure(presets: list[str] | None = None, warmup: int = 3, counted: int = 2,
         raise RuntimeError(f"step_ops {why} on rank {rank}:\n{outs[rank][1][-4000:]}")
     raw = json.loads(outs[0][0].split("JSON", 1)[1])
     bare = {r["preset"]: r["host_ms"] for r in raw if "units" not in r}
-    raw = [r for r in raw if "units" in r] + [
-        {k: r.get(k, "") for k in FIELDS} for r in raw if "units" not in r]
+    raw = [r if "units" in r else {k: "" for k in FIELDS} | r for r in raw]
     none = next((r for r in raw if r["preset"] == "none"), None)
     if none and bare:
         raw.append({k: "" for k in FIELDS} | {"preset": "floor:sdp4bit+wrapper", "host_ms": (

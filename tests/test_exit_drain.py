@@ -109,8 +109,12 @@ def _exit(tmp_path, mode: str) -> subprocess.CompletedProcess:
     try:
         proc = subprocess.run([sys.executable, str(script), mode, "0", str(init)],
                               capture_output=True, text=True, timeout=120, env=env)
-    finally:
-        late.wait(timeout=120)
+    finally:     # rank 1 is done once rank 0 is; stopped if rank 0 failed before it joined
+        try:
+            late.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            late.kill()
+            late.wait()
     assert "not pending" not in proc.stdout, "rank 1 joined before rank 0 chained"
     return proc
 
