@@ -79,22 +79,25 @@ for h in (N.ONE_KEY, RK):
 # keys of whole groups), nearest at 128 (loco) and 2048 (qw, qwd, zeropp weights); qwd's
 # fused difference (bf16 w and w~, ragged tail) and update (dequantize_add, bf16 or float32
 # w~); the fused 2-hop requantize
-quant = dict(ref_ptr=f32, noise_row=i32, scale_ptr=f32, n_groups=i32, numel=i32,
-             gpr=i32, row_words=i32, x_row=i32)
+# the scales as float32, or (a wire of rows) their bits in the wire's int32 words
+quant = dict(ref_ptr=f32, noise_row=i32, scale_ptr=f32, scale_off=i32, n_groups=i32,
+             numel=i32, gpr=i32, row_words=i32, x_row=i32)
 for bits, gs, h in [(b, 128, h) for b in (2, 4, 8) for h in (0, 1, RG)] + [(4, 2048, 0),
                                                                              (8, 2048, 0)]:
     k = T._tile_consts(bits, gs, T.GPU_BLOCK_ELEMS)
     for xrows in (False, True) if h == RG else (False,):   # strided input rows
         row(f"group_quant._quantize_kernel bits={bits} gs={gs} HASH={h} XROWS={xrows}",
             T._quantize_kernel, dict(x_ptr=f32, noise_ptr=i64 if h else f32,
-                                     packed_ptr="*i32", **quant),
+                                     packed_ptr="*i32",
+                                     **{**quant, "scale_ptr": "*i32" if h == RG else f32}),
             dict(GS=gs, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=False, RAGGED=False,
                  ROWS=h == RG, XROWS=xrows, **k), T.NUM_WARPS)
 for bits, h in ((4, 0), (4, 1), (8, RG)):
     k = T._tile_consts(bits, 2048, T.GPU_BLOCK_ELEMS, itemsize=2)
     row(f"group_quant._quantize_kernel difference bits={bits} gs=2048 HASH={h}",
         T._quantize_kernel, dict(x_ptr="*bf16", noise_ptr=i64 if h else f32,
-                                 packed_ptr="*i32", **{**quant, "ref_ptr": "*bf16"}),
+                                 packed_ptr="*i32",
+                                 **{**quant, "ref_ptr": "*bf16", "scale_ptr": "*i32"}),
         dict(GS=2048, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=True, RAGGED=True,
              ROWS=False, XROWS=False, **k),
         T.NUM_WARPS)
@@ -105,7 +108,8 @@ for bits, gs, out, rows, also in [(4, 2048, "*bf16", False, False), (4, 128, "*b
     o = "*i16" if out != f32 else f32
     row(f"group_quant._dequantize_add_kernel bits={bits} gs={gs} out={out} ROWS={rows} "
         f"ALSO={also}",
-        T._dequantize_add_kernel, dict(packed_ptr="*i32", scale_ptr=f32, ref_ptr=out,
+        T._dequantize_add_kernel, dict(packed_ptr="*i32", scale_ptr="*i32" if rows else f32,
+                                       scale_off=i32, ref_ptr=out,
                                        out_ptr=o, also_ptr=o, numel=i32, gpr=i32,
                                        row_words=i32, scale_row=i32, also_row=i32),
         dict(GS=gs, BITS=bits, RAGGED=not rows, OUT_BF16=out != f32, ROWS=rows, ALSO=also,
@@ -163,7 +167,8 @@ for bits, n, h, xrows in [(b, n, h, False) for b in (4, 8) for n in (32, 1) for 
     row(f"hadamard._quantize_kernel bits={bits} n={n} HASH={h} XROWS={xrows}",
         H._quantize_kernel,
         dict(x_ptr=f32, noise_ptr=i64 if h else f32, noise_row=i32, packed_ptr="*i32",
-             scale_ptr=f32, n_groups=i32, gpr=i32, row_words=i32, x_row=i32),
+             scale_ptr="*i32" if h == RG else f32, scale_off=i32, n_groups=i32, gpr=i32,
+             row_words=i32, x_row=i32),
         dict(**H._consts(bits, 128, n, H.GPU_BLOCK_ELEMS), STOCHASTIC=h != 0, HASH=h,
              ROWS=h == RG, XROWS=xrows),
         H.QUANT_WARPS)
@@ -185,8 +190,9 @@ for bits, gs, n, peers, bf16, words in dsum:
     row(f"dequantize_sum._dequantize_sum_kernel bits={bits} gs={gs} n={n} peers={peers} "
         f"bf16={bf16} words={words}{'' if unrolled == peers else ' (loop)'}",
         D._dequantize_sum_kernel,
-        dict(src_ptr="*i32" if words else u8, scale_ptr=f32, out_ptr="*u16" if bf16 else f32,
-             n_rows=i32, n_peers=i32, src_stride=i32, scale_stride=i32, BIG="fp32"),
+        dict(src_ptr="*i32" if words else u8, scale_ptr="*i32" if words else f32,
+             out_ptr="*u16" if bf16 else f32, n_rows=i32, n_peers=i32, src_stride=i32,
+             scale_stride=i32, scale_off=i32, BIG="fp32"),
         dict(PEERS=unrolled, GS=gs, BITS=bits, **k,
              V=min(k["UPR"], 4) if words else 1, WORDS=words,
              R=D.GPU_ROWS, N=n, LOG2N=n.bit_length() - 1, SCALE=H.inv_sqrt(n), INVERSE=n > 1,

@@ -416,7 +416,8 @@ for bits, gs, n, hashed in ((4, 128, 32, 1), (6, 96, 32, 0), (2, 256, 2, 4), (8,
     k = th._consts(bits, gs, n)
     q = comp(th._quantize_kernel, {"x_ptr": "*bf16", "noise_ptr": "*i64" if hashed else "*fp32",
              "noise_row": "i64", "packed_ptr": "*i32" if k["WORDS"] else "*u8",
-             "scale_ptr": "*fp32", "n_groups": "i32", "gpr": "i32", "row_words": "i32",
+             "scale_ptr": "*i32" if hashed == 4 else "*fp32", "scale_off": "i32",
+             "n_groups": "i32", "gpr": "i32", "row_words": "i32",
              "x_row": "i32"},
              {**k, "STOCHASTIC": True, "HASH": hashed, "ROWS": hashed == 4,
               "XROWS": hashed == 4})

@@ -213,9 +213,10 @@ for bits, gs, n, words, peers, bf16 in ((4, 128, 1, True, 8, True), (8, 128, 32,
                   WORDS=words, R=ds.GPU_ROWS, N=n,
                   LOG2N=n.bit_length() - 1, SCALE=ds.inv_sqrt(n), INVERSE=n > 1, CLIP=bf16,
                   OUT_BF16=bf16)
-    sig = dict(src_ptr="*i32" if words else "*u8", scale_ptr="*fp32",
+    # a wire's words carry the scales' bits where the codes are words (dequantize_sum_wire)
+    sig = dict(src_ptr="*i32" if words else "*u8", scale_ptr="*i32" if words else "*fp32",
                out_ptr="*u16" if bf16 else "*fp32", n_rows="i32", n_peers="i32",
-               src_stride="i32", scale_stride="i32", BIG="fp32")
+               src_stride="i32", scale_stride="i32", scale_off="i32", BIG="fp32")
     sig.update({c: "constexpr" for c in consts})
     src = ASTSource(fn=ds._dequantize_sum_kernel, signature=sig, constexprs=consts)
     ptx = triton.compile(src, target=GPUTarget("cuda", 80, 32),

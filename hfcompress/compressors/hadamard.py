@@ -198,26 +198,27 @@ class HadamardQuantizer(Compressor):
     def _sum(self, packeds: Sequence[Packed], inverse: bool) -> torch.Tensor:
         codes = torch.stack([p.payload["codes"] for p in packeds])
         scales = torch.stack([p.payload["scales"] for p in packeds])
-        return self._sum_fields(codes, scales, packeds[0].shape, inverse)
+        impl = self._impl(codes)
+        return self._summed(lambda into_: impl.dequantize_sum(
+            codes, scales, self.bits, self.group_size, self.hadamard_size, inverse,
+            out=into_), packeds[0].shape, None)
 
     def _sum_rows(self, wire: torch.Tensor, shape: torch.Size, inverse: bool,
                   out: torch.Tensor | None = None) -> torch.Tensor:
-        codes, scales = self.payload_rows(wire, shape.numel())
-        return self._sum_fields(codes, scales, shape, inverse, out)
+        """The fields read where they lie in the wire's rows (no view per field)."""
+        spec, impl = self.payload_spec(shape.numel()), self._impl(wire)
+        return self._summed(lambda into_: impl.dequantize_sum_wire(
+            wire, spec["codes"][1], spec["scales"][1], self.bits, self.group_size,
+            self.hadamard_size, inverse, out=into_), shape, out)
 
-    def _sum_fields(self, codes: torch.Tensor, scales: torch.Tensor, shape: torch.Size,
-                    inverse: bool, out: torch.Tensor | None = None) -> torch.Tensor:
-        """One ``dequantize_sum`` of the peers' stacked codes and scales, trimmed to shape;
-        written into ``out`` by the kernel where it holds whole groups (else copied)."""
-        impl = self._impl(codes)
+    def _summed(self, decode_sum, shape: torch.Size,
+                out: torch.Tensor | None) -> torch.Tensor:
+        """One ``decode_sum(out)`` of the peers, trimmed to shape; written into ``out`` by the
+        kernel where it holds whole groups (else copied)."""
         if out is not None and shape.numel() % self.group_size == 0:
-            flat = impl.dequantize_sum(codes, scales, self.bits, self.group_size,
-                                       self.hadamard_size, inverse,
-                                       out=out if out.dim() == 1 else out.view(-1))
+            flat = decode_sum(out if out.dim() == 1 else out.view(-1))
             return flat if flat.shape == shape else flat.view(shape)
-        total = impl.dequantize_sum(codes, scales, self.bits, self.group_size,
-                                    self.hadamard_size, inverse)
-        return into(total[:shape.numel()].reshape(shape), out)
+        return into(decode_sum(None)[:shape.numel()].reshape(shape), out)
 
     def state_dict(self) -> dict[str, Any]:
         return self._q.state_dict()

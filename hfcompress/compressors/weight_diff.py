@@ -167,15 +167,14 @@ class WeightDifferenceQuantizer(Compressor):
             return _twin.also_into(self.reference, also)
         ref = self._rows(rows, numel)
         if isinstance(self.inner, GroupQuantizer) and ref.dtype == dtype:
-            spec = self.inner.payload_spec(numel)
+            spec, inner = self.inner.payload_spec(numel), self.inner
             (_, ncodes), (_, ngroups) = spec["codes"], spec["scales"]
             if wire.shape[1] != ncodes + 4 * ngroups:
                 raise ValueError(f"qwd: payload rows of {wire.shape[1]} bytes, expected "
                                  f"{ncodes + 4 * ngroups} for {numel} values")
-            codes, scales = self.inner.payload_rows(wire, numel)   # the wire's columns
-            inner = self.inner
-            self._replace(inner._impl(codes).dequantize_add_rows(codes, scales, inner.bits,
-                                                                 inner.group_size, ref, also))
+            # the fields read where they lie in the wire's rows (no view per field)
+            self._replace(inner._impl(wire).dequantize_add_wire(wire, ncodes, inner.bits,
+                                                                inner.group_size, ref, also))
             return self.reference
         for r in range(rows):  # another inner: its own decode per row
             packed = self.inner.unflatten(wire[r], (numel,), torch.float32)

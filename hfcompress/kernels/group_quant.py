@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .noise import noise_values
-from .packing import pack_codes, tail_bytes, unpack_codes
+from .packing import pack_codes, tail_bytes, unpack_codes, wire_fields
 
 #: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU
 COMPILE_ON_CPU = ("quantize", "decode", "decode_sum", "decode_sum_quantize", "difference",
@@ -243,3 +243,22 @@ def dequantize_add_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, gr
                               also).view(rows, numel)
     return also_into(add_rows(ref, dequantize(packed, scale, bits, group_size)
                               .view(rows, -1)[:, :numel]), also)
+
+
+def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
+                        group_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`dequantize_sum` of the payloads in the rows of the uint8 wire ``[P, width]``
+    (row p: ``code_bytes`` of codes, then ``n_groups`` float32 scales; more bytes may
+    follow); ``out``: copied there."""
+    y = dequantize_sum(*wire_fields(wire, code_bytes, n_groups), bits, group_size)
+    return y if out is None else out.copy_(y)
+
+
+def dequantize_add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_size: int,
+                        ref: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`dequantize_add_rows` of the payloads in the rows of the uint8 wire ``[rows,
+    width]`` (row r: ``code_bytes`` of codes, then the float32 scales; more bytes may
+    follow), ``ref`` ``[rows, numel]``."""
+    groups = -(-ref.shape[1] // group_size)
+    return dequantize_add_rows(*wire_fields(wire, code_bytes, groups), bits, group_size, ref,
+                               also)

@@ -22,6 +22,7 @@ import torch
 from .random_shift import finite_range
 
 from . import group_quant as _gq
+from .packing import wire_fields
 
 #: compiled on CPU; the fused-op composites below run as separate kernels there (``dispatch.
 #: compiled``): Inductor fusing the rotation into the group reduction re-evaluates the
@@ -121,3 +122,13 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
     y = _gq.dequantize_sum(packed, scale, bits, group_size)
     y = rotate(y, hadamard_size) if inverse else y
     return y if out is None else out.copy_(y)
+
+
+def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
+                        group_size: int, hadamard_size: int, inverse: bool = True,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`dequantize_sum` of the payloads in the rows of the uint8 wire ``[P, width]``
+    (row p: ``code_bytes`` of codes, then ``n_groups`` float32 scales; more bytes may
+    follow)."""
+    return dequantize_sum(*wire_fields(wire, code_bytes, n_groups), bits, group_size,
+                          hadamard_size, inverse, out)

@@ -57,14 +57,15 @@ def tail_bytes(tail: torch.Tensor | None) -> torch.Tensor | None:
 
 def row_wire(rows: int, code_bytes: int, groups: int, device,
              tail: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+             ) -> tuple[torch.Tensor, torch.Tensor, int] | None:
     """The wire ``[rows, nbytes]`` of ``rows`` payloads, each ``code_bytes`` of codes (a
     multiple of 4) then ``groups`` float32 scales, for a kernel that writes it in place:
-    ``(wire, words, scales)``, ``words`` its int32 view ``[rows, nbytes / 4]`` and ``scales``
-    the flat float32 view from row 0's first scale (row r's at ``r * nbytes / 4``).
-    ``tail`` (``[rows, E]``): its rows' bytes copied after each payload (the row is that
-    much wider; no copy of the payload); None when the wider row is not whole int32 words
-    (the caller joins the fields and the tail instead)."""
+    ``(wire, words, first)``, ``words`` its int32 view ``[rows, nbytes / 4]`` and ``first``
+    the word of row 0's first scale (row r's at ``first + r * nbytes / 4``; the kernel stores
+    the scales' bits there: no view per field). ``tail`` (``[rows, E]``): its rows' bytes
+    copied after each payload (the row is that much wider; no copy of the payload); None
+    when the wider row is not whole int32 words (the caller joins the fields and the tail
+    instead)."""
     extra = tail_bytes(tail)
     width = code_bytes + 4 * groups + (0 if extra is None else extra.shape[1])
     if width % 4:
@@ -72,11 +73,30 @@ def row_wire(rows: int, code_bytes: int, groups: int, device,
     wire = torch.empty(rows, width, dtype=torch.uint8, device=device)
     if extra is not None:
         wire[:, width - extra.shape[1]:].copy_(extra)
-    words = wire.view(torch.int32)
-    scales = words.view(torch.float32)   # row 0's first scale on: one strided view
-    first = code_bytes // 4
-    return wire, words, scales.as_strided((scales.numel() - first,), (1,),
-                                          scales.storage_offset() + first)
+    return wire, wire.view(torch.int32), code_bytes // 4
+
+
+def wire_words(wire: torch.Tensor) -> torch.Tensor | None:
+    """The uint8 wire rows ``[rows, width]`` as int32 words ``[rows, width / 4]`` (a view),
+    where its start, row stride and width are multiples of 4 bytes and its columns unit
+    stride; else None."""
+    if wire.stride(-1) != 1 or wire.shape[-1] % 4 or wire.storage_offset() % 4 \
+            or (wire.shape[0] > 1 and wire.stride(0) % 4):
+        return None
+    return wire.view(torch.int32)
+
+
+def wire_fields(wire: torch.Tensor, code_bytes: int,
+                groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fields of the payloads in the rows of the uint8 wire ``[rows, width]`` (row r:
+    ``code_bytes`` of codes, then ``groups`` float32 scales, then maybe other bytes): the
+    codes ``[rows, code_bytes]`` and the scales ``[rows, groups]``, column views of the wire
+    (the scales copied where their start or the row stride is not a multiple of 4 bytes)."""
+    scales = wire[:, code_bytes:code_bytes + 4 * groups]
+    if (wire.storage_offset() + code_bytes) % 4 or wire.stride(-1) != 1 \
+            or (wire.shape[0] > 1 and wire.stride(0) % 4):
+        scales = scales.contiguous()
+    return wire[:, :code_bytes], scales.view(torch.float32)
 
 
 def _steps(bits: int) -> list[tuple[int, int, int]]:

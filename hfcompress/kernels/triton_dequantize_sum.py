@@ -28,6 +28,7 @@ import triton.language as tl
 
 from .hadamard import inv_sqrt
 from .triton_butterfly import fwht, fwht_runs
+from .packing import wire_fields, wire_words
 from .triton_tiles import OLDER_TRITON, cdiv, per_program
 
 #: values per program under TRITON_INTERPRET (few large programs: its cost is per program);
@@ -95,13 +96,13 @@ def _peer(src_ptr, scale_ptr, r, rmask, GS: tl.constexpr, BITS: tl.constexpr,
     code = tl.reshape(code, (ROWV // 4, r.shape[0], 4))
     # 2**23 + code exactly, on the bits; minus 2**23 + 2**(bits-1): code - 2**(bits-1), exact
     q = (code | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + QMAX + 1)
-    s = tl.load(scale_ptr + r // (GS // ROWV), mask=rmask, other=0.0)
-    return q * s[None, :, None]
+    s = tl.load(scale_ptr + r // (GS // ROWV), mask=rmask, other=0)
+    return q * s.to(tl.float32, bitcast=True)[None, :, None]
 
 
 @triton.jit
 def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_stride,
-                           scale_stride, BIG, PEERS: tl.constexpr, GS: tl.constexpr,
+                           scale_stride, scale_off, BIG, PEERS: tl.constexpr, GS: tl.constexpr,
                            BITS: tl.constexpr, ROWV: tl.constexpr, UPR: tl.constexpr,
                            UB: tl.constexpr, UC: tl.constexpr, V: tl.constexpr,
                            WORDS: tl.constexpr,
@@ -110,7 +111,10 @@ def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_str
                            OUT_BF16: tl.constexpr):
     """Sum over peers 0..n_peers-1 (``PEERS`` of them unrolled, 0: a runtime loop) of ``R``
     rows, then the optional inverse rotation of its ``N``-blocks; ``CLIP``: values past
-    +-``BIG`` (a 16-bit output's largest) clipped to it (NaN stays NaN)."""
+    +-``BIG`` (a 16-bit output's largest) clipped to it (NaN stays NaN). The scales start
+    ``scale_off`` elements past ``scale_ptr``, float32 or their bits in int32 words (a
+    wire's, :func:`dequantize_sum_wire`)."""
+    scale_ptr += scale_off
     r = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     rmask = r < n_rows
     total = _peer(src_ptr, scale_ptr, r, rmask, GS, BITS, ROWV, UPR, UB, UC, V, WORDS)
@@ -170,10 +174,16 @@ def _source(packed: torch.Tensor, upr: int) -> tuple[torch.Tensor, int]:
         words = packed.view(torch.int32)    # its strides: (row stride, 1), a multiple of 4
     else:   # one row: its stride set to its width (the kernel steps by it)
         words = torch.as_strided(packed, packed.shape, (packed.shape[1], 1)).view(torch.int32)
+    return words, _vector(words, upr)
+
+
+def _vector(words: torch.Tensor, upr: int) -> int:
+    """Words per load ``V``: the largest power of two <= min(upr, 4) that the start and the
+    row stride of ``words`` (int32 ``[P, n]``) allow."""
     v = min(upr, 4)
     while v > 1 and (words.data_ptr() % (4 * v) or words.stride(0) % v):
         v //= 2
-    return words, v
+    return v
 
 
 def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
@@ -195,26 +205,57 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
     place (e.g. a reduce-scatter's output) where it is contiguous and 16-byte aligned, else
     through a fresh buffer and one copy; returned."""
     packed, scale = _strided(packed), _strided(scale)
-    n_peers, n_groups = scale.shape
+    k = row_layout(bits, group_size, hadamard_size if inverse else 1)
+    src, v = _source(packed, k["UPR"]) if k["UB"] == 4 else (packed, 0)
+    return _sum(src, v, scale, 0, scale.stride(0), *scale.shape, bits, group_size, dtype,
+                hadamard_size, inverse, clip, out)
+
+
+def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
+                        group_size: int, dtype: torch.dtype = torch.float32,
+                        hadamard_size: int = 1, inverse: bool = False, clip: bool = False,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`dequantize_sum` of the P payloads in the rows of the uint8 wire ``[P, width]``
+    (row p: ``code_bytes`` of codes, then ``n_groups`` float32 scales; more bytes may follow,
+    e.g. riders): the kernel reads both fields in place through the wire's int32 words, the
+    scales at their word offset (no view per field), where the wire's start, row stride,
+    width and ``code_bytes`` are multiples of 4 bytes; else through
+    :func:`packing.wire_fields`."""
+    words = wire_words(wire) if code_bytes % 4 == 0 else None
+    if words is None or row_layout(bits, group_size)["UB"] != 4:
+        return dequantize_sum(*wire_fields(wire, code_bytes, n_groups), bits, group_size,
+                              dtype, hadamard_size, inverse, clip, out)
+    k = row_layout(bits, group_size, hadamard_size if inverse else 1)
+    return _sum(words, _vector(words, k["UPR"]), words, code_bytes // 4, words.stride(0),
+                wire.shape[0], n_groups, bits, group_size, dtype, hadamard_size, inverse, clip,
+                out)
+
+
+def _sum(src: torch.Tensor, v: int, scale: torch.Tensor, scale_off: int, scale_stride: int,
+         n_peers: int, n_groups: int, bits: int, group_size: int, dtype: torch.dtype,
+         hadamard_size: int, inverse: bool, clip: bool,
+         out: torch.Tensor | None) -> torch.Tensor:
+    """One ``_dequantize_sum_kernel`` launch: ``src`` the codes (int32 words read ``V`` at a
+    time, ``v`` > 0, else bytes), the scales ``scale_off`` elements into ``scale``, rows
+    ``scale_stride`` apart; ``out`` as :func:`dequantize_sum`."""
     numel = n_groups * group_size
     if out is not None and (out.numel() != numel or out.dtype != dtype):
         raise ValueError(f"dequantize_sum: out holds {out.numel()} {out.dtype} values, "
                          f"expected {numel} {dtype}")
     if out is not None and not (out.is_contiguous() and out.data_ptr() % 16 == 0):
-        return out.copy_(dequantize_sum(packed, scale, bits, group_size, dtype, hadamard_size,
-                                        inverse, clip))
+        return out.copy_(_sum(src, v, scale, scale_off, scale_stride, n_peers, n_groups, bits,
+                              group_size, dtype, hadamard_size, inverse, clip, None))
     if out is None:
-        out = torch.empty(numel, dtype=dtype, device=packed.device)
+        out = torch.empty(numel, dtype=dtype, device=src.device)
     if not (numel and n_peers):
         return out
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
-    src, v = _source(packed, k["UPR"]) if k["UB"] == 4 else (packed, 0)
-    rows = max(per_program(packed, BLOCK_ELEMS // k["ROWV"], GPU_ROWS),
+    rows = max(per_program(src, BLOCK_ELEMS // k["ROWV"], GPU_ROWS),
                hadamard_size // k["ROWV"])
     n_rows = numel // k["ROWV"]
     _dequantize_sum_kernel[(cdiv(n_rows, rows),)](
         src, scale, out.view(torch.uint16) if dtype == torch.bfloat16 else out, n_rows, n_peers,
-        src.stride(0), scale.stride(0), _largest(dtype), R=rows,
+        src.stride(0), scale_stride, scale_off, _largest(dtype), R=rows,
         **_sum_consts(bits, group_size, hadamard_size, inverse, clip, dtype, n_peers, v),
         num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out

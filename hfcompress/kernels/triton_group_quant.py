@@ -32,7 +32,8 @@ import triton.language as tl
 
 from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
-from .packing import _UNIT, flat_contiguous, packed_nbytes, payload_buffers, row_wire
+from .packing import (_UNIT, flat_contiguous, packed_nbytes, payload_buffers, row_wire,
+                      wire_fields, wire_words)
 from .triton_noise import ROW_MODES, group_noise_at, noise_operand, row_launch, row_program
 from .triton_tiles import cdiv, per_program, rows_of_groups
 
@@ -172,14 +173,16 @@ def _store_tile(word, scale, pid, n_groups, packed_ptr, scale_ptr, GS: tl.conste
                 BPU: tl.constexpr):
     """Store a quantized tile: each group's scale by its first thread, the ``(BLOCK_G, L,
     U)`` code units in 16-byte vectors of int32 words (``BPU == 4``) or ``BPU`` bytes each
-    (:func:`_quantize_tile`'s layouts)."""
+    (:func:`_quantize_tile`'s layouts); the scales as ``scale_ptr``'s type (float32, or
+    their bits in a wire's int32 words)."""
     r = tl.arange(0, BLOCK_G)[:, None, None]
     g = pid * BLOCK_G + r
     gmask = g < n_groups
     lane = tl.arange(0, L)[None, :, None]
     sidx = tl.max_contiguous(g, [1, 1, 1])
     tl.store(tl.broadcast_to(scale_ptr + sidx, (BLOCK_G, L, 1)),
-             tl.broadcast_to(scale[:, None, None], (BLOCK_G, L, 1)), mask=gmask & (lane == 0))
+             tl.broadcast_to(scale.to(scale_ptr.dtype.element_ty, bitcast=True)[:, None, None],
+                             (BLOCK_G, L, 1)), mask=gmask & (lane == 0))
     first = pid.to(tl.int64) * (BLOCK_G * (GS // CPU))
     if BPU == 4:  # 16-byte stores of SV words, KS per thread (as the loads, see _tile)
         KS: tl.constexpr = (U + 3) // 4
@@ -214,8 +217,8 @@ def _dequantize_at(packed_ptr, scale_ptr, e, mask, GS: tl.constexpr, BITS: tl.co
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups,
-                     numel, gpr, row_words, x_row, GS: tl.constexpr, BLOCK_G: tl.constexpr,
+def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_off,
+                     n_groups, numel, gpr, row_words, x_row, GS: tl.constexpr, BLOCK_G: tl.constexpr,
                      L: tl.constexpr, LOG2V: tl.constexpr, VEC: tl.constexpr,
                      BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
                      STOCHASTIC: tl.constexpr, HASH: tl.constexpr, DIFF: tl.constexpr,
@@ -225,8 +228,10 @@ def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr
     axis 1 the rows of ``gpr`` groups, written as a wire of rows of ``row_words`` int32 words
     each, the codes then the scales (``scale_ptr``: row 0's first scale); ``XROWS``: read from
     rows ``x_row`` values apart (a strided view), else from a flat ``x``. A program's row is
-    its pointers' offset: its tile is the flat kernel's, with no division by ``gpr``."""
+    its pointers' offset: its tile is the flat kernel's, with no division by ``gpr``. The
+    scales go ``scale_off`` elements past ``scale_ptr`` (a wire's words: their word)."""
     pid = tl.program_id(0)
+    scale_ptr += scale_off
     n_tile, nbase = n_groups, 0
     if ROWS:
         n_tile = gpr
@@ -248,7 +253,8 @@ def _decode_tile(packed_ptr, scale_ptr, pid, n_groups, GS: tl.constexpr, BLOCK_G
                  L: tl.constexpr, V: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
                  BPU: tl.constexpr):
     """float32 values of a ``(BLOCK_G, L, V)`` tile (:func:`_per_thread`) of one payload:
-    each thread reads its ``V / CPU`` units (int32 words where ``BPU == 4``) and its scale."""
+    each thread reads its ``V / CPU`` units (int32 words where ``BPU == 4``) and its scale
+    (float32, or its bits in a wire's int32 words)."""
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     U: tl.constexpr = V // CPU
     r = tl.arange(0, BLOCK_G)[:, None, None]
@@ -266,13 +272,13 @@ def _decode_tile(packed_ptr, scale_ptr, pid, n_groups, GS: tl.constexpr, BLOCK_G
                      << (8 * m))
     shift = BITS * tl.arange(0, CPU)
     code = tl.reshape((w[:, :, :, None] >> shift) & ((1 << BITS) - 1), (BLOCK_G, L, V))
-    scale = tl.load(scale_ptr + g, mask=gmask, other=0.0)
+    scale = tl.load(scale_ptr + g, mask=gmask, other=0).to(tl.float32, bitcast=True)
     return (code - (QMAX + 1)).to(tl.float32) * scale
 
 
 @triton.jit
-def _dequantize_add_kernel(packed_ptr, scale_ptr, ref_ptr, out_ptr, also_ptr, numel, gpr,
-                           row_words, scale_row, also_row, GS: tl.constexpr,
+def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, also_ptr, numel,
+                           gpr, row_words, scale_row, also_row, GS: tl.constexpr,
                            BLOCK_G: tl.constexpr, L: tl.constexpr, LOG2V: tl.constexpr,
                            VEC: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
                            BPU: tl.constexpr, RAGGED: tl.constexpr, OUT_BF16: tl.constexpr,
@@ -284,9 +290,11 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, ref_ptr, out_ptr, also_ptr, nu
     ``r * row_words`` and its scales at ``r * scale_row`` (a wire's column views): a 2-D
     grid, axis 1 the rows, each program's pointers offset by its row. ``ALSO``: the result
     stored a second time at ``also_ptr`` (row r at ``r * also_row``: the all-gather's output
-    beside the new w~)."""
+    beside the new w~). The scales start ``scale_off`` elements past ``scale_ptr`` (a wire's
+    words: their word)."""
     pid = tl.program_id(0)
     K: tl.constexpr = (1 << LOG2V) // VEC
+    scale_ptr += scale_off
     n_groups = tl.cdiv(numel, GS)
     if ROWS:
         row = tl.program_id(1).to(tl.int64)
@@ -396,22 +404,23 @@ def _quantize(x: torch.Tensor, ref: torch.Tensor | None, bits: int, group_size: 
     k = _tile_consts(bits, group_size, _block(x), x.element_size())
     packed, words, scale = _packed(n_groups * group_size, bits, k["BPU"], n_groups, x.device)
     if n_groups:
-        _launch_quantize(x, ref, noise, words, scale, n_groups, 1, 0, group_size, bits, k)
+        _launch_quantize(x, ref, noise, words, scale, 0, n_groups, 1, 0, group_size, bits, k)
     return packed, scale
 
 
 def _launch_quantize(x: torch.Tensor, ref: torch.Tensor | None, noise: torch.Tensor | None,
-                     words: torch.Tensor, scale: torch.Tensor, n_groups: int, gpr: int,
-                     row_words: int, group_size: int, bits: int, k: dict) -> None:
+                     words: torch.Tensor, scale: torch.Tensor, scale_off: int, n_groups: int,
+                     gpr: int, row_words: int, group_size: int, bits: int, k: dict) -> None:
     """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows
     of ``gpr`` groups, ``x`` flat or its rows (:func:`rows_of_groups`), a program per
-    ``BLOCK_G`` groups of a row (:func:`row_launch`)."""
+    ``BLOCK_G`` groups of a row (:func:`row_launch`); the scales ``scale_off`` elements into
+    ``scale`` (float32, or a wire's int32 words)."""
     numel = x.numel()
     u, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
     grid, hashed = row_launch(numel, n_groups, gpr, row_words, group_size, k["BLOCK_G"],
                               hashed, row)
     _quantize_kernel[grid](
-        x, x if ref is None else flat_contiguous(ref), u, row, words, scale, n_groups,
+        x, x if ref is None else flat_contiguous(ref), u, row, words, scale, scale_off, n_groups,
         numel, gpr, row_words, x.stride(0) if x.dim() == 2 else 0, GS=group_size, BITS=bits,
         STOCHASTIC=noise is not None, HASH=hashed, DIFF=ref is not None,
         RAGGED=numel % group_size != 0, ROWS=row_words > 0,
@@ -441,8 +450,8 @@ def _rows(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, group
         if k["BPU"] == 4 and n_groups else None
     if made is None:
         return _twin.join_rows(*_quantize(x, ref, bits, group_size, noise), rows, tail)
-    wire, words, scales = made   # one row: the flat kernel's layout, its binary (no ROWS)
-    _launch_quantize(x, ref, noise, words, scales, n_groups, gpr,
+    wire, words, first = made   # one row: the flat kernel's layout, its binary (no ROWS)
+    _launch_quantize(x, ref, noise, words, words, first, n_groups, gpr,
                      words.shape[1] if rows > 1 else 0, group_size, bits, k)
     return wire
 
@@ -472,6 +481,13 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int,
     """Sum over peers: ``packed`` (P, nbytes), ``scale`` (P, groups) -> float32 (numel,),
     peers added in order 0..P-1; ``out``: written there (float32, numel values)."""
     return _dequantize_sum(packed, scale, bits, group_size, torch.float32, out)
+
+
+def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
+                        group_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`dequantize_sum` of the payloads in the rows of the uint8 wire ``[P, width]``,
+    their fields read in place (``triton_dequantize_sum.dequantize_sum_wire``)."""
+    return _dsum.dequantize_sum_wire(wire, code_bytes, n_groups, bits, group_size, out=out)
 
 
 def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int,
@@ -524,31 +540,68 @@ def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
     result too, by the kernel where its rows (``[rows, numel]`` of the payload's rows, unit
     column stride) can be, else copied."""
     flat = ref if ref.is_contiguous() else ref.contiguous()   # the kernel reads it flat
+    numel = flat.numel()
+    k = _tile_consts(bits, group_size, _block(flat), flat.element_size())
+    rows = _row_strides(packed, scale) if k["BPU"] == 4 and numel else None
+    if rows is not None and numel != packed.shape[0] * rows[0] * group_size:
+        rows = None     # a payload padded past ``ref``: read flat
+    if rows is None:
+        packed, scale = packed.reshape(-1).contiguous(), scale.reshape(-1)
+    if k["BPU"] == 4 and (packed.storage_offset() % 4 or packed.numel() % 4):
+        k = {**k, "CPU": _UNIT[bits][0], "BPU": _UNIT[bits][1]}  # words: aligned, whole
+    return _add(packed.view(torch.int32) if k["BPU"] == 4 else packed, scale, 0,
+                None if rows is None else (packed.shape[0], *rows), flat, k, bits, group_size,
+                also)
+
+
+def dequantize_add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_size: int,
+                        ref: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`dequantize_add_rows` of the payloads in the rows of the uint8 wire ``[rows,
+    width]`` (row r: ``code_bytes`` of codes, then the float32 scales; more bytes may follow,
+    e.g. riders), ``ref`` ``[rows, numel]``: the kernel reads both fields in place through
+    the wire's int32 words, the scales at their word offset (no view per field), where the
+    rows are whole groups of whole words and the wire 4-byte aligned; else through
+    :func:`packing.wire_fields`."""
+    rows, numel = ref.shape
+    flat = ref if ref.is_contiguous() else ref.contiguous()
+    k = _tile_consts(bits, group_size, _block(flat), flat.element_size())
+    words = wire_words(wire) if code_bytes % 4 == 0 and numel % group_size == 0 and \
+        k["BPU"] == 4 else None
+    if words is None:
+        return dequantize_add_rows(*wire_fields(wire, code_bytes, -(-numel // group_size)),
+                                   bits, group_size, ref, also)
+    step = words.stride(0)
+    return _add(words, words, code_bytes // 4,
+                (rows, numel // group_size, step, step) if rows > 1 else None, flat, k, bits,
+                group_size, also)
+
+
+def _add(src: torch.Tensor, scale: torch.Tensor, scale_off: int,
+         rows: tuple[int, int, int, int] | None, flat: torch.Tensor, k: dict, bits: int,
+         group_size: int, also: torch.Tensor | None) -> torch.Tensor:
+    """One ``_dequantize_add_kernel`` launch: the codes ``src`` (int32 words where
+    ``k["BPU"] == 4``, else bytes), the scales ``scale_off`` elements into ``scale``, added to
+    the contiguous ``flat`` reference; ``rows``: ``(rows, groups per row, words per codes
+    row, scale elements per row)`` of a 2-D grid (a wire's rows read in place), else None
+    (flat); ``also`` as :func:`dequantize_add`."""
     out = torch.empty_like(flat)
     numel = flat.numel()
-    if numel:
-        k = _tile_consts(bits, group_size, _block(flat), flat.element_size())
-        rows = _row_strides(packed, scale) if k["BPU"] == 4 else None
-        if rows is not None and numel != packed.shape[0] * rows[0] * group_size:
-            rows = None     # a payload padded past ``ref``: read flat
-        if rows is None:
-            packed, scale = packed.reshape(-1).contiguous(), scale.reshape(-1)
-        if k["BPU"] == 4 and (packed.storage_offset() % 4 or packed.numel() % 4):
-            k = {**k, "CPU": _UNIT[bits][0], "BPU": _UNIT[bits][1]}  # words: aligned, whole
-        bf16 = ref.dtype == torch.bfloat16
-        grid = (cdiv(cdiv(numel, group_size), k["BLOCK_G"]),) if rows is None else \
-            (cdiv(rows[0], k["BLOCK_G"]), packed.shape[0])
-        second = _also_rows(also, ref, grid)
-        target = out if second is None else second[0]
-        _dequantize_add_kernel[grid](
-            packed.view(torch.int32) if k["BPU"] == 4 else packed, scale, flat,
-            out.view(torch.int16) if bf16 else out,
-            target.view(torch.int16) if bf16 else target, numel, *(rows or (1, 0, 0)),
-            0 if second is None else second[1], GS=group_size, BITS=bits,
-            RAGGED=numel % group_size != 0, OUT_BF16=bf16, ROWS=rows is not None,
-            ALSO=second is not None, **k, num_warps=NUM_WARPS, enable_fp_fusion=False)
-        if second is None:
-            _twin.also_into(out, also)
+    if not numel:
+        return out
+    bf16 = flat.dtype == torch.bfloat16
+    grid = (cdiv(cdiv(numel, group_size), k["BLOCK_G"]),) if rows is None else \
+        (cdiv(rows[1], k["BLOCK_G"]), rows[0])
+    second = _also_rows(also, flat, grid)
+    target = out if second is None else second[0]
+    _dequantize_add_kernel[grid](
+        src, scale, scale_off, flat, out.view(torch.int16) if bf16 else out,
+        target.view(torch.int16) if bf16 else target, numel,
+        *((1, 0, 0) if rows is None else rows[1:]), 0 if second is None else second[1],
+        GS=group_size, BITS=bits, RAGGED=numel % group_size != 0, OUT_BF16=bf16,
+        ROWS=rows is not None, ALSO=second is not None, **k, num_warps=NUM_WARPS,
+        enable_fp_fusion=False)
+    if second is None:
+        _twin.also_into(out, also)
     return out
 
 

@@ -94,8 +94,8 @@ def _max_nan(a, b):
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_groups, gpr,
-                     row_words, x_row, GS: tl.constexpr, BLOCK_G: tl.constexpr, RUN: tl.constexpr,
+def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_off, n_groups,
+                     gpr, row_words, x_row, GS: tl.constexpr, BLOCK_G: tl.constexpr, RUN: tl.constexpr,
                      RPG: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
                      LOG2N: tl.constexpr, SCALE: tl.constexpr, BITS: tl.constexpr,
                      CPU: tl.constexpr, BPU: tl.constexpr, WORDS: tl.constexpr,
@@ -107,8 +107,11 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_group
     (``K`` values per vector load), the lanes and warps over runs (see _consts). ``ROWS``
     (``WORDS``): grid axis 1 is the rows of ``gpr`` groups, a wire of ``row_words`` words per
     row (codes, then scales: ``scale_ptr`` is row 0's first), each program's pointers offset
-    by its row; ``XROWS``: the input rows ``x_row`` values apart, else a flat ``x``."""
+    by its row; ``XROWS``: the input rows ``x_row`` values apart, else a flat ``x``. The
+    scales go ``scale_off`` elements past ``scale_ptr``, as its type (float32, or their bits
+    in a wire's int32 words)."""
     J: tl.constexpr = RUN // K
+    scale_ptr += scale_off
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     nbase = 0
     if ROWS:
@@ -147,7 +150,7 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, n_group
     q = tl.where(q == q, tl.minimum(tl.maximum(q, -QMAX), QMAX), 0.0)
     codes = q.to(tl.int32) + (QMAX + 1)
     U: tl.constexpr = 32 // BITS if WORDS else CPU
-    tl.store(scale_ptr + g, scale, mask=gmask)
+    tl.store(scale_ptr + g, scale.to(scale_ptr.dtype.element_ty, bitcast=True), mask=gmask)
     _store_codes(packed_ptr, codes, g * (GS // U), b, gmask, BLOCK_G, RPG, GS, RUN, BITS, CPU, BPU,
                  WORDS)
 
@@ -196,22 +199,23 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
     if n_groups:
         k = _consts(bits, group_size, hadamard_size, _block(x))
         _launch_quantize(x, noise, packed.view(torch.int32) if k["WORDS"] else packed, scale,
-                         n_groups, 1, 0, group_size, k)
+                         0, n_groups, 1, 0, group_size, k)
     return packed, scale
 
 
 def _launch_quantize(x: torch.Tensor, noise: torch.Tensor | None, packed: torch.Tensor,
-                     scale: torch.Tensor, n_groups: int, gpr: int, row_words: int,
-                     group_size: int, k: dict) -> None:
+                     scale: torch.Tensor, scale_off: int, n_groups: int, gpr: int,
+                     row_words: int, group_size: int, k: dict) -> None:
     """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows
     of ``gpr`` groups, ``x`` flat or its rows (``triton_tiles.rows_of_groups``), a program
-    per ``BLOCK_G`` groups of a row (``triton_noise.row_launch``)."""
+    per ``BLOCK_G`` groups of a row (``triton_noise.row_launch``); the scales ``scale_off``
+    elements into ``scale`` (float32, or a wire's int32 words)."""
     u, hashed, row = noise_operand(noise, x.numel(), x, group_size)
     grid, hashed = row_launch(x.numel(), n_groups, gpr, row_words, group_size, k["BLOCK_G"],
                               hashed, row)
     warps = min(NUM_WARPS, max(QUANT_WARPS, k["BLOCK_G"] * k["RPG"] // 32))
     _quantize_kernel[grid](
-        x, u, row, packed, scale, n_groups, gpr, row_words, x.stride(0) if x.dim() == 2 else 0,
+        x, u, row, packed, scale, scale_off, n_groups, gpr, row_words, x.stride(0) if x.dim() == 2 else 0,
         **k, STOCHASTIC=noise is not None, HASH=hashed, ROWS=row_words > 0,
         XROWS=row_words > 0 and x.dim() == 2, num_warps=warps, enable_fp_fusion=False)
 
@@ -232,8 +236,8 @@ def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadama
         if k["WORDS"] and n_groups else None
     if made is None:
         return join_rows(*quantize(x, bits, group_size, hadamard_size, noise), rows, tail)
-    wire, words, scales = made
-    _launch_quantize(x, noise, words, scales, n_groups, gpr, words.shape[1], group_size, k)
+    wire, words, first = made
+    _launch_quantize(x, noise, words, words, first, n_groups, gpr, words.shape[1], group_size, k)
     return wire
 
 
@@ -261,3 +265,12 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
     ``out``: written there (numel values)."""
     return _dequantize(packed, scale, bits, group_size, hadamard_size, torch.float32, inverse,
                        out)
+
+
+def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
+                        group_size: int, hadamard_size: int, inverse: bool = True,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`dequantize_sum` of the payloads in the rows of the uint8 wire ``[P, width]``,
+    their fields read in place (``triton_dequantize_sum.dequantize_sum_wire``)."""
+    return _dsum.dequantize_sum_wire(wire, code_bytes, n_groups, bits, group_size,
+                                     torch.float32, hadamard_size, inverse, clip=True, out=out)
