@@ -35,7 +35,8 @@ FIELDS = ["name", "sass_per_value", "instructions", "values_per_thread", "loads_
 #: the rows: (name, inputs (evaluated before counting host ops), the call on those inputs
 #: ``a``, peers summed per output value). Inputs: ``x`` 2^20 float32 values, ``xb`` / ``rb``
 #: bfloat16 weights and references, ``keys`` a noise key pair, ``peers(bits)`` 8 peers'
-#: (packed, scale) rows.
+#: (packed, scale) rows, ``wire(bits, gs)`` 8 payloads in the rows of one uint8 wire (as
+#: received, riders after them) with their codes' bytes and groups.
 ROWS = [
     ("quantize_int4_nearest", "x,", "GQ.quantize(*a, 4, 128)", 1),
     ("quantize_int4_stochastic", "x, keys", "GQ.quantize(a[0], 4, 128, a[1])", 1),
@@ -55,18 +56,20 @@ ROWS = [
     ("qwd_dequantize_add", "(*peers(4, 1), rb)",
      "GQ.dequantize_add(a[0][0], a[1][0], 4, 2048, a[2])", 1),
     # ... from 8 gathered slots read in place in the wire (8 rider bytes after each payload)
-    ("qwd_dequantize_add_wire_rows", "(*wire_rows(4, 2048), rb.view(8, -1))",
-     "GQ.dequantize_add_rows(a[0], a[1], 4, 2048, a[2])", 1),
+    ("qwd_dequantize_add_wire_rows", "(*wire(4, 2048), rb)",
+     "GQ.dequantize_add_wire(a[0], a[1], 4, 2048, a[3])", 1),
     # zeropp's weight gather: 8 int8 g2048 slots decoded in place from the wire into their
     # rows of a bf16 output (a column block of the all-gather's buffer)
     ("dequantize_rows_int8_wire_rows", "(*wire_rows(8, 2048), torch.empty(8, N // 8 + 64, "
      "dtype=torch.bfloat16)[:, :N // 8])", "GQ.dequantize_rows(a[0], a[1], 8, 2048, a[2])", 1),
-    ("dequantize_sum_int4", "peers(4)", "GQ.dequantize_sum(*a, 4, 128)", 8),
-    ("dequantize_sum_int8", "peers(8)", "GQ.dequantize_sum(*a, 8, 128)", 8),
+    # the reduce-scatter's received wire: 8 peers' payloads (and riders) read in place
+    ("dequantize_sum_int4", "wire(4, 128, per=N)", "GQ.dequantize_sum_wire(*a, 4, 128)", 8),
+    ("dequantize_sum_int8", "wire(8, 128, per=N)", "GQ.dequantize_sum_wire(*a, 8, 128)", 8),
     # the 2-hop: 8 peers' int8 sum requantized to int4 (stochastic, one key pair)
     ("dequantize_sum_quantize_int8_int4", "peers(8)",
      "GQ.dequantize_sum_quantize(*a, 8, 128, 4, 128, keys)", 8),
-    ("hadamard_dequantize_sum_int4", "peers(4)", "H.dequantize_sum(*a, 4, 128, 32)", 8),
+    ("hadamard_dequantize_sum_int4", "wire(4, 128, per=N)",
+     "H.dequantize_sum_wire(*a, 4, 128, 32)", 8),
     # the preset's launch: int8 wire, one scale per tensor, 127 levels (one peer)
     # LoCo's error feedback of one int4 g128 gradient row (the loco preset's reduce-scatter, one
     # launch per destination row): bf16 gradients and the 8-bit error read, payload and new
@@ -130,11 +133,15 @@ def peers(bits, n=8):
     packed = torch.randint(0, 255, (n, packed_nbytes(N, bits)), dtype=torch.uint8)
     return packed, torch.rand(n, N // 128)
 
+def wire(bits, gs, n=8, per=N // 8, rider=8):   # n payloads of `per` values in a wire's rows
+    ncodes, groups = packed_nbytes(per, bits), per // gs
+    w = torch.randint(0, 255, (n, ncodes + 4 * groups + rider), dtype=torch.uint8)
+    w[:, ncodes:ncodes + 4 * groups] = torch.rand(n, groups).view(torch.uint8)
+    return w, ncodes, groups
+
 def wire_rows(bits, gs, n=8, rider=8):   # n slots' codes and scales: views of one wire
-    ncodes, groups = packed_nbytes(N // n, bits), N // n // gs
-    wire = torch.randint(0, 255, (n, ncodes + 4 * groups + rider), dtype=torch.uint8)
-    wire[:, ncodes:ncodes + 4 * groups] = torch.rand(n, groups).view(torch.uint8)
-    return wire[:, :ncodes], wire[:, ncodes:ncodes + 4 * groups].view(torch.float32)
+    w, ncodes, groups = wire(bits, gs, n, N // n, rider)
+    return w[:, :ncodes], w[:, ncodes:ncodes + 4 * groups].view(torch.float32)
 
 def loco_rows(n=8):   # a hop's n bf16 gradient rows and the table of their 8-bit errors
     rows = torch.randn(n, N // n + 64).bfloat16()[:, :N // n]

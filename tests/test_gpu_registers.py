@@ -80,8 +80,10 @@ for h in (N.ONE_KEY, RK):
 # fused difference (bf16 w and w~, ragged tail) and update (dequantize_add, bf16 or float32
 # w~); the fused 2-hop requantize
 # the scales as float32, or (a wire of rows) their bits in the wire's int32 words
-quant = dict(ref_ptr=f32, noise_row=i32, scale_ptr=f32, scale_off=i32, n_groups=i32,
-             numel=i32, gpr=i32, row_words=i32, x_row=i32)
+quant = dict(ref_ptr=f32, noise_row=i32, scale_ptr=f32, scale_off=i32, tail_ptr=f32,
+             tail_row=i32, tail_n=i32, n_groups=i32, numel=i32, gpr=i32, row_words=i32,
+             x_row=i32)
+TAIL = N.TAIL_BLOCK   # a wire's rows copy their riders (norms: bf16 values)
 for bits, gs, h in [(b, 128, h) for b in (2, 4, 8) for h in (0, 1, RG)] + [(4, 2048, 0),
                                                                              (8, 2048, 0)]:
     k = T._tile_consts(bits, gs, T.GPU_BLOCK_ELEMS)
@@ -89,17 +91,19 @@ for bits, gs, h in [(b, 128, h) for b in (2, 4, 8) for h in (0, 1, RG)] + [(4, 2
         row(f"group_quant._quantize_kernel bits={bits} gs={gs} HASH={h} XROWS={xrows}",
             T._quantize_kernel, dict(x_ptr=f32, noise_ptr=i64 if h else f32,
                                      packed_ptr="*i32",
-                                     **{**quant, "scale_ptr": "*i32" if h == RG else f32}),
+                                     **{**quant, "scale_ptr": "*i32" if h == RG else f32,
+                                        "tail_ptr": "*bf16" if h == RG else f32}),
             dict(GS=gs, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=False, RAGGED=False,
-                 ROWS=h == RG, XROWS=xrows, **k), T.NUM_WARPS)
+                 ROWS=h == RG, XROWS=xrows, TAIL=TAIL if h == RG else 0, **k), T.NUM_WARPS)
 for bits, h in ((4, 0), (4, 1), (8, RG)):
     k = T._tile_consts(bits, 2048, T.GPU_BLOCK_ELEMS, itemsize=2)
     row(f"group_quant._quantize_kernel difference bits={bits} gs=2048 HASH={h}",
         T._quantize_kernel, dict(x_ptr="*bf16", noise_ptr=i64 if h else f32,
                                  packed_ptr="*i32",
-                                 **{**quant, "ref_ptr": "*bf16", "scale_ptr": "*i32"}),
+                                 **{**quant, "ref_ptr": "*bf16", "scale_ptr": "*i32",
+                                    "tail_ptr": "*bf16"}),
         dict(GS=2048, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=True, RAGGED=True,
-             ROWS=False, XROWS=False, **k),
+             ROWS=False, XROWS=False, TAIL=TAIL, **k),
         T.NUM_WARPS)
 for bits, gs, out, rows, also in [(4, 2048, "*bf16", False, False), (4, 128, "*bf16", False, True),
                                   (8, 2048, "*bf16", False, False), (4, 2048, f32, False, True),
@@ -167,10 +171,11 @@ for bits, n, h, xrows in [(b, n, h, False) for b in (4, 8) for n in (32, 1) for 
     row(f"hadamard._quantize_kernel bits={bits} n={n} HASH={h} XROWS={xrows}",
         H._quantize_kernel,
         dict(x_ptr=f32, noise_ptr=i64 if h else f32, noise_row=i32, packed_ptr="*i32",
-             scale_ptr="*i32" if h == RG else f32, scale_off=i32, n_groups=i32, gpr=i32,
-             row_words=i32, x_row=i32),
+             scale_ptr="*i32" if h == RG else f32, scale_off=i32,
+             tail_ptr="*bf16" if h == RG else f32, tail_row=i32, tail_n=i32, n_groups=i32,
+             gpr=i32, row_words=i32, x_row=i32),
         dict(**H._consts(bits, 128, n, H.GPU_BLOCK_ELEMS), STOCHASTIC=h != 0, HASH=h,
-             ROWS=h == RG, XROWS=xrows),
+             ROWS=h == RG, XROWS=xrows, TAIL=TAIL if h == RG else 0),
         H.QUANT_WARPS)
 
 # triton_dequantize_sum: the decode-sums of both (8 peers unrolled; 16 unrolled, as

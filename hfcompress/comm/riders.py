@@ -46,7 +46,9 @@ def as_row(values: torch.Tensor) -> torch.Tensor:
 def forwarded(values: torch.Tensor) -> torch.Tensor:
     """What an intermediate hop sends on: ``[k, Y, E]`` contributions -> ``[Y, E]``, the only
     one as it is, or their sum (float32 accumulation, peer order) rounded to their dtype, as
-    a ring reduce-scatter's partial sums are."""
+    a ring reduce-scatter's partial sums are; a 2-D ``[Y, E]`` is one contribution, itself."""
+    if values.dim() == 2:
+        return values
     return values[0] if values.shape[0] == 1 else torch.sum(values, 0)
 
 

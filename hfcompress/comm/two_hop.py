@@ -188,7 +188,8 @@ class TwoHopReduceScatter(StreamOwner):
         partial sums of this local rank's Y rows, flat ``(Y * width,)`` (rotated for TLq-HS;
         ``rotated_rows``: ``rows`` are rotated already; ``inverse``: rotated back in the
         decode-sum, on one node; ``out``: written there), and the ``[k, Y, E]`` exact values
-        to sum for them (``exact``, ``[P, E]``, rides along; else None). Local rank l gets
+        to sum for them (``exact``, ``[P, E]``, rides along; else None; with no intra-node hop
+        ``exact`` itself, the one contribution ``[Y, E]``). Local rank l gets
         rows ``l, X + l, ..`` (positions ``l*Y ..`` of :func:`slice_order`): row l of the
         ``[X, Y * width]`` reordering of the chunk's columns, over several nodes built half
         of its rows at a time (module docstring, "Memory")."""
@@ -196,8 +197,7 @@ class TwoHopReduceScatter(StreamOwner):
         a, b = bounds[c]
         if x == 1:   # no intra-node hop: this rank's rows as they are (not rotated yet)
             part = rows if (a, b) == (0, rows.shape[1]) else rows[:, a:b]
-            riding = None if exact is None else exact.unsqueeze(0)
-            return lambda: (part, riding)
+            return lambda: (part, exact)
         width = b - a
         order = rows[:, a:b].reshape(y, x, width).transpose(0, 1)   # a view, [X, Y, width]
         streams, half = self.streams["intra"], (x + 1) // 2
@@ -234,7 +234,7 @@ class TwoHopReduceScatter(StreamOwner):
         it is in the rotated domain already (else the quantize kernel rotates it).
         ``inverse``: the sum rotated back (TLq-HS's final H); ``out``: written there.
         ``riding``: ``[k, Y, E]`` exact values, summed over k (and over the nodes once
-        exchanged) and handed to ``finish_exact``."""
+        exchanged) and handed to ``finish_exact``; 2-D ``[Y, E]``: one contribution."""
         if self.raw_inter:  # compression off sends the input's dtype, as torch's collective
             partial = partial.to(dtype)
         shape = (self.topology.num_nodes, width)
@@ -244,7 +244,7 @@ class TwoHopReduceScatter(StreamOwner):
 
             def alone() -> torch.Tensor:
                 if riding is not None:
-                    finish_exact(riding[:, 0])
+                    finish_exact(riding if riding.dim() == 2 else riding[:, 0])
                 return into(rotate(parts[0]), out)
             return alone
         # TLq-HS: the sums are rotated already; rows of the input are rotated in the kernel

@@ -105,7 +105,7 @@ class WeightDifferenceQuantizer(Compressor):
             return stack_payloads([self.compress_slot(x, row, rows)], tail)
         n = x.numel()
         self._check_rows(rows, n)   # the row sliced flat: one torch call, not three
-        ref = self.reference[row * n:(row + 1) * n]
+        ref = self.reference if rows == 1 else self.reference[row * n:(row + 1) * n]
         return self.inner.compress_difference_row(
             x.detach() if x.requires_grad else x, ref if x.dim() == 1 else ref.view(x.shape),
             tail)
@@ -165,17 +165,18 @@ class WeightDifferenceQuantizer(Compressor):
                 raise ValueError(f"qwd: exact payloads of {self.reference.numel()} values, "
                                  f"expected {rows} x {numel}")
             return _twin.also_into(self.reference, also)
-        ref = self._rows(rows, numel)
-        if isinstance(self.inner, GroupQuantizer) and ref.dtype == dtype:
+        if isinstance(self.inner, GroupQuantizer) and self.reference.dtype == dtype:
+            self._check_rows(rows, numel)
             spec, inner = self.inner.payload_spec(numel), self.inner
             (_, ncodes), (_, ngroups) = spec["codes"], spec["scales"]
             if wire.shape[1] != ncodes + 4 * ngroups:
                 raise ValueError(f"qwd: payload rows of {wire.shape[1]} bytes, expected "
                                  f"{ncodes + 4 * ngroups} for {numel} values")
             # the fields read where they lie in the wire's rows (no view per field)
-            self._replace(inner._impl(wire).dequantize_add_wire(wire, ncodes, inner.bits,
-                                                                inner.group_size, ref, also))
+            self._replace(inner._impl(wire).dequantize_add_wire(
+                wire, ncodes, inner.bits, inner.group_size, self.reference, also))
             return self.reference
+        ref = self._rows(rows, numel)
         for r in range(rows):  # another inner: its own decode per row
             packed = self.inner.unflatten(wire[r], (numel,), torch.float32)
             ref[r].copy_(self.apply(ref[r], Packed(packed.payload, torch.Size((numel,)), dtype,
@@ -214,7 +215,7 @@ class WeightDifferenceQuantizer(Compressor):
         old = self.reference
         if old is not None and old.is_cuda:
             old.record_stream(torch.cuda.current_stream(old.device))
-        self.reference = new.reshape(-1)
+        self.reference = new if new.dim() == 1 else new.reshape(-1)
 
     def _store(self, out: torch.Tensor) -> None:
         if self.reference is None or self.reference.dtype != out.dtype \

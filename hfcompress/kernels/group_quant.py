@@ -258,7 +258,7 @@ def dequantize_add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_si
                         ref: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`dequantize_add_rows` of the payloads in the rows of the uint8 wire ``[rows,
     width]`` (row r: ``code_bytes`` of codes, then the float32 scales; more bytes may
-    follow), ``ref`` ``[rows, numel]``."""
-    groups = -(-ref.shape[1] // group_size)
-    return dequantize_add_rows(*wire_fields(wire, code_bytes, groups), bits, group_size, ref,
-                               also)
+    follow) and ``ref``, their ``rows * numel`` flat references. Flat, as ``ref``."""
+    ref = ref.view(wire.shape[0], -1)
+    fields = wire_fields(wire, code_bytes, -(-ref.shape[1] // group_size))
+    return dequantize_add_rows(*fields, bits, group_size, ref, also).reshape(-1)

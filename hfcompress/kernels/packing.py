@@ -55,25 +55,33 @@ def tail_bytes(tail: torch.Tensor | None) -> torch.Tensor | None:
     return (tail if tail.stride(-1) == 1 else tail.contiguous()).view(torch.uint8)
 
 
+def tail_nbytes(tail: torch.Tensor | None) -> int:
+    """Bytes per row that ``tail`` (``[rows, E]`` values riding, or None) adds to a wire."""
+    return 0 if tail is None else tail.shape[1] * tail.element_size()
+
+
 def row_wire(rows: int, code_bytes: int, groups: int, device,
-             tail: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+             tail: int = 0) -> tuple[torch.Tensor, torch.Tensor, int] | None:
     """The wire ``[rows, nbytes]`` of ``rows`` payloads, each ``code_bytes`` of codes (a
-    multiple of 4) then ``groups`` float32 scales, for a kernel that writes it in place:
-    ``(wire, words, first)``, ``words`` its int32 view ``[rows, nbytes / 4]`` and ``first``
-    the word of row 0's first scale (row r's at ``first + r * nbytes / 4``; the kernel stores
-    the scales' bits there: no view per field). ``tail`` (``[rows, E]``): its rows' bytes
-    copied after each payload (the row is that much wider; no copy of the payload); None
-    when the wider row is not whole int32 words (the caller joins the fields and the tail
-    instead)."""
-    extra = tail_bytes(tail)
-    width = code_bytes + 4 * groups + (0 if extra is None else extra.shape[1])
+    multiple of 4) then ``groups`` float32 scales, then ``tail`` bytes (exact values riding,
+    ``comm/riders.py``), for a kernel that writes it in place: ``(wire, words, first)``,
+    ``words`` its int32 view ``[rows, nbytes / 4]`` and ``first`` the word of row 0's first
+    scale (row r's at ``first + r * nbytes / 4``; the kernel stores the scales' bits there,
+    and the riders after them: no view per field). None when the row is not whole int32
+    words (the caller joins the fields and the tail instead)."""
+    width = code_bytes + 4 * groups + tail
     if width % 4:
         return None
     wire = torch.empty(rows, width, dtype=torch.uint8, device=device)
-    if extra is not None:
-        wire[:, width - extra.shape[1]:].copy_(extra)
     return wire, wire.view(torch.int32), code_bytes // 4
+
+
+def put_tail(wire: torch.Tensor, tail: torch.Tensor | None) -> None:
+    """Copy ``tail``'s rows (``[rows, E]``, any dtype and strides) into the last bytes of the
+    wire's rows (a kernel that does not write the riders itself)."""
+    extra = tail_bytes(tail)
+    if extra is not None:
+        wire[:, wire.shape[1] - extra.shape[1]:].copy_(extra)
 
 
 def wire_words(wire: torch.Tensor) -> torch.Tensor | None:

@@ -33,8 +33,9 @@ import triton.language as tl
 from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
 from .packing import (_UNIT, flat_contiguous, packed_nbytes, payload_buffers, row_wire,
-                      wire_fields, wire_words)
-from .triton_noise import ROW_MODES, group_noise_at, noise_operand, row_launch, row_program
+                      tail_nbytes, wire_fields, wire_words)
+from .triton_noise import (ROW_MODES, copy_tail, group_noise_at, noise_operand, row_launch,
+                           row_program, tail_operand)
 from .triton_tiles import cdiv, per_program, rows_of_groups
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
@@ -218,25 +219,32 @@ def _dequantize_at(packed_ptr, scale_ptr, e, mask, GS: tl.constexpr, BITS: tl.co
 
 @triton.jit
 def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_off,
-                     n_groups, numel, gpr, row_words, x_row, GS: tl.constexpr, BLOCK_G: tl.constexpr,
+                     tail_ptr, tail_row, tail_n, n_groups, numel, gpr, row_words, x_row,
+                     GS: tl.constexpr, BLOCK_G: tl.constexpr,
                      L: tl.constexpr, LOG2V: tl.constexpr, VEC: tl.constexpr,
                      BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
                      STOCHASTIC: tl.constexpr, HASH: tl.constexpr, DIFF: tl.constexpr,
-                     RAGGED: tl.constexpr, ROWS: tl.constexpr, XROWS: tl.constexpr):
+                     RAGGED: tl.constexpr, ROWS: tl.constexpr, XROWS: tl.constexpr,
+                     TAIL: tl.constexpr):
     """Quantize ``x``, or with ``DIFF`` qWD's float32 ``x - ref`` (SDP4Bit 3.1); ``RAGGED``:
     ``numel`` is not whole groups, the values past it are zeros. ``ROWS``: a 2-D grid, its
     axis 1 the rows of ``gpr`` groups, written as a wire of rows of ``row_words`` int32 words
     each, the codes then the scales (``scale_ptr``: row 0's first scale); ``XROWS``: read from
     rows ``x_row`` values apart (a strided view), else from a flat ``x``. A program's row is
     its pointers' offset: its tile is the flat kernel's, with no division by ``gpr``. The
-    scales go ``scale_off`` elements past ``scale_ptr`` (a wire's words: their word)."""
+    scales go ``scale_off`` elements past ``scale_ptr`` (a wire's words: their word);
+    ``TAIL``: the row's ``tail_n`` riders (rows ``tail_row`` apart) after them."""
     pid = tl.program_id(0)
     scale_ptr += scale_off
     n_tile, nbase = n_groups, 0
     if ROWS:
         n_tile = gpr
+        tail_ptr += tl.program_id(1).to(tl.int64) * tail_row
         x_ptr, packed_ptr, scale_ptr, noise_ptr, nbase = row_program(
             x_ptr, packed_ptr, scale_ptr, noise_ptr, gpr, row_words, x_row, GS, HASH, XROWS)
+    if TAIL > 0:
+        if pid == 0:
+            copy_tail(scale_ptr + n_tile, tail_ptr, tail_n, TAIL)
     base, off, mask = _tile(pid, n_tile, GS, BLOCK_G, L, (1 << LOG2V) // VEC, VEC)
     if RAGGED:
         mask = mask & (off < tl.minimum(numel - base, BLOCK_G * GS).to(tl.int32))
@@ -410,30 +418,34 @@ def _quantize(x: torch.Tensor, ref: torch.Tensor | None, bits: int, group_size: 
 
 def _launch_quantize(x: torch.Tensor, ref: torch.Tensor | None, noise: torch.Tensor | None,
                      words: torch.Tensor, scale: torch.Tensor, scale_off: int, n_groups: int,
-                     gpr: int, row_words: int, group_size: int, bits: int, k: dict) -> None:
+                     gpr: int, row_words: int, group_size: int, bits: int, k: dict,
+                     tail: torch.Tensor | None = None) -> None:
     """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows
     of ``gpr`` groups, ``x`` flat or its rows (:func:`rows_of_groups`), a program per
     ``BLOCK_G`` groups of a row (:func:`row_launch`); the scales ``scale_off`` elements into
-    ``scale`` (float32, or a wire's int32 words)."""
+    ``scale`` (float32, or a wire's int32 words); ``tail``'s rows after each row's scales
+    (a wire's)."""
     numel = x.numel()
     u, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
+    t, t_row, t_n, tail_block = tail_operand(tail, x)
     grid, hashed = row_launch(numel, n_groups, gpr, row_words, group_size, k["BLOCK_G"],
                               hashed, row)
     _quantize_kernel[grid](
-        x, x if ref is None else flat_contiguous(ref), u, row, words, scale, scale_off, n_groups,
-        numel, gpr, row_words, x.stride(0) if x.dim() == 2 else 0, GS=group_size, BITS=bits,
-        STOCHASTIC=noise is not None, HASH=hashed, DIFF=ref is not None,
+        x, x if ref is None else flat_contiguous(ref), u, row, words, scale, scale_off, t, t_row,
+        t_n, n_groups, numel, gpr, row_words, x.stride(0) if x.dim() == 2 else 0, GS=group_size,
+        BITS=bits, STOCHASTIC=noise is not None, HASH=hashed, DIFF=ref is not None,
         RAGGED=numel % group_size != 0, ROWS=row_words > 0,
-        XROWS=row_words > 0 and x.dim() == 2, **k, num_warps=NUM_WARPS, enable_fp_fusion=False)
+        XROWS=row_words > 0 and x.dim() == 2, TAIL=tail_block, **k, num_warps=NUM_WARPS,
+        enable_fp_fusion=False)
 
 
 def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int,
                   noise: torch.Tensor | None = None,
                   tail: torch.Tensor | None = None) -> torch.Tensor:
     """The twin's ``quantize_rows`` written in place: the kernel stores every row's codes and
-    scales into the uint8 ``[rows, nbytes]`` wire (its rows' int32 words; ``tail`` copied
-    after them), no ``cat``; codes in bytes (6 bits), or rows not whole words, go through
-    the twin's join."""
+    scales into the uint8 ``[rows, nbytes]`` wire (its rows' int32 words; ``tail``'s rows
+    after them, copied by the kernel), no ``cat``; codes in bytes (6 bits), or rows not
+    whole words, go through the twin's join."""
     return _rows(x, None, rows, bits, group_size, noise, tail)
 
 
@@ -446,13 +458,14 @@ def _rows(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, group
     n_groups = (x.numel() if ref is None else x.numel() + group_size - 1) // group_size
     k = _tile_consts(bits, group_size, _block(x), x.element_size())
     gpr = n_groups // rows
-    made = row_wire(rows, packed_nbytes(gpr * group_size, bits), gpr, x.device, tail) \
+    made = row_wire(rows, packed_nbytes(gpr * group_size, bits), gpr, x.device,
+                    tail_nbytes(tail)) \
         if k["BPU"] == 4 and n_groups else None
     if made is None:
         return _twin.join_rows(*_quantize(x, ref, bits, group_size, noise), rows, tail)
     wire, words, first = made   # one row: the flat kernel's layout, its binary (no ROWS)
     _launch_quantize(x, ref, noise, words, words, first, n_groups, gpr,
-                     words.shape[1] if rows > 1 else 0, group_size, bits, k)
+                     words.shape[1] if rows > 1 else 0, group_size, bits, k, tail)
     return wire
 
 
@@ -558,18 +571,19 @@ def dequantize_add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_si
                         ref: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`dequantize_add_rows` of the payloads in the rows of the uint8 wire ``[rows,
     width]`` (row r: ``code_bytes`` of codes, then the float32 scales; more bytes may follow,
-    e.g. riders), ``ref`` ``[rows, numel]``: the kernel reads both fields in place through
-    the wire's int32 words, the scales at their word offset (no view per field), where the
-    rows are whole groups of whole words and the wire 4-byte aligned; else through
-    :func:`packing.wire_fields`."""
-    rows, numel = ref.shape
+    e.g. riders) and ``ref``, their ``rows * numel`` flat references: the kernel reads both
+    fields in place through the wire's int32 words, the scales at their word offset (no view
+    per field), where the rows are whole groups of whole words and the wire 4-byte aligned;
+    else through :func:`packing.wire_fields`. Flat, as ``ref``."""
+    rows = wire.shape[0]
+    numel = ref.numel() // rows
     flat = ref if ref.is_contiguous() else ref.contiguous()
     k = _tile_consts(bits, group_size, _block(flat), flat.element_size())
     words = wire_words(wire) if code_bytes % 4 == 0 and numel % group_size == 0 and \
         k["BPU"] == 4 else None
     if words is None:
         return dequantize_add_rows(*wire_fields(wire, code_bytes, -(-numel // group_size)),
-                                   bits, group_size, ref, also)
+                                   bits, group_size, ref.view(rows, numel), also).reshape(-1)
     step = words.stride(0)
     return _add(words, words, code_bytes // 4,
                 (rows, numel // group_size, step, step) if rows > 1 else None, flat, k, bits,

@@ -30,9 +30,10 @@ import triton.language as tl
 from . import triton_dequantize_sum as _dsum
 from .group_quant import join_rows
 from .hadamard import inv_sqrt
-from .packing import flat_contiguous, packed_nbytes, payload_buffers, row_wire
+from .packing import flat_contiguous, packed_nbytes, payload_buffers, row_wire, tail_nbytes
 from .triton_butterfly import fwht, fwht_runs
-from .triton_noise import ROW_MODES, group_noise_at, noise_operand, row_launch, row_program
+from .triton_noise import (ROW_MODES, copy_tail, group_noise_at, noise_operand, row_launch,
+                           row_program, tail_operand)
 from .triton_tiles import cdiv, per_program, rows_of_groups
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
@@ -94,13 +95,14 @@ def _max_nan(a, b):
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_off, n_groups,
-                     gpr, row_words, x_row, GS: tl.constexpr, BLOCK_G: tl.constexpr, RUN: tl.constexpr,
-                     RPG: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
+def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_off, tail_ptr,
+                     tail_row, tail_n, n_groups, gpr, row_words, x_row, GS: tl.constexpr,
+                     BLOCK_G: tl.constexpr, RUN: tl.constexpr, RPG: tl.constexpr,
+                     K: tl.constexpr, N: tl.constexpr,
                      LOG2N: tl.constexpr, SCALE: tl.constexpr, BITS: tl.constexpr,
                      CPU: tl.constexpr, BPU: tl.constexpr, WORDS: tl.constexpr,
                      STOCHASTIC: tl.constexpr, HASH: tl.constexpr, ROWS: tl.constexpr,
-                     XROWS: tl.constexpr):
+                     XROWS: tl.constexpr, TAIL: tl.constexpr):
     """Rotate and group-quantize ``BLOCK_G`` groups (SDP4Bit 3.3 TLq-HS) as a
     (RUN // K, BLOCK_G, RPG, K) tile: value ``j * K + k`` of run ``b`` of group ``g`` at
     ``[j, g, b, k]``. Its first axis outermost, Triton keeps a run in one thread's registers
@@ -109,15 +111,20 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_o
     row (codes, then scales: ``scale_ptr`` is row 0's first), each program's pointers offset
     by its row; ``XROWS``: the input rows ``x_row`` values apart, else a flat ``x``. The
     scales go ``scale_off`` elements past ``scale_ptr``, as its type (float32, or their bits
-    in a wire's int32 words)."""
+    in a wire's int32 words); ``TAIL``: the row's ``tail_n`` riders (rows ``tail_row``
+    apart) after them."""
     J: tl.constexpr = RUN // K
     scale_ptr += scale_off
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     nbase = 0
     if ROWS:
         n_groups = gpr
+        tail_ptr += tl.program_id(1).to(tl.int64) * tail_row
         x_ptr, packed_ptr, scale_ptr, noise_ptr, nbase = row_program(
             x_ptr, packed_ptr, scale_ptr, noise_ptr, gpr, row_words, x_row, GS, HASH, XROWS)
+    if TAIL > 0:
+        if tl.program_id(0) == 0:
+            copy_tail(scale_ptr + n_groups, tail_ptr, tail_n, TAIL)
     g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     b = tl.arange(0, RPG)
     gmask = g < n_groups
@@ -205,39 +212,46 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, hadamard_size: int,
 
 def _launch_quantize(x: torch.Tensor, noise: torch.Tensor | None, packed: torch.Tensor,
                      scale: torch.Tensor, scale_off: int, n_groups: int, gpr: int,
-                     row_words: int, group_size: int, k: dict) -> None:
+                     row_words: int, group_size: int, k: dict,
+                     tail: torch.Tensor | None = None) -> None:
     """One ``_quantize_kernel`` launch over flat ``x``; ``row_words > 0``: the wire of rows
     of ``gpr`` groups, ``x`` flat or its rows (``triton_tiles.rows_of_groups``), a program
     per ``BLOCK_G`` groups of a row (``triton_noise.row_launch``); the scales ``scale_off``
-    elements into ``scale`` (float32, or a wire's int32 words)."""
+    elements into ``scale`` (float32, or a wire's int32 words); ``tail``'s rows after each
+    row's scales (a wire's)."""
     u, hashed, row = noise_operand(noise, x.numel(), x, group_size)
+    t, t_row, t_n, tail_block = tail_operand(tail, x)
     grid, hashed = row_launch(x.numel(), n_groups, gpr, row_words, group_size, k["BLOCK_G"],
                               hashed, row)
     warps = min(NUM_WARPS, max(QUANT_WARPS, k["BLOCK_G"] * k["RPG"] // 32))
     _quantize_kernel[grid](
-        x, u, row, packed, scale, scale_off, n_groups, gpr, row_words, x.stride(0) if x.dim() == 2 else 0,
-        **k, STOCHASTIC=noise is not None, HASH=hashed, ROWS=row_words > 0,
-        XROWS=row_words > 0 and x.dim() == 2, num_warps=warps, enable_fp_fusion=False)
+        x, u, row, packed, scale, scale_off, t, t_row, t_n, n_groups, gpr, row_words,
+        x.stride(0) if x.dim() == 2 else 0, **k, STOCHASTIC=noise is not None, HASH=hashed,
+        ROWS=row_words > 0, XROWS=row_words > 0 and x.dim() == 2, TAIL=tail_block,
+        num_warps=warps, enable_fp_fusion=False)
 
 
 def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadamard_size: int,
                   noise: torch.Tensor | None = None,
                   tail: torch.Tensor | None = None) -> torch.Tensor:
     """The twin's ``quantize_rows`` written in place: the kernel stores every row's codes and
-    scales into the uint8 ``[rows, nbytes]`` wire (its rows' int32 words; ``tail`` copied
-    after them), no ``cat``; codes in bytes, or rows not whole words, go through the twin's
-    join. Rows of whole groups are read in place (``triton_tiles.rows_of_groups``)."""
+    scales into the uint8 ``[rows, nbytes]`` wire (its rows' int32 words; ``tail``'s rows
+    after them, copied by the kernel), no ``cat``; codes in bytes, or rows not whole words,
+    go through the twin's join. Rows of whole groups are read in place
+    (``triton_tiles.rows_of_groups``)."""
     if rows_of_groups(x, rows, group_size) is None:
         x = flat_contiguous(x)
     n_groups = x.numel() // group_size
     k = _consts(bits, group_size, hadamard_size, _block(x))
     gpr = n_groups // rows
-    made = row_wire(rows, packed_nbytes(gpr * group_size, bits), gpr, x.device, tail) \
+    made = row_wire(rows, packed_nbytes(gpr * group_size, bits), gpr, x.device,
+                    tail_nbytes(tail)) \
         if k["WORDS"] and n_groups else None
     if made is None:
         return join_rows(*quantize(x, bits, group_size, hadamard_size, noise), rows, tail)
     wire, words, first = made
-    _launch_quantize(x, noise, words, words, first, n_groups, gpr, words.shape[1], group_size, k)
+    _launch_quantize(x, noise, words, words, first, n_groups, gpr, words.shape[1], group_size, k,
+                     tail)
     return wire
 
 

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .packing import packed_nbytes, payload_buffers, row_wire
+from .packing import packed_nbytes, payload_buffers, put_tail, row_wire, tail_nbytes
 from .triton_group_quant import (NUM_WARPS, _block, _decode_tile, _levels, _per_thread,
                                  _store_levels, _tile, _tile_consts)
 from .triton_noise import ONE_KEY, noise_operand
@@ -212,11 +212,12 @@ def feedback_rows(x: torch.Tensor, errors: torch.Tensor, noise: torch.Tensor | N
     n_groups = -(-numel // group_size)
     code_bytes = packed_nbytes(n_groups * group_size, bits)
     k = _consts(bits, group_size, x)
-    made = row_wire(rows, code_bytes, n_groups, x.device, tail)
+    made = row_wire(rows, code_bytes, n_groups, x.device, tail_nbytes(tail))
     if group_size != ERROR_GROUP or k["BPU"] != 4 or made is None or x.stride(1) != 1:
         raise ValueError(f"loco feedback kernel: rows of {numel} values, {bits}-bit codes in "
                          f"groups of {group_size} are not whole int32 words of a wire")
     wire, words, _ = made
+    put_tail(wire, tail)
     if n_groups and rows:
         coeff, small = lerp_coefficient(beta)
         _feedback_rows_kernel[(cdiv(n_groups, k["BLOCK_G"]), rows)](

@@ -180,6 +180,32 @@ def row_program(x_ptr, packed_ptr, scale_ptr, noise_ptr, gpr, row_words, x_row,
     return x_ptr, packed_ptr + row * row_words, scale_ptr + row * row_words, noise_ptr, nbase
 
 
+#: rider values a quantize kernel's program copies per step (``copy_tail``)
+TAIL_BLOCK = 1024
+
+
+@triton.jit
+def copy_tail(words_ptr, src_ptr, n, BLOCK: tl.constexpr):
+    """A wire row's riders (``comm/riders.py``): the ``n`` values at ``src_ptr`` stored in
+    their own dtype from the int32 word at ``words_ptr`` on (after the row's scales), by the
+    row's first program."""
+    dst = words_ptr.to(tl.pointer_type(src_ptr.dtype.element_ty), bitcast=True)
+    for start in range(0, n, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        tl.store(dst + i, tl.load(src_ptr + i, mask=i < n), mask=i < n)
+
+
+def tail_operand(tail: torch.Tensor | None,
+                 unused: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
+    """A quantize kernel's riders ``tail`` (``[rows, E]``, or None) as its arguments: (the
+    values, their row stride, ``E``, ``TAIL``: :data:`TAIL_BLOCK`, 0 without riders)."""
+    if tail is None:
+        return unused, 0, 0, 0
+    if tail.stride(-1) != 1:
+        tail = tail.contiguous()
+    return tail, tail.stride(0) if tail.shape[0] > 1 else 0, tail.shape[1], TAIL_BLOCK
+
+
 def row_launch(numel: int, n_groups: int, gpr: int, row_words: int, group_size: int,
                block_g: int, hashed: int, row_len: int) -> tuple[tuple[int, ...], int]:
     """A quantize kernel's grid and ``HASH`` for ``n_groups`` groups of ``numel`` values,
