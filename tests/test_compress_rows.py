@@ -148,29 +148,41 @@ def test_payload_rows_are_views_of_the_wire(name, params):
         assert all(torch.equal(f, w) for f, w in zip(fields, comp.payload_rows(payload, 256)))
 
 
+@pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("dtype,e", TAILS)
-def test_qwd_decode_reads_the_wire_in_place(dtype, e):
+def test_qwd_decode_reads_the_wire_in_place(dtype, e, rows):
     """qWD's decode of the Y > 1 gathered slots (``decompress_rows``, the Triton update
     interpreted) reads every row's codes and scales in place in the wire, exact values after
     each payload: no copy of the fields where the rows are whole words (a bf16 tail of odd
-    length: copied flat first), the references the torch twin rebuilds, bit for bit."""
-    rows, shard = 3, 256
+    length: copied flat first), the references the torch twin rebuilds, bit for bit; given
+    their place (``riders``), the exact values are copied there by the same kernel."""
+    shard = 256
     make = lambda backend: get_compressor("qwd", inner=build_compressor(  # noqa: E731
         "int", bits=4, group_size=128, rounding="nearest", backend=backend))
     qwds = {b: make(b) for b in ("triton", "torch")}
+    riding = make("triton")
     w = _rows(rows, shard, torch.bfloat16)
-    tail = torch.zeros(1, e, dtype=dtype)
+    tails = torch.randn(rows, e).to(dtype)
     for step in range(2):
         sender = qwds["torch"]    # the same rows for both (the first call: exact)
-        wire = torch.cat([sender.wire_slot(w[r], r, rows, tail) for r in range(rows)])
+        wire = torch.cat([sender.wire_slot(w[r], r, rows, tails[r:r + 1]) for r in range(rows)])
         n = wire.shape[1] - e * dtype.itemsize
         for backend, q in qwds.items():
             with _Ops() as ops:
                 q.decompress_rows(wire[:, :n], shard, torch.bfloat16)
-            if step and backend == "triton":
+            if step and backend == "triton":   # one row: read flat, its stride never stepped
                 copied = {"copy_", "clone", "contiguous", "cat"} & set(ops.names)
-                assert bool(copied) == (wire.shape[1] % 4 != 0), ops.names
+                assert bool(copied) == (rows > 1 and wire.shape[1] % 4 != 0), ops.names
         assert torch.equal(qwds["triton"].reference, qwds["torch"].reference)
+        # the riders copied out of the wire too (by the Triton decode where whole words)
+        got = torch.full((rows, e + 3), 7.0, dtype=dtype)[:, 1:1 + e]
+        with _Ops() as ops:
+            riding.decompress_rows(wire, shard, torch.bfloat16, riders=got)
+        assert torch.equal(got, tails)
+        assert torch.equal(riding.reference, qwds["torch"].reference)
+        if step:
+            copied = {"copy_", "clone", "contiguous", "cat"} & set(ops.names)
+            assert bool(copied) == (wire.shape[1] % 4 != 0), ops.names
         w = (w.float() + 0.01 * _rows(rows, shard)).to(torch.bfloat16)
 
 

@@ -113,11 +113,12 @@ for bits, gs, out, rows, also in [(4, 2048, "*bf16", False, False), (4, 128, "*b
     row(f"group_quant._dequantize_add_kernel bits={bits} gs={gs} out={out} ROWS={rows} "
         f"ALSO={also}",
         T._dequantize_add_kernel, dict(packed_ptr="*i32", scale_ptr="*i32" if rows else f32,
-                                       scale_off=i32, ref_ptr=out,
-                                       out_ptr=o, also_ptr=o, numel=i32, gpr=i32,
-                                       row_words=i32, scale_row=i32, also_row=i32),
+                                       scale_off=i32, ref_ptr=out, out_ptr=o, also_ptr=o,
+                                       tail_ptr=out, tail_row=i32, tail_off=i32, tail_n=i32,
+                                       numel=i32, gpr=i32, row_words=i32, scale_row=i32,
+                                       also_row=i32),
         dict(GS=gs, BITS=bits, RAGGED=not rows, OUT_BF16=out != f32, ROWS=rows, ALSO=also,
-             **k), T.NUM_WARPS)
+             TAIL=TAIL if rows else 0, **k), T.NUM_WARPS)
 # the slots of a gathered wire decoded in place (zeropp's int8 weights; int4 for qw-style)
 for bits, gs, out in [(8, 2048, "*bf16"), (8, 2048, f32), (4, 128, "*bf16")]:
     k = T._tile_consts(bits, gs, T.GPU_BLOCK_ELEMS, itemsize=2 if out != f32 else 4)

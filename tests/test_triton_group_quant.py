@@ -282,9 +282,11 @@ s = ptx(T._dequantize_sum_quantize_kernel, dict(packed_ptr=u8, scale_ptr=f32, no
              OCPU=k.pop("CPU"), OBPU=k.pop("BPU"), **k))
 a = "".join(ptx(T._dequantize_add_kernel, dict(packed_ptr="*i32",
                 scale_ptr="*i32" if rows else f32, scale_off=i32, ref_ptr="*bf16",
-                out_ptr="*i16", also_ptr="*i16", numel="i64", gpr=i32,
+                out_ptr="*i16", also_ptr="*i16", tail_ptr="*bf16", tail_row=i32,
+                tail_off=i32, tail_n=i32, numel="i64", gpr=i32,
                 row_words=i32, scale_row=i32, also_row=i32),
                 dict(GS=128, BITS=4, OUT_BF16=True, RAGGED=not rows, ROWS=rows, ALSO=rows,
+                     TAIL=N.TAIL_BLOCK if rows else 0,
                      **T._tile_consts(4, 128, 1024, itemsize=2)))
             for rows in (False, True))
 print("div.rn.f32" in q, "div.full" in q + s, "fma.rn.f32" in q + s + a)

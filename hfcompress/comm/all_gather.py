@@ -33,11 +33,11 @@ import torch.distributed as dist
 
 from ..compressors.base import Compressor, ReferenceCoded
 from ..compressors.runs import Runs
-from ..kernels.packing import flat_contiguous
+from ..kernels.packing import flat_contiguous, split_tail
 from .hop import all_gather_single
 from .futures import finish, inline, overlaps, side_stream_call
 from .reference_gather import ShardedReferences
-from .riders import detach, rider_nbytes
+from .riders import rider_nbytes
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
 from .traffic import Phase, gather, payload_bytes
@@ -105,7 +105,7 @@ class QuantizedAllGather(StreamOwner):
         work = all_gather_single(gathered.view(-1), row.view(-1), group=group, async_op=launch)
 
         def decode() -> None:
-            wire, values = detach(gathered, n, None if exact is None else exact[0].dtype)
+            wire, values = split_tail(gathered, n, None if exact is None else exact[0].dtype)
             if not slots.stateful:   # one decode of every slot (same numbers)
                 slots.compressor.decompress_slots(wire, s, out)
             else:

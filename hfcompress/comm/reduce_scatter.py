@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 
 from ..compressors.base import Compressor
-from ..kernels.packing import flat_contiguous
+from ..kernels.packing import flat_contiguous, split_tail
 from .hop import Exchange, compress_rows, reduce_scatter_single
 from .one_rank import skips
-from .riders import check_exact, detach, rider_nbytes
+from .riders import check_exact, rider_nbytes
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
 from .traffic import Phase, exchange, payload_bytes
@@ -142,7 +142,7 @@ class QuantizedReduceScatter(StreamOwner):
         streams.check_layout((world, s))
         send = compress_rows(streams, rows, lambda k: ("send", k), rider=values)
         got = Exchange(send, group, self.meter, self.tag, remote).wait()
-        got, received = detach(got, send.shape[1] - rider_nbytes(values),
+        got, received = split_tail(got, send.shape[1] - rider_nbytes(values),
                                None if values is None else values.dtype)
         target = sum_target(output, op)
         total = streams["recv"].reduce_rows(got, (s,), input.dtype, out=target)

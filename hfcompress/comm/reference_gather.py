@@ -43,10 +43,11 @@ import torch.distributed as dist
 
 from ..compressors.base import ReferenceCoded
 from ..compressors.runs import Runs, put, view
+from ..kernels.packing import split_tail
 from .hop import all_gather_single
 from .futures import finish, overlaps
 from .one_rank import skips
-from .riders import as_row, detach, rider_nbytes
+from .riders import as_row, rider_nbytes
 from .topology import Topology
 from .traffic import Phase, gather, payload_bytes
 from .wire_meter import WireMeter, peer_is_remote, sends
@@ -183,10 +184,16 @@ class ShardedReferences:
             else:   # this rank alone holds its slot: nothing to send
                 wire = row
 
-            def rebuild(also: torch.Tensor | None = None) -> None:
+            def rebuild(also: torch.Tensor | None = None,
+                        riders: torch.Tensor | None = None) -> None:
+                """The new references (``also``: the output's slots too); ``riders``: the
+                exact values' place, where the decode copies them (else ``values``)."""
                 nonlocal values
-                rows, values = detach(wire, n, riding.dtype) if exchanged and riding is not None \
-                    else (wire, riding)
+                if exchanged and riding is not None and riders is not None and sent is None:
+                    self.qwd.decompress_rows(wire, s, flat.dtype, also, riders)
+                    return
+                rows, values = split_tail(wire, n, riding.dtype) \
+                    if exchanged and riding is not None else (wire, riding)
                 self.qwd.decompress_rows(rows if sent is None else sent.expand(rows), s,
                                          flat.dtype, also)
             intra_bytes, inter_bytes = sends(row.shape[1], route.inter_remote, route.row)
@@ -200,7 +207,7 @@ class ShardedReferences:
 
             def rebuild_and_copy() -> None:
                 if rebuild is not None:   # the decode writes the output's slots too
-                    rebuild(slots)
+                    rebuild(slots, None if exact is None else exact[1])
                 if rebuild is None or slots is None:
                     place_slots(out, columns, self.qwd.reference.view(y, s))
                 if values is not None:

@@ -24,20 +24,6 @@ def rider_nbytes(values: torch.Tensor | None) -> int:
     return 0 if values is None else values.shape[1] * values.element_size()
 
 
-def detach(wire: torch.Tensor, nbytes: int, dtype: torch.dtype | None
-           ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The received ``[rows, nbytes]`` payloads and ``[rows, E]`` exact values (views,
-    copied only where the values' bytes are not aligned to ``dtype``); ``dtype`` None: no
-    values rode along."""
-    if dtype is None:
-        return wire, None
-    raw = wire[:, nbytes:]
-    size = dtype.itemsize
-    if raw.storage_offset() % size or (raw.shape[0] > 1 and raw.stride(0) % size):
-        raw = raw.contiguous()
-    return wire[:, :nbytes], raw.view(dtype)
-
-
 def as_row(values: torch.Tensor) -> torch.Tensor:
     """``values`` as one ``[1, E]`` row: itself where it is one (no torch call)."""
     return values if values.dim() == 2 and values.shape[0] == 1 else values.reshape(1, -1)

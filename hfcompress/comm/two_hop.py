@@ -37,10 +37,11 @@ import torch
 import torch.distributed as dist
 
 from ..compressors.base import Compressor, RotatedDomain, into
+from ..kernels.packing import split_tail
 from .hop import Exchange, RawCodec, compress_rows
 from .one_rank import skips
 from .reduce_scatter import check_scatter_op, check_sizes, final_sum, sum_target, write_result
-from .riders import check_exact, detach, forwarded, rider_nbytes
+from .riders import check_exact, forwarded, rider_nbytes
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
 from .traffic import Phase, exchange, payload_bytes
@@ -276,7 +277,7 @@ class TwoHopReduceScatter(StreamOwner):
         rider_dtype = None if rider is None else rider.dtype
 
         def finish() -> tuple[torch.Tensor, torch.Tensor | None]:
-            got, values = detach(ex.take(), nbytes, rider_dtype)
+            got, values = split_tail(ex.take(), nbytes, rider_dtype)
             total = reduce(got, (width,), dtype, out=out)
             return (total if total.dim() == 1 else total.reshape(-1)).float(), values
         return finish

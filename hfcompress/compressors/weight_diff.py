@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from ..kernels import group_quant as _twin
+from ..kernels.packing import tail_nbytes, take_tail
 from .base import Compressor, Packed, check_float_input, resolve_inner, stack_payloads
 from .group_quant import GroupQuantizer
 from .registry import register_compressor
@@ -149,7 +150,8 @@ class WeightDifferenceQuantizer(Compressor):
         return out
 
     def decompress_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype,
-                        also: torch.Tensor | None = None) -> torch.Tensor:
+                        also: torch.Tensor | None = None,
+                        riders: torch.Tensor | None = None) -> torch.Tensor:
         """Every row's payload at once -> the new flat w~ (``rows * numel`` values): ``wire``
         is ``(rows, nbytes)`` uint8, row r the flat payload of slot r. The exact first
         payloads become w~; later, one batched decode (``GroupQuantizer`` inner: one
@@ -157,24 +159,32 @@ class WeightDifferenceQuantizer(Compressor):
         where aligned, whose output becomes w~: no copy) adds every row's
         difference, bit-identical to ``decompress`` row by row (another inner: w~ updated in
         place, row by row). ``also`` (``[rows, numel]``, e.g. the all-gather's output
-        columns): the new w~ written there too, by the decode kernel where it can."""
+        columns): the new w~ written there too, by the decode kernel where it can.
+        ``riders`` (``[rows, E]``): each row ends with E exact values (``comm/riders.py``),
+        copied there (by the decode kernel where it can)."""
         rows = wire.shape[0]
+        fused = isinstance(self.inner, GroupQuantizer) and self.reference is not None and \
+            self.reference.dtype == dtype
+        if riders is not None and not fused:
+            take_tail(wire, riders)
+            wire = wire[:, :wire.shape[1] - tail_nbytes(riders)]
         if self.reference is None:
             self.reference = wire.contiguous().view(dtype).reshape(-1).clone()
             if self.reference.numel() != rows * numel:
                 raise ValueError(f"qwd: exact payloads of {self.reference.numel()} values, "
                                  f"expected {rows} x {numel}")
             return _twin.also_into(self.reference, also)
-        if isinstance(self.inner, GroupQuantizer) and self.reference.dtype == dtype:
+        if fused:
             self._check_rows(rows, numel)
             spec, inner = self.inner.payload_spec(numel), self.inner
             (_, ncodes), (_, ngroups) = spec["codes"], spec["scales"]
-            if wire.shape[1] != ncodes + 4 * ngroups:
+            if wire.shape[1] != ncodes + 4 * ngroups + tail_nbytes(riders):
                 raise ValueError(f"qwd: payload rows of {wire.shape[1]} bytes, expected "
-                                 f"{ncodes + 4 * ngroups} for {numel} values")
+                                 f"{ncodes + 4 * ngroups} for {numel} values and "
+                                 f"{tail_nbytes(riders)} of riders")
             # the fields read where they lie in the wire's rows (no view per field)
             self._replace(inner._impl(wire).dequantize_add_wire(
-                wire, ncodes, inner.bits, inner.group_size, self.reference, also))
+                wire, ncodes, inner.bits, inner.group_size, self.reference, also, riders))
             return self.reference
         ref = self._rows(rows, numel)
         for r in range(rows):  # another inner: its own decode per row

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .noise import noise_values
-from .packing import pack_codes, tail_bytes, unpack_codes, wire_fields
+from .packing import pack_codes, tail_bytes, take_tail, unpack_codes, wire_fields
 
 #: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU
 COMPILE_ON_CPU = ("quantize", "decode", "decode_sum", "decode_sum_quantize", "difference",
@@ -255,10 +255,14 @@ def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits
 
 
 def dequantize_add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_size: int,
-                        ref: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
+                        ref: torch.Tensor, also: torch.Tensor | None = None,
+                        riders: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`dequantize_add_rows` of the payloads in the rows of the uint8 wire ``[rows,
     width]`` (row r: ``code_bytes`` of codes, then the float32 scales; more bytes may
-    follow) and ``ref``, their ``rows * numel`` flat references. Flat, as ``ref``."""
+    follow) and ``ref``, their ``rows * numel`` flat references. Flat, as ``ref``.
+    ``riders`` (``[rows, E]``): each row's last bytes (exact values) copied there."""
+    if riders is not None:
+        take_tail(wire, riders)
     ref = ref.view(wire.shape[0], -1)
     fields = wire_fields(wire, code_bytes, -(-ref.shape[1] // group_size))
     return dequantize_add_rows(*fields, bits, group_size, ref, also).reshape(-1)

@@ -84,6 +84,26 @@ def put_tail(wire: torch.Tensor, tail: torch.Tensor | None) -> None:
         wire[:, wire.shape[1] - extra.shape[1]:].copy_(extra)
 
 
+def split_tail(wire: torch.Tensor, nbytes: int, dtype: torch.dtype | None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The received ``[rows, nbytes]`` payloads and ``[rows, E]`` riders (exact values,
+    ``comm/riders.py``) of the wire's rows (views, copied only where the riders' bytes are
+    not aligned to ``dtype``); ``dtype`` None: no riders."""
+    if dtype is None:
+        return wire, None
+    raw = wire[:, nbytes:]
+    size = dtype.itemsize
+    if raw.storage_offset() % size or (raw.shape[0] > 1 and raw.stride(0) % size):
+        raw = raw.contiguous()
+    return wire[:, :nbytes], raw.view(dtype)
+
+
+def take_tail(wire: torch.Tensor, tail: torch.Tensor) -> None:
+    """Inverse of :func:`put_tail`: the last bytes of the wire's rows into ``tail``
+    (``[rows, E]``, any dtype and strides)."""
+    tail.copy_(split_tail(wire, wire.shape[1] - tail_nbytes(tail), tail.dtype)[1])
+
+
 def wire_words(wire: torch.Tensor) -> torch.Tensor | None:
     """The uint8 wire rows ``[rows, width]`` as int32 words ``[rows, width / 4]`` (a view),
     where its start, row stride and width are multiples of 4 bytes and its columns unit
@@ -91,6 +111,8 @@ def wire_words(wire: torch.Tensor) -> torch.Tensor | None:
     if wire.stride(-1) != 1 or wire.shape[-1] % 4 or wire.storage_offset() % 4 \
             or (wire.shape[0] > 1 and wire.stride(0) % 4):
         return None
+    if wire.stride(0) % 4:    # one row sliced from wider ones: its stride is never stepped
+        wire = wire.as_strided(wire.shape, (wire.shape[1], 1))
     return wire.view(torch.int32)
 
 
@@ -101,9 +123,8 @@ def wire_fields(wire: torch.Tensor, code_bytes: int,
     codes ``[rows, code_bytes]`` and the scales ``[rows, groups]``, column views of the wire
     (the scales copied where their start or the row stride is not a multiple of 4 bytes)."""
     scales = wire[:, code_bytes:code_bytes + 4 * groups]
-    if (wire.storage_offset() + code_bytes) % 4 or wire.stride(-1) != 1 \
-            or (wire.shape[0] > 1 and wire.stride(0) % 4):
-        scales = scales.contiguous()
+    if (wire.storage_offset() + code_bytes) % 4 or wire.stride(-1) != 1 or wire.stride(0) % 4:
+        scales = scales.clone(memory_format=torch.contiguous_format)   # also one row's stride
     return wire[:, :code_bytes], scales.view(torch.float32)
 
 

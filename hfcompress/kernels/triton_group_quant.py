@@ -33,9 +33,9 @@ import triton.language as tl
 from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
 from .packing import (_UNIT, flat_contiguous, packed_nbytes, payload_buffers, row_wire,
-                      tail_nbytes, wire_fields, wire_words)
-from .triton_noise import (ROW_MODES, copy_tail, group_noise_at, noise_operand, row_launch,
-                           row_program, tail_operand)
+                      tail_nbytes, take_tail, wire_fields, wire_words)
+from .triton_noise import (ROW_MODES, copy_riders, copy_tail, group_noise_at, noise_operand,
+                           row_launch, row_program, tail_operand)
 from .triton_tiles import cdiv, per_program, rows_of_groups
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
@@ -285,12 +285,13 @@ def _decode_tile(packed_ptr, scale_ptr, pid, n_groups, GS: tl.constexpr, BLOCK_G
 
 
 @triton.jit
-def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, also_ptr, numel,
-                           gpr, row_words, scale_row, also_row, GS: tl.constexpr,
+def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, also_ptr,
+                           tail_ptr, tail_row, tail_off, tail_n, numel, gpr, row_words,
+                           scale_row, also_row, GS: tl.constexpr,
                            BLOCK_G: tl.constexpr, L: tl.constexpr, LOG2V: tl.constexpr,
                            VEC: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
                            BPU: tl.constexpr, RAGGED: tl.constexpr, OUT_BF16: tl.constexpr,
-                           ROWS: tl.constexpr, ALSO: tl.constexpr):
+                           ROWS: tl.constexpr, ALSO: tl.constexpr, TAIL: tl.constexpr):
     """qWD's update ``w~ + deq(C(w - w~))`` (SDP4Bit Alg. 2): ``ref`` plus the decoded
     values in float32, rounded to ``ref``'s dtype (``OUT_BF16``: ``out_ptr`` is an int16
     view of a bfloat16 output); the payload holds ``numel`` values and then padding, or
@@ -299,7 +300,8 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, a
     grid, axis 1 the rows, each program's pointers offset by its row. ``ALSO``: the result
     stored a second time at ``also_ptr`` (row r at ``r * also_row``: the all-gather's output
     beside the new w~). The scales start ``scale_off`` elements past ``scale_ptr`` (a wire's
-    words: their word)."""
+    words: their word); ``TAIL``: the row's ``tail_n`` riders, from its word ``tail_off`` on,
+    copied to ``tail_ptr`` (row r at ``r * tail_row``: the all-gather's exact columns)."""
     pid = tl.program_id(0)
     K: tl.constexpr = (1 << LOG2V) // VEC
     scale_ptr += scale_off
@@ -311,7 +313,11 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, a
         ref_ptr += row * gpr * GS
         out_ptr += row * gpr * GS
         also_ptr += row * also_row
+        tail_ptr += row * tail_row
         n_groups = gpr
+    if TAIL > 0:
+        if pid == 0:
+            copy_riders(tail_ptr, packed_ptr + tail_off, tail_n, TAIL)
     base, off, mask = _tile(pid, n_groups, GS, BLOCK_G, L, K, VEC)
     if RAGGED:
         mask = mask & (off < tl.minimum(numel - base, BLOCK_G * GS).to(tl.int32))
@@ -568,36 +574,43 @@ def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
 
 
 def dequantize_add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_size: int,
-                        ref: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
+                        ref: torch.Tensor, also: torch.Tensor | None = None,
+                        riders: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`dequantize_add_rows` of the payloads in the rows of the uint8 wire ``[rows,
     width]`` (row r: ``code_bytes`` of codes, then the float32 scales; more bytes may follow,
     e.g. riders) and ``ref``, their ``rows * numel`` flat references: the kernel reads both
     fields in place through the wire's int32 words, the scales at their word offset (no view
     per field), where the rows are whole groups of whole words and the wire 4-byte aligned;
-    else through :func:`packing.wire_fields`. Flat, as ``ref``."""
+    else through :func:`packing.wire_fields`. Flat, as ``ref``. ``riders`` (``[rows, E]``):
+    each row's last bytes (exact values, ``comm/riders.py``) copied there, by the kernel
+    where its columns have unit stride."""
     rows = wire.shape[0]
     numel = ref.numel() // rows
     flat = ref if ref.is_contiguous() else ref.contiguous()
     k = _tile_consts(bits, group_size, _block(flat), flat.element_size())
     words = wire_words(wire) if code_bytes % 4 == 0 and numel % group_size == 0 and \
-        k["BPU"] == 4 else None
+        k["BPU"] == 4 and (riders is None or riders.stride(-1) == 1) else None
     if words is None:
+        if riders is not None:
+            take_tail(wire, riders)
         return dequantize_add_rows(*wire_fields(wire, code_bytes, -(-numel // group_size)),
                                    bits, group_size, ref.view(rows, numel), also).reshape(-1)
-    step = words.stride(0)
-    return _add(words, words, code_bytes // 4,
-                (rows, numel // group_size, step, step) if rows > 1 else None, flat, k, bits,
-                group_size, also)
+    step, gpr = words.stride(0), numel // group_size
+    return _add(words, words, code_bytes // 4, (rows, gpr, step, step) if rows > 1 else None,
+                flat, k, bits, group_size, also,
+                None if riders is None else (riders, code_bytes // 4 + gpr))
 
 
 def _add(src: torch.Tensor, scale: torch.Tensor, scale_off: int,
          rows: tuple[int, int, int, int] | None, flat: torch.Tensor, k: dict, bits: int,
-         group_size: int, also: torch.Tensor | None) -> torch.Tensor:
+         group_size: int, also: torch.Tensor | None,
+         riders: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """One ``_dequantize_add_kernel`` launch: the codes ``src`` (int32 words where
     ``k["BPU"] == 4``, else bytes), the scales ``scale_off`` elements into ``scale``, added to
     the contiguous ``flat`` reference; ``rows``: ``(rows, groups per row, words per codes
     row, scale elements per row)`` of a 2-D grid (a wire's rows read in place), else None
-    (flat); ``also`` as :func:`dequantize_add`."""
+    (flat); ``also`` as :func:`dequantize_add`; ``riders``: ``(out [rows, E], word)``, each
+    wire row's riders from that word on copied to its row of ``out``."""
     out = torch.empty_like(flat)
     numel = flat.numel()
     if not numel:
@@ -607,13 +620,15 @@ def _add(src: torch.Tensor, scale: torch.Tensor, scale_off: int,
         (cdiv(rows[1], k["BLOCK_G"]), rows[0])
     second = _also_rows(also, flat, grid)
     target = out if second is None else second[0]
+    t, t_row, t_n, tail_block = tail_operand(None if riders is None else riders[0], flat)
     _dequantize_add_kernel[grid](
         src, scale, scale_off, flat, out.view(torch.int16) if bf16 else out,
-        target.view(torch.int16) if bf16 else target, numel,
+        target.view(torch.int16) if bf16 else target, t, t_row,
+        0 if riders is None else riders[1], t_n, numel,
         *((1, 0, 0) if rows is None else rows[1:]), 0 if second is None else second[1],
         GS=group_size, BITS=bits, RAGGED=numel % group_size != 0, OUT_BF16=bf16,
-        ROWS=rows is not None, ALSO=second is not None, **k, num_warps=NUM_WARPS,
-        enable_fp_fusion=False)
+        ROWS=rows is not None, ALSO=second is not None, TAIL=tail_block, **k,
+        num_warps=NUM_WARPS, enable_fp_fusion=False)
     if second is None:
         _twin.also_into(out, also)
     return out

@@ -195,10 +195,21 @@ def copy_tail(words_ptr, src_ptr, n, BLOCK: tl.constexpr):
         tl.store(dst + i, tl.load(src_ptr + i, mask=i < n), mask=i < n)
 
 
+@triton.jit
+def copy_riders(dst_ptr, words_ptr, n, BLOCK: tl.constexpr):
+    """Inverse of :func:`copy_tail`: a received wire row's ``n`` riders, from the int32 word
+    at ``words_ptr`` on (after the row's payload), stored at ``dst_ptr`` in its dtype."""
+    src = words_ptr.to(tl.pointer_type(dst_ptr.dtype.element_ty), bitcast=True)
+    for start in range(0, n, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        tl.store(dst_ptr + i, tl.load(src + i, mask=i < n), mask=i < n)
+
+
 def tail_operand(tail: torch.Tensor | None,
                  unused: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
-    """A quantize kernel's riders ``tail`` (``[rows, E]``, or None) as its arguments: (the
-    values, their row stride, ``E``, ``TAIL``: :data:`TAIL_BLOCK`, 0 without riders)."""
+    """A kernel's riders ``tail`` (``[rows, E]``, or None) as its arguments: (the values,
+    their row stride, ``E``, ``TAIL``: :data:`TAIL_BLOCK`, 0 without riders); columns of
+    unit stride (else a copy: only where the kernel reads them)."""
     if tail is None:
         return unused, 0, 0, 0
     if tail.stride(-1) != 1:
