@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -286,6 +286,17 @@ def back_to_back(parts: Sequence[torch.Tensor]) -> bool:
 def into(total: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """``total``, or ``out`` holding it (copied, viewed in total's shape) if given."""
     return total if out is None else out.view(total.shape).copy_(total)
+
+
+def summed(decode_sum: Callable[[torch.Tensor | None], torch.Tensor], shape: torch.Size,
+           out: torch.Tensor | None, whole: bool) -> torch.Tensor:
+    """One decode-sum of the peers (``decode_sum(flat out or None)``), trimmed to ``shape``:
+    written into ``out`` by the kernel where the payloads are ``whole`` groups (no padding
+    to trim), else into a buffer and copied."""
+    if out is not None and whole:
+        flat = decode_sum(out if out.dim() == 1 else out.view(-1))
+        return flat if flat.shape == shape else flat.view(shape)
+    return into(decode_sum(None)[:shape.numel()].reshape(shape), out)
 
 
 def pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:

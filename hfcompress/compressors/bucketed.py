@@ -22,8 +22,8 @@ import torch
 
 from ..kernels import dispatch
 from ..kernels.packing import SUPPORTED_BITS, packed_nbytes, tail_bytes
-from .base import (Compressor, Packed, aligned, into, check_choice, check_float_input, check_group_size,
-                   pad_edge, pad_edge_rows, pad_rows, pad_to)
+from .base import (Compressor, Packed, aligned, check_choice, check_float_input, check_group_size,
+                   pad_edge, pad_edge_rows, pad_rows, pad_to, summed)
 from .rng import SeededRNG
 
 BUCKET_MULTIPLE = 32
@@ -143,11 +143,13 @@ class BucketQuantizer(Compressor):
         """One ``dequantize_sum`` of the peers' stacked fields, trimmed to ``shape``; written
         into ``out`` by the kernel where it holds whole buckets (else copied)."""
         impl = self._impl(fields[0])
-        if out is not None and self.sums_into and shape.numel() % self._size == 0:
-            return impl.dequantize_sum(*fields, self.bits, self._size,
-                                       out=out.view(-1)).view(shape)
-        total = impl.dequantize_sum(*fields, self.bits, self._size)
-        return into(total[:shape.numel()].reshape(shape), out)
+
+        def decode_sum(into_: torch.Tensor | None) -> torch.Tensor:   # ``out`` only where taken
+            if into_ is None:
+                return impl.dequantize_sum(*fields, self.bits, self._size)
+            return impl.dequantize_sum(*fields, self.bits, self._size, out=into_)
+        return summed(decode_sum, shape, out,
+                      self.sums_into and shape.numel() % self._size == 0)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self.rng.state_dict()}

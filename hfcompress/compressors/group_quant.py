@@ -7,12 +7,12 @@ is zero-padded to whole groups; padding is counted in ``wire_bits``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from ..kernels import group_quant as _twin
-from .base import Packed, check_choice, check_float_input, pad_rows
+from .base import Packed, check_choice, check_float_input, pad_rows, summed
 from .bucketed import BUCKET_MULTIPLE, BucketQuantizer
 from .registry import register_compressor
 
@@ -57,6 +57,16 @@ class GroupQuantizer(BucketQuantizer):
             x = pad_rows(x, self.group_size)
         noise = self._keys(x.device, rows)
         return self._impl(x).quantize_rows(x, rows, self.bits, self.group_size, noise, tail)
+
+    def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
+                    dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``reduce`` of the rows' payloads, their fields read where they lie in the wire's
+        rows (no view per field)."""
+        shape = torch.Size(shape)
+        spec, impl = self.payload_spec(shape.numel()), self._impl(wire)
+        return summed(lambda into_: impl.dequantize_sum_wire(
+            wire, spec["codes"][1], spec["scales"][1], self.bits, self.group_size, out=into_),
+            shape, out, shape.numel() % self.group_size == 0)
 
     def compress_difference(self, x: torch.Tensor, ref: torch.Tensor) -> Packed:
         """``compress(x - ref)``, the subtraction and padding fused into the kernel."""

@@ -40,7 +40,7 @@ from ..kernels import hadamard as _twin
 from ..kernels.dispatch import BACKENDS, pick
 from ..kernels.packing import SUPPORTED_BITS
 from .base import (Compressor, Packed, check_choice, check_float_input, check_group_size,
-                   into, pad_rows, pad_to)
+                   into, pad_rows, pad_to, summed)
 from .group_quant import GROUP_MULTIPLE, ROUNDINGS, GroupQuantizer
 from .registry import register_compressor
 
@@ -199,26 +199,18 @@ class HadamardQuantizer(Compressor):
         codes = torch.stack([p.payload["codes"] for p in packeds])
         scales = torch.stack([p.payload["scales"] for p in packeds])
         impl = self._impl(codes)
-        return self._summed(lambda into_: impl.dequantize_sum(
+        return summed(lambda into_: impl.dequantize_sum(
             codes, scales, self.bits, self.group_size, self.hadamard_size, inverse,
-            out=into_), packeds[0].shape, None)
+            out=into_), packeds[0].shape, None, False)
 
     def _sum_rows(self, wire: torch.Tensor, shape: torch.Size, inverse: bool,
                   out: torch.Tensor | None = None) -> torch.Tensor:
         """The fields read where they lie in the wire's rows (no view per field)."""
         spec, impl = self.payload_spec(shape.numel()), self._impl(wire)
-        return self._summed(lambda into_: impl.dequantize_sum_wire(
+        return summed(lambda into_: impl.dequantize_sum_wire(
             wire, spec["codes"][1], spec["scales"][1], self.bits, self.group_size,
-            self.hadamard_size, inverse, out=into_), shape, out)
-
-    def _summed(self, decode_sum, shape: torch.Size,
-                out: torch.Tensor | None) -> torch.Tensor:
-        """One ``decode_sum(out)`` of the peers, trimmed to shape; written into ``out`` by the
-        kernel where it holds whole groups (else copied)."""
-        if out is not None and shape.numel() % self.group_size == 0:
-            flat = decode_sum(out if out.dim() == 1 else out.view(-1))
-            return flat if flat.shape == shape else flat.view(shape)
-        return into(decode_sum(None)[:shape.numel()].reshape(shape), out)
+            self.hadamard_size, inverse, out=into_), shape, out,
+            shape.numel() % self.group_size == 0)
 
     def state_dict(self) -> dict[str, Any]:
         return self._q.state_dict()
