@@ -166,12 +166,7 @@ class ShardedReferences:
         intra_bytes = inter_bytes = 0
         launch, work, rebuild, values = overlaps(out.device, async_op) and x == 1, None, None, None
         sent = None if self.qwd.reference is None else sent    # the first gather is exact
-        step1 = self.qwd.reference is None or not (unchanged or (sent is not None
-                                                                 and not sent.count))
-        if exact is not None and (not step1 or sent is not None):
-            raise ValueError("qwd: exact columns ride step 1 only (sends_differences(), no "
-                             "frozen columns)")
-        if step1:
+        if self._step1(unchanged, sent, exact):
             riding = None if exact is None else as_row(exact[0])
             exchanged = y > 1 or not skips(y)   # then the values ride the row the kernel writes
             row = self.qwd.wire_slot(flat, route.row, y, riding if exchanged else None)
@@ -186,16 +181,14 @@ class ShardedReferences:
 
             def rebuild(also: torch.Tensor | None = None,
                         riders: torch.Tensor | None = None) -> None:
-                """The new references (``also``: the output's slots too); ``riders``: the
-                exact values' place, where the decode copies them (else ``values``)."""
-                nonlocal values
-                if exchanged and riding is not None and riders is not None and sent is None:
-                    self.qwd.decompress_rows(wire, s, flat.dtype, also, riders)
-                    return
-                rows, values = split_tail(wire, n, riding.dtype) \
-                    if exchanged and riding is not None else (wire, riding)
+                nonlocal values   # ``riders``: where the decode copies the exact values
+                rows = wire
+                if not exchanged or riding is None:
+                    values, riders = riding, None
+                elif riders is None:
+                    rows, values = split_tail(wire, n, riding.dtype)
                 self.qwd.decompress_rows(rows if sent is None else sent.expand(rows), s,
-                                         flat.dtype, also)
+                                         flat.dtype, also, riders)
             intra_bytes, inter_bytes = sends(row.shape[1], route.inter_remote, route.row)
 
         def record(intra: int, inter: int) -> None:    # step 1's bytes and step 3's, one call
@@ -216,6 +209,17 @@ class ShardedReferences:
         if rebuild is not None:   # step 3 gathers the rebuilt references: rebuild first
             rebuild()
         return self._in_node(route, out, s, values, exact, columns, async_op, record)
+
+    def _step1(self, unchanged: bool, sent: SentBytes | None,
+               exact: tuple[torch.Tensor, torch.Tensor] | None) -> bool:
+        """Whether a call sends differences (step 1; ``sent`` None on the first, exact,
+        gather); exact columns ride only it, and not with ``sent``."""
+        step1 = self.qwd.reference is None or not (unchanged or (sent is not None
+                                                                 and not sent.count))
+        if exact is not None and (not step1 or sent is not None):
+            raise ValueError("qwd: exact columns ride step 1 only (sends_differences(), no "
+                             "frozen columns)")
+        return step1
 
     def _in_node(self, route: Route, out: torch.Tensor, s: int, values: torch.Tensor | None,
                  exact: tuple[torch.Tensor, torch.Tensor] | None, columns: Runs | None,

@@ -34,8 +34,8 @@ from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
 from .packing import (_UNIT, flat_contiguous, packed_nbytes, payload_buffers, row_wire,
                       tail_nbytes, take_tail, wire_fields, wire_words)
-from .triton_noise import (ROW_MODES, copy_riders, copy_tail, group_noise_at, noise_operand,
-                           row_launch, row_program, tail_operand)
+from .triton_noise import (ROW_MODES, copy_riders, group_noise_at, noise_operand, row_launch,
+                           row_program, store_riders, tail_operand)
 from .triton_tiles import cdiv, per_program, rows_of_groups
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
@@ -232,19 +232,16 @@ def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr
     each, the codes then the scales (``scale_ptr``: row 0's first scale); ``XROWS``: read from
     rows ``x_row`` values apart (a strided view), else from a flat ``x``. A program's row is
     its pointers' offset: its tile is the flat kernel's, with no division by ``gpr``. The
-    scales go ``scale_off`` elements past ``scale_ptr`` (a wire's words: their word);
-    ``TAIL``: the row's ``tail_n`` riders (rows ``tail_row`` apart) after them."""
+    scales go ``scale_off`` elements past ``scale_ptr`` (a wire's words: their word), the
+    riders after them (``store_riders``)."""
     pid = tl.program_id(0)
     scale_ptr += scale_off
     n_tile, nbase = n_groups, 0
     if ROWS:
         n_tile = gpr
-        tail_ptr += tl.program_id(1).to(tl.int64) * tail_row
         x_ptr, packed_ptr, scale_ptr, noise_ptr, nbase = row_program(
             x_ptr, packed_ptr, scale_ptr, noise_ptr, gpr, row_words, x_row, GS, HASH, XROWS)
-    if TAIL > 0:
-        if pid == 0:
-            copy_tail(scale_ptr + n_tile, tail_ptr, tail_n, TAIL)
+    store_riders(scale_ptr, n_tile, tail_ptr, tail_row, tail_n, ROWS, TAIL)
     base, off, mask = _tile(pid, n_tile, GS, BLOCK_G, L, (1 << LOG2V) // VEC, VEC)
     if RAGGED:
         mask = mask & (off < tl.minimum(numel - base, BLOCK_G * GS).to(tl.int32))

@@ -32,8 +32,8 @@ from .group_quant import join_rows
 from .hadamard import inv_sqrt
 from .packing import flat_contiguous, packed_nbytes, payload_buffers, row_wire, tail_nbytes
 from .triton_butterfly import fwht, fwht_runs
-from .triton_noise import (ROW_MODES, copy_tail, group_noise_at, noise_operand, row_launch,
-                           row_program, tail_operand)
+from .triton_noise import (ROW_MODES, group_noise_at, noise_operand, row_launch, row_program,
+                           store_riders, tail_operand)
 from .triton_tiles import cdiv, per_program, rows_of_groups
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
@@ -98,9 +98,8 @@ def _max_nan(a, b):
 def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_off, tail_ptr,
                      tail_row, tail_n, n_groups, gpr, row_words, x_row, GS: tl.constexpr,
                      BLOCK_G: tl.constexpr, RUN: tl.constexpr, RPG: tl.constexpr,
-                     K: tl.constexpr, N: tl.constexpr,
-                     LOG2N: tl.constexpr, SCALE: tl.constexpr, BITS: tl.constexpr,
-                     CPU: tl.constexpr, BPU: tl.constexpr, WORDS: tl.constexpr,
+                     K: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr, SCALE: tl.constexpr,
+                     BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr, WORDS: tl.constexpr,
                      STOCHASTIC: tl.constexpr, HASH: tl.constexpr, ROWS: tl.constexpr,
                      XROWS: tl.constexpr, TAIL: tl.constexpr):
     """Rotate and group-quantize ``BLOCK_G`` groups (SDP4Bit 3.3 TLq-HS) as a
@@ -111,20 +110,16 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_o
     row (codes, then scales: ``scale_ptr`` is row 0's first), each program's pointers offset
     by its row; ``XROWS``: the input rows ``x_row`` values apart, else a flat ``x``. The
     scales go ``scale_off`` elements past ``scale_ptr``, as its type (float32, or their bits
-    in a wire's int32 words); ``TAIL``: the row's ``tail_n`` riders (rows ``tail_row``
-    apart) after them."""
+    in a wire's int32 words), the riders after them (``store_riders``)."""
     J: tl.constexpr = RUN // K
     scale_ptr += scale_off
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     nbase = 0
     if ROWS:
         n_groups = gpr
-        tail_ptr += tl.program_id(1).to(tl.int64) * tail_row
         x_ptr, packed_ptr, scale_ptr, noise_ptr, nbase = row_program(
             x_ptr, packed_ptr, scale_ptr, noise_ptr, gpr, row_words, x_row, GS, HASH, XROWS)
-    if TAIL > 0:
-        if tl.program_id(0) == 0:
-            copy_tail(scale_ptr + n_groups, tail_ptr, tail_n, TAIL)
+    store_riders(scale_ptr, n_groups, tail_ptr, tail_row, tail_n, ROWS, TAIL)
     g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     b = tl.arange(0, RPG)
     gmask = g < n_groups

@@ -196,6 +196,20 @@ def copy_tail(words_ptr, src_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def store_riders(scale_ptr, n_groups, tail_ptr, tail_row, tail_n, ROWS: tl.constexpr,
+                 TAIL: tl.constexpr):
+    """``TAIL > 0``: a quantize kernel's wire row's ``tail_n`` riders (its row of them,
+    ``tail_row`` values apart with ``ROWS``) copied after the row's ``n_groups`` scales
+    (``scale_ptr``: the row's first, as :func:`row_program` leaves it) by its first
+    program."""
+    if TAIL > 0:
+        if tl.program_id(0) == 0:
+            if ROWS:
+                tail_ptr += tl.program_id(1).to(tl.int64) * tail_row
+            copy_tail(scale_ptr + n_groups, tail_ptr, tail_n, TAIL)
+
+
+@triton.jit
 def copy_riders(dst_ptr, words_ptr, n, BLOCK: tl.constexpr):
     """Inverse of :func:`copy_tail`: a received wire row's ``n`` riders, from the int32 word
     at ``words_ptr`` on (after the row's payload), stored at ``dst_ptr`` in its dtype."""
