@@ -143,7 +143,7 @@ class QuantizedReduceScatter(StreamOwner):
         send = compress_rows(streams, rows, lambda k: ("send", k), rider=values)
         got = Exchange(send, group, self.meter, self.tag, remote).wait()
         got, received = split_tail(got, send.shape[1] - rider_nbytes(values),
-                               None if values is None else values.dtype)
+                                   None if values is None else values.dtype)
         target = sum_target(output, op)
         total = streams["recv"].reduce_rows(got, (s,), input.dtype, out=target)
         if target is None:

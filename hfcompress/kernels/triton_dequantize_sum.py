@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 
 from .hadamard import inv_sqrt
-from .triton_butterfly import fwht, fwht_runs
 from .packing import wire_fields, wire_words
+from .triton_butterfly import fwht, fwht_runs
 from .triton_tiles import OLDER_TRITON, cdiv, per_program
 
 #: values per program under TRITON_INTERPRET (few large programs: its cost is per program);
