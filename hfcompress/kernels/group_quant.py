@@ -250,8 +250,7 @@ def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits
     """:func:`dequantize_sum` of the payloads in the rows of the uint8 wire ``[P, width]``
     (row p: ``code_bytes`` of codes, then ``n_groups`` float32 scales; more bytes may
     follow); ``out``: copied there."""
-    y = dequantize_sum(*wire_fields(wire, code_bytes, n_groups), bits, group_size)
-    return y if out is None else out.copy_(y)
+    return dequantize_sum(*wire_fields(wire, code_bytes, n_groups), bits, group_size, out)
 
 
 def dequantize_add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_size: int,

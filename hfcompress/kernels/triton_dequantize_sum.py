@@ -221,11 +221,11 @@ def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits
     scales at their word offset (no view per field), where the wire's start, row stride,
     width and ``code_bytes`` are multiples of 4 bytes; else through
     :func:`packing.wire_fields`."""
-    words = wire_words(wire) if code_bytes % 4 == 0 else None
-    if words is None or row_layout(bits, group_size)["UB"] != 4:
+    k = row_layout(bits, group_size, hadamard_size if inverse else 1)
+    words = wire_words(wire) if code_bytes % 4 == 0 and k["UB"] == 4 else None
+    if words is None:
         return dequantize_sum(*wire_fields(wire, code_bytes, n_groups), bits, group_size,
                               dtype, hadamard_size, inverse, clip, out)
-    k = row_layout(bits, group_size, hadamard_size if inverse else 1)
     return _sum(words, _vector(words, k["UPR"]), words, code_bytes // 4, words.stride(0),
                 wire.shape[0], n_groups, bits, group_size, dtype, hadamard_size, inverse, clip,
                 out)

@@ -34,7 +34,7 @@ from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
 from .packing import (_UNIT, flat_contiguous, packed_nbytes, payload_buffers, row_wire,
                       tail_nbytes, take_tail, wire_fields, wire_words)
-from .triton_noise import (ROW_MODES, copy_riders, group_noise_at, noise_operand, row_launch,
+from .triton_noise import (ROW_MODES, copy_values, group_noise_at, noise_operand, row_launch,
                            row_program, store_riders, tail_operand)
 from .triton_tiles import cdiv, per_program, rows_of_groups
 
@@ -314,7 +314,9 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, a
         n_groups = gpr
     if TAIL > 0:
         if pid == 0:
-            copy_riders(tail_ptr, packed_ptr + tail_off, tail_n, TAIL)
+            words = packed_ptr + tail_off   # the row's riders, after its payload
+            copy_values(tail_ptr, words.to(tl.pointer_type(tail_ptr.dtype.element_ty),
+                                           bitcast=True), tail_n, TAIL)
     base, off, mask = _tile(pid, n_groups, GS, BLOCK_G, L, K, VEC)
     if RAGGED:
         mask = mask & (off < tl.minimum(numel - base, BLOCK_G * GS).to(tl.int32))

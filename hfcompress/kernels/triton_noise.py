@@ -180,19 +180,17 @@ def row_program(x_ptr, packed_ptr, scale_ptr, noise_ptr, gpr, row_words, x_row,
     return x_ptr, packed_ptr + row * row_words, scale_ptr + row * row_words, noise_ptr, nbase
 
 
-#: rider values a quantize kernel's program copies per step (``copy_tail``)
+#: rider values a kernel's program copies per step (``copy_values``)
 TAIL_BLOCK = 1024
 
 
 @triton.jit
-def copy_tail(words_ptr, src_ptr, n, BLOCK: tl.constexpr):
-    """A wire row's riders (``comm/riders.py``): the ``n`` values at ``src_ptr`` stored in
-    their own dtype from the int32 word at ``words_ptr`` on (after the row's scales), by the
-    row's first program."""
-    dst = words_ptr.to(tl.pointer_type(src_ptr.dtype.element_ty), bitcast=True)
+def copy_values(dst_ptr, src_ptr, n, BLOCK: tl.constexpr):
+    """``n`` values from ``src_ptr`` to ``dst_ptr`` (a wire row's riders, ``comm/riders.py``,
+    into or out of the row: its int32 words given as a pointer of the values' dtype)."""
     for start in range(0, n, BLOCK):
         i = start + tl.arange(0, BLOCK)
-        tl.store(dst + i, tl.load(src_ptr + i, mask=i < n), mask=i < n)
+        tl.store(dst_ptr + i, tl.load(src_ptr + i, mask=i < n), mask=i < n)
 
 
 @triton.jit
@@ -206,17 +204,9 @@ def store_riders(scale_ptr, n_groups, tail_ptr, tail_row, tail_n, ROWS: tl.const
         if tl.program_id(0) == 0:
             if ROWS:
                 tail_ptr += tl.program_id(1).to(tl.int64) * tail_row
-            copy_tail(scale_ptr + n_groups, tail_ptr, tail_n, TAIL)
-
-
-@triton.jit
-def copy_riders(dst_ptr, words_ptr, n, BLOCK: tl.constexpr):
-    """Inverse of :func:`copy_tail`: a received wire row's ``n`` riders, from the int32 word
-    at ``words_ptr`` on (after the row's payload), stored at ``dst_ptr`` in its dtype."""
-    src = words_ptr.to(tl.pointer_type(dst_ptr.dtype.element_ty), bitcast=True)
-    for start in range(0, n, BLOCK):
-        i = start + tl.arange(0, BLOCK)
-        tl.store(dst_ptr + i, tl.load(src + i, mask=i < n), mask=i < n)
+            words = scale_ptr + n_groups
+            copy_values(words.to(tl.pointer_type(tail_ptr.dtype.element_ty), bitcast=True),
+                        tail_ptr, tail_n, TAIL)
 
 
 def tail_operand(tail: torch.Tensor | None,
