@@ -8,7 +8,8 @@ On the small LLaMA of ``gpu_check.py`` (its CUDA ``DIMS``, on CPU tensors) at wo
 (gloo, a ``file://`` store, one process, under ``compress_one_rank()``; ``--world N``: N
 processes, nodes of ``--ranks-per-node``, the paths a multi-GPU run takes), each preset's
 collectives of a step run as ``gpu_check.fsdp_collectives`` calls them (every unit's
-all-gather ``async_op=True`` + ``wait()``, its gradient reduce-scatter, then
+all-gather ``async_op=True`` + ``wait()``, its gradient reduce-scatter with the op FSDP2
+passes, ``AVG`` over more than one rank and ``SUM`` over one (``--op`` sets it), then
 ``handle.step()``) on the code path a GPU takes: ``dispatch.use_triton`` answers as for a
 CUDA tensor, every module's ``per_program`` gives the GPU tile, futures run inline
 (``inline_on_cpu``, CUDA's control flow), and every Triton launch is stubbed
@@ -69,11 +70,11 @@ H2D = {"lift_fresh", "lift_fresh_copy"}
 
 
 def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: int = 0,
-           world: int = 1, per_node: int = 1, store: str = "", floor: bool = False
-           ) -> list[dict]:
+           world: int = 1, per_node: int = 1, store: str = "", floor: bool = False,
+           op: str = "sum") -> list[dict]:
     """Runs in the clean subprocess (rank ``rank`` of ``world``, nodes of ``per_node``
-    ranks, a shared ``file://`` store when ``world > 1``): one dict per preset (and, with
-    ``floor``, one per bare step: ``host_ms`` only)."""
+    ranks, a shared ``file://`` store when ``world > 1``; gradients reduced with ``op``):
+    one dict per preset (and, with ``floor``, one per bare step: ``host_ms`` only)."""
     import collections
     import contextlib
     import importlib
@@ -115,6 +116,7 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
     TT.per_program = gpu_tile
 
     launches: collections.Counter = collections.Counter()
+    reduce_op = getattr(dist.ReduceOp, op.upper())
 
     def stub(self, *args, grid, warmup, **kwargs):
         launches[self.fn.__name__] += 1
@@ -172,7 +174,7 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
                     comms.ag(output_tensor=gathered, input_tensor=slot,
                              group=dist.group.WORLD, async_op=True).wait()
                     comms.rs(output_tensor=reduced, input_tensor=grads,
-                             group=dist.group.WORLD, op=dist.ReduceOp.SUM)
+                             group=dist.group.WORLD, op=reduce_op)
         with mode if mode is not None else contextlib.nullcontext():
             handle.step()
 
@@ -304,15 +306,20 @@ def bare_steps(jobs: list, world: int) -> dict:
 
 def measure(presets: list[str] | None = None, warmup: int = 3, counted: int = 2,
             repeats: int = 41, world: int = 1, ranks_per_node: int | None = None,
-            floor: bool = False) -> list[dict]:
+            floor: bool = False, op: str | None = None) -> list[dict]:
     """One dict per preset (``FIELDS``), measured in a clean subprocess per rank (rank 0's
     counts; ``world`` ranks on gloo in nodes of ``ranks_per_node``, default one node); with
-    ``floor``, the bare steps' (module docstring) after them, their other fields empty."""
+    ``floor``, the bare steps' (module docstring) after them, their other fields empty.
+    ``op``: the gradients' reduce op, ``"sum"`` or ``"avg"`` (default: FSDP2's, AVG over
+    more than one rank, SUM over one)."""
     if presets is None:
         sys.path.insert(0, str(HERE))
         from _dist_common import FSDP_PRESETS
         presets = list(FSDP_PRESETS)
     per_node = ranks_per_node or world
+    op = op or ("avg" if world > 1 else "sum")
+    if op not in ("sum", "avg"):
+        raise ValueError(f"step_ops: op must be 'sum' or 'avg', got {op!r}")
     if world < 1 or world % per_node:
         raise ValueError(f"step_ops: {world} ranks cannot form nodes of {per_node}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -326,7 +333,7 @@ def measure(presets: list[str] | None = None, warmup: int = 3, counted: int = 2,
                 runs.append(subprocess.Popen(
                     [sys.executable, str(Path(__file__).resolve()), "--child",
                      json.dumps([presets, warmup, counted, repeats, r, world, per_node,
-                                 f"{tmp}/store" if world > 1 else "", floor])],
+                                 f"{tmp}/store" if world > 1 else "", floor, op])],
                     env=env, stdout=o, stderr=e, text=True))
         report = _wait_all(runs, timeout=3600)
         outs = [(out.read_text(), err.read_text()) for out, err in logs]
@@ -404,13 +411,15 @@ def main(argv: list[str] | None = None) -> None:
                     help="ranks per node (default: all on one node)")
     ap.add_argument("--floor", action="store_true",
                     help="add the bare steps' host time (floor:none, floor:sdp4bit)")
+    ap.add_argument("--op", choices=("sum", "avg"), default=None,
+                    help="the gradients' reduce op (default: FSDP2's, avg with --world > 1)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print("JSON" + json.dumps(_child(*json.loads(args.child))))
         return
     rows = measure(args.presets.split(",") if args.presets else None, world=args.world,
-                   ranks_per_node=args.ranks_per_node or None, floor=args.floor)
+                   ranks_per_node=args.ranks_per_node or None, floor=args.floor, op=args.op)
     print_table(rows)
     if args.out:
         print(f"wrote {write_csv(rows, args.out)}")

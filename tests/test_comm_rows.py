@@ -31,8 +31,8 @@ def per_destination(c: Compressor) -> Compressor:
     if hasattr(c, "compress_rotated"):
         c.compress_rotated_rows = lambda y, tail=None: stack_payloads(
             [c.compress_rotated(r) for r in y], tail)
-        c.reduce_rotated_rows = lambda w, shape, dt, out=None: into(c.reduce_rotated(
-            [c.unflatten(r, shape, dt) for r in w]), out)
+        c.reduce_rotated_rows = lambda w, shape, dt, out=None, post=None: into(
+            c.reduce_rotated([c.unflatten(r, shape, dt) for r in w]), out, post)
     return c
 
 

@@ -188,6 +188,30 @@ def test_sum_into_callers_output(ds, monkeypatch, offset):
     assert (dst.data_ptr() == out.data_ptr()) == (offset % 4 == 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("post", [None, ("div", 3), ("mul", 1 / 3)])
+def test_reduce_op_in_the_epilogue(dtype, post):
+    """``post`` (a reduce-scatter's AVG / PREMUL_SUM, ``post_op.py``): the decode-sum of a
+    wire divides / multiplies its sum (rotated back first) and rounds once into the
+    caller's output of any float dtype, aligned or not (then through one copy): the same
+    bits as the twins, which equal the float32 sum put through ``write_post`` (what the
+    reduce-scatters wrote in a pass of their own before)."""
+    from hfcompress.kernels import triton_group_quant as tq
+    from hfcompress.kernels import triton_hadamard as th
+    from hfcompress.kernels.post_op import write_post
+    packed, scale = payloads(3, 5, 4, 128)
+    w = torch.cat([packed, scale.view(torch.uint8)], 1)
+    args = (w, packed.shape[1], scale.shape[1], 4, 128)
+    for fn, ref, extra in ((tq.dequantize_sum_wire, twin.dequantize_sum_wire, ()),
+                           (th.dequantize_sum_wire, hk.dequantize_sum_wire, (32, True))):
+        want = write_post(ref(*args, *extra), torch.empty(5 * 128, dtype=dtype), post)
+        for offset in (0, 1):
+            for impl in (fn, ref):
+                out = torch.empty(offset + 5 * 128, dtype=dtype)[offset:]
+                got = impl(*args, *extra, out=out, post=post)
+                assert got.data_ptr() == out.data_ptr() and same(out, want), (impl, offset)
+
+
 def test_empty_and_row_layouts(ds):
     packed, scale = payloads(2, 1, 4, 128)
     assert ds.dequantize_sum(packed[:, :0], scale[:, :0], 4, 128).numel() == 0
@@ -206,17 +230,18 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from hfcompress.kernels import triton_dequantize_sum as ds
-for bits, gs, n, words, peers, bf16 in ((4, 128, 1, True, 8, True), (8, 128, 32, True, 0, True),
-                                        (6, 256, 128, False, 3, False)):
+for bits, gs, n, words, peers, bf16, post in ((4, 128, 1, True, 8, True, 0),
+                                              (8, 128, 32, True, 0, True, 1),
+                                              (6, 256, 128, False, 3, False, 2)):
     k = ds.row_layout(bits, gs, n)
     consts = dict(PEERS=peers, GS=gs, BITS=bits, **k, V=min(k["UPR"], 4) if words else 1,
                   WORDS=words, R=ds.GPU_ROWS, N=n,
-                  LOG2N=n.bit_length() - 1, SCALE=ds.inv_sqrt(n), INVERSE=n > 1, CLIP=bf16,
-                  OUT_BF16=bf16)
+                  LOG2N=n.bit_length() - 1, SCALE=ds.inv_sqrt(n), INVERSE=n > 1,
+                  CLIP=bf16 and not post, OUT_BF16=bf16, POST=post)
     # a wire's words carry the scales' bits where the codes are words (dequantize_sum_wire)
     sig = dict(src_ptr="*i32" if words else "*u8", scale_ptr="*i32" if words else "*fp32",
                out_ptr="*u16" if bf16 else "*fp32", n_rows="i32", n_peers="i32",
-               src_stride="i32", scale_stride="i32", scale_off="i32", BIG="fp32")
+               src_stride="i32", scale_stride="i32", scale_off="i32", BIG="fp32", post="fp32")
     sig.update({c: "constexpr" for c in consts})
     src = ASTSource(fn=ds._dequantize_sum_kernel, signature=sig, constexprs=consts)
     ptx = triton.compile(src, target=GPUTarget("cuda", 80, 32),
@@ -229,7 +254,8 @@ print("ok")
 def test_kernel_compiles_for_a_gpu_without_fma():
     """The interpreter misses GPU-only compile errors: compile the kernel for sm_80 (no GPU
     needed) in each path (words / bytes, unrolled / looped peers, rotation in a row and
-    across rows), without a contracted multiply-add (bit-exactness with the twins)."""
+    across rows, the reduce op's division / multiplication after the sum), without a
+    contracted multiply-add (bit-exactness with the twins)."""
     pytest.importorskip("triton.backends.nvidia")
     r = run_compile_script(_COMPILE)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]

@@ -55,13 +55,14 @@ class RawCodec(Compressor):
         return torch.cat([tail_bytes(x), tail_bytes(tail)], dim=1)
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
-                    dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+                    dtype: torch.dtype, out: torch.Tensor | None = None,
+                    post: tuple[str, float] | None = None) -> torch.Tensor:
         """The float32 sum of the rows in order (as ``reduce``: one add per peer)."""
         values = wire.contiguous().view(dtype)
         total = values[0].float()
         for k in range(1, values.shape[0]):
             total = total + values[k].float()
-        return into(total.reshape(shape), out)
+        return into(total.reshape(shape), out, post)
 
 
 def compress_rows(streams: Streams, rows: torch.Tensor, key: Callable[[int], Hashable],

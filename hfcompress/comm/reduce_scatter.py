@@ -16,8 +16,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..compressors.base import Compressor
+from ..compressors.base import FLOAT_DTYPES, Compressor
 from ..kernels.packing import flat_contiguous, split_tail
+from ..kernels.post_op import write_post
 from .hop import Exchange, compress_rows, reduce_scatter_single
 from .one_rank import skips
 from .riders import check_exact, rider_nbytes
@@ -70,18 +71,36 @@ def check_sizes(name: str, output: torch.Tensor, input: torch.Tensor, world: int
     return s
 
 
-def write_result(output: torch.Tensor, total: torch.Tensor, op: Any, world: int) -> None:
-    """``output <- total`` (float32 sum), divided by ``world`` for AVG, multiplied by the
-    factor for PREMUL_SUM (after the sum: the compressed payloads carry the raw values), in
-    output's dtype, written straight into ``output`` (one pass, no temporary)."""
+def post_of(op: Any, world: int) -> tuple[str, float] | None:
+    """What ``op`` does to the float32 sum after it (``kernels/post_op.py``): nothing for
+    SUM, a division by ``world`` for AVG, a multiplication by the factor for PREMUL_SUM
+    (the compressed payloads carry the raw values)."""
     factor = premul_factor(op)
-    total = total.reshape(output.shape)
     if factor is not None:
-        torch.mul(total, factor, out=output)
-    elif op == dist.ReduceOp.AVG:
-        torch.div(total, world, out=output)
-    else:
-        output.copy_(total)
+        return ("mul", factor)
+    return ("div", world) if op == dist.ReduceOp.AVG else None
+
+
+def write_result(output: torch.Tensor, total: torch.Tensor, op: Any, world: int) -> None:
+    """``output <- total`` (float32 sum) under ``op`` (:func:`post_of`), in output's dtype,
+    written straight into ``output`` (one pass, no temporary)."""
+    write_post(total.reshape(output.shape), output, post_of(op, world))
+
+
+def result_target(output: torch.Tensor, op: Any, world: int
+                  ) -> tuple[torch.Tensor | None, tuple[str, float] | None]:
+    """``(output flat, post_of(op))`` where the decode-sum may write the result straight
+    into ``output`` (contiguous, a float dtype), ``op``'s last step in its epilogue (no
+    float32 sum in between, no pass of :func:`write_result`); else ``(None, None)``."""
+    if output.dtype in FLOAT_DTYPES and output.is_contiguous():
+        return (output if output.dim() == 1 else output.view(-1)), post_of(op, world)
+    return None, None
+
+
+def post_kwargs(post: tuple[str, float] | None) -> dict[str, Any]:
+    """``reduce_rows``' keyword for ``post``: none for a SUM, so that a scheme's own
+    ``reduce_rows`` written before ``post`` existed still serves SUM reduce-scatters."""
+    return {} if post is None else {"post": post}
 
 
 def sum_target(output: torch.Tensor, op: Any) -> torch.Tensor | None:
@@ -144,8 +163,9 @@ class QuantizedReduceScatter(StreamOwner):
         got = Exchange(send, group, self.meter, self.tag, remote).wait()
         got, received = split_tail(got, send.shape[1] - rider_nbytes(values),
                                    None if values is None else values.dtype)
-        target = sum_target(output, op)
-        total = streams["recv"].reduce_rows(got, (s,), input.dtype, out=target)
+        target, post = result_target(output, op, world)
+        total = streams["recv"].reduce_rows(got, (s,), input.dtype, out=target,
+                                            **post_kwargs(post))
         if target is None:
             write_result(output, total, op, world)
         if received is not None:

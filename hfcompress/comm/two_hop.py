@@ -40,7 +40,8 @@ from ..compressors.base import Compressor, RotatedDomain, into
 from ..kernels.packing import split_tail
 from .hop import Exchange, RawCodec, compress_rows
 from .one_rank import skips
-from .reduce_scatter import check_scatter_op, check_sizes, final_sum, sum_target, write_result
+from .reduce_scatter import (check_scatter_op, check_sizes, final_sum, post_kwargs,
+                             result_target, write_result)
 from .riders import check_exact, forwarded, rider_nbytes
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
@@ -102,9 +103,10 @@ class TwoHopReduceScatter(StreamOwner):
             rows = self.streams["intra"].compressor.rotate_rows(rows)
         rotated_rows = self.rotated and len(bounds) > 1
         # one chunk: its decode-sum is the result, rotated back in the same kernel (sum_i H
-        # g_i = H sum_i g_i) and written straight into a SUM's output
-        last = dict(out=sum_target(output, op), inverse=rotated_sums) \
-            if len(bounds) == 1 else {}
+        # g_i = H sum_i g_i), divided for an AVG (multiplied for a PREMUL_SUM) and written
+        # straight into the output
+        target, post = result_target(output, op, p)
+        last = dict(out=target, inverse=rotated_sums, post=post) if len(bounds) == 1 else {}
         # one node: the intra-node hop is the last one (its decode-sum the result, likewise)
         last1 = last if x > 1 and self._alone() else {}
         riding = None if exact is None else exact[0]
@@ -119,7 +121,7 @@ class TwoHopReduceScatter(StreamOwner):
             hop2.append((a, b, self._hop2(partial, b - a, c, input.dtype,
                                           x > 1 or rotated_rows, riding=riding,
                                           finish_exact=finish_exact,
-                                          **({} if last1 else last))))
+                                          **(dict(final=True) if last1 else last))))
         del rows, partial, hop1, riding   # the input's views: nothing of it is read from here
         if len(hop2) == 1:
             total = hop2[0][2]()
@@ -184,16 +186,18 @@ class TwoHopReduceScatter(StreamOwner):
 
     def _hop1(self, rows: torch.Tensor, bounds: list[tuple[int, int]], c: int,
               rotated_rows: bool, exact: torch.Tensor | None = None,
-              out: torch.Tensor | None = None, inverse: bool = False):
+              out: torch.Tensor | None = None, inverse: bool = False,
+              post: tuple[str, float] | None = None):
         """Start the intra-node all-to-all of chunk c; returns a function giving the node's
         partial sums of this local rank's Y rows, flat ``(Y * width,)`` (rotated for TLq-HS;
         ``rotated_rows``: ``rows`` are rotated already; ``inverse``: rotated back in the
-        decode-sum, on one node; ``out``: written there), and the ``[k, Y, E]`` exact values
-        to sum for them (``exact``, ``[P, E]``, rides along; else None; with no intra-node hop
-        ``exact`` itself, the one contribution ``[Y, E]``). Local rank l gets
-        rows ``l, X + l, ..`` (positions ``l*Y ..`` of :func:`slice_order`): row l of the
-        ``[X, Y * width]`` reordering of the chunk's columns, over several nodes built half
-        of its rows at a time (module docstring, "Memory")."""
+        decode-sum, on one node; ``out``: written there, ``post`` applied), and the
+        ``[k, Y, E]`` exact values to sum for them (``exact``, ``[P, E]``, rides along; else
+        None; with no intra-node hop ``exact`` itself, the one contribution ``[Y, E]``).
+        Local rank l gets rows ``l, X + l, ..`` (positions ``l*Y ..`` of
+        :func:`slice_order`): row l of the ``[X, Y * width]`` reordering of the chunk's
+        columns, over several nodes built half of its rows at a time (module docstring,
+        "Memory")."""
         x, y = self.topology.ranks_per_node, self.topology.num_nodes
         a, b = bounds[c]
         if x == 1:   # no intra-node hop: this rank's rows as they are (not rotated yet)
@@ -219,7 +223,7 @@ class TwoHopReduceScatter(StreamOwner):
         # one node: the reordering is a view (no float32 transient), one call writes the wire
         wire = send(0, x) if y == 1 else torch.cat([send(0, half), send(half, x)])
         finish = self._exchange("intra", wire, c, self.topology.intra_group, y * width,
-                                rows.dtype, out, inverse, rider)
+                                rows.dtype, out, inverse, rider, post)
 
         def partial() -> tuple[torch.Tensor, torch.Tensor | None]:
             total, got = finish()
@@ -228,12 +232,15 @@ class TwoHopReduceScatter(StreamOwner):
 
     def _hop2(self, partial: torch.Tensor, width: int, c: int, dtype: torch.dtype,
               rotated_partial: bool, out: torch.Tensor | None = None, inverse: bool = False,
-              riding: torch.Tensor | None = None, finish_exact=None):
+              riding: torch.Tensor | None = None, finish_exact=None,
+              post: tuple[str, float] | None = None, final: bool = False):
         """Start the inter-node all-to-all of chunk c; returns a function giving its sum.
         ``partial`` is the intra-node hop's float32 sum, or with no intra-node hop this
         rank's ``[Y, width]`` rows of the input; for TLq-HS ``rotated_partial`` says whether
         it is in the rotated domain already (else the quantize kernel rotates it).
-        ``inverse``: the sum rotated back (TLq-HS's final H); ``out``: written there.
+        ``inverse``: the sum rotated back (TLq-HS's final H); ``out``: written there, ``post``
+        applied (a reduce op's AVG / PREMUL_SUM, ``kernels/post_op.py``); ``final``: one
+        node, ``partial`` is the result hop 1 wrote into the output (returned as it is).
         ``riding``: ``[k, Y, E]`` exact values, summed over k (and over the nodes once
         exchanged) and handed to ``finish_exact``; 2-D ``[Y, E]``: one contribution."""
         if self.raw_inter:  # compression off sends the input's dtype, as torch's collective
@@ -241,19 +248,20 @@ class TwoHopReduceScatter(StreamOwner):
         shape = (self.topology.num_nodes, width)
         parts = partial if partial.shape == shape else partial.reshape(shape)
         if self._alone():   # one node: nothing to send
-            rotate = self.streams["inter"].compressor.rotate if inverse else torch.Tensor.float
+            rotate = self.streams["inter"].compressor.rotate if inverse else \
+                (lambda t: t) if final else torch.Tensor.float
 
             def alone() -> torch.Tensor:
                 if riding is not None:
                     finish_exact(riding if riding.dim() == 2 else riding[:, 0])
-                return into(rotate(parts[0]), out)
+                return into(rotate(parts[0]), out, post)
             return alone
         # TLq-HS: the sums are rotated already; rows of the input are rotated in the kernel
         rider = None if riding is None else forwarded(riding)
         send = compress_rows(self.streams["inter"], parts, lambda k: (k, c),
                              self.rotated and rotated_partial, rider)
         finish = self._exchange("inter", send, c, self.topology.inter_group, width,
-                                parts.dtype, out, inverse, rider)
+                                parts.dtype, out, inverse, rider, post)
 
         def total() -> torch.Tensor:
             result, got = finish()
@@ -264,21 +272,25 @@ class TwoHopReduceScatter(StreamOwner):
 
     def _exchange(self, hop: str, send: torch.Tensor, c: int, group: dist.ProcessGroup,
                   width: int, dtype: torch.dtype, out: torch.Tensor | None = None,
-                  inverse: bool = False, rider: torch.Tensor | None = None):
+                  inverse: bool = False, rider: torch.Tensor | None = None,
+                  post: tuple[str, float] | None = None):
         """Row k of the uint8 ``send`` (one compressed part per peer, then row k of
         ``rider``, exact values, if given) to group rank k; returns a function giving the
         float32 sum of the ``width`` values received per row (in the rotated domain for
-        TLq-HS unless ``inverse``), into ``out`` if given, and the received exact rows (or
-        None)."""
+        TLq-HS unless ``inverse``), or ``out`` holding it with ``post`` applied (then in its
+        dtype, the final result), and the received exact rows (or None)."""
         ex = Exchange(send, group, self.meter, self.tag, self._remote[hop], async_op=True)
         recv = self.streams[hop][("recv", c)]
         reduce = recv.reduce_rotated_rows if self.rotated and not inverse else recv.reduce_rows
         nbytes = send.shape[1] - rider_nbytes(rider)
         rider_dtype = None if rider is None else rider.dtype
+        posted = post_kwargs(post)
 
         def finish() -> tuple[torch.Tensor, torch.Tensor | None]:
             got, values = split_tail(ex.take(), nbytes, rider_dtype)
-            total = reduce(got, (width,), dtype, out=out)
+            total = reduce(got, (width,), dtype, out=out, **posted)
+            if out is not None:
+                return total, values
             return (total if total.dim() == 1 else total.reshape(-1)).float(), values
         return finish
 

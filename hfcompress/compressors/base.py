@@ -20,6 +20,8 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkabl
 
 import torch
 
+from ..kernels.post_op import write_post
+
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -121,13 +123,16 @@ class Compressor:
         return None
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
-                    dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+                    dtype: torch.dtype, out: torch.Tensor | None = None,
+                    post: tuple[str, float] | None = None) -> torch.Tensor:
         """``reduce`` of the payloads in the rows of ``wire`` (uint8 ``[rows, nbytes]``, each
         row a ``Packed.flat()`` of a ``shape`` / ``dtype`` tensor): float32, ``shape``; into
-        ``out`` (float32, ``shape``'s numel) if given. This default rebuilds each row's
-        payload; schemes whose ``reduce`` stacks the payloads' fields override it (the
-        fields are the wire's column ranges, same numbers; their kernels write ``out``)."""
-        return into(self.reduce([self.unflatten(w, shape, dtype) for w in wire]), out)
+        ``out`` (``shape``'s numel, any float dtype) if given, ``post`` applied first (a
+        reduce op's AVG / PREMUL_SUM, ``kernels/post_op.py``; needs ``out``). This default
+        rebuilds each row's payload; schemes whose ``reduce`` stacks the payloads' fields
+        override it (the fields are the wire's column ranges, same numbers; their kernels
+        write ``out``)."""
+        return into(self.reduce([self.unflatten(w, shape, dtype) for w in wire]), out, post)
 
     def payload_rows(self, wire: torch.Tensor, numel: int) -> list[torch.Tensor]:
         """The payload fields of every row of ``wire`` (uint8 ``[rows, nbytes]``, rows made by
@@ -283,20 +288,28 @@ def back_to_back(parts: Sequence[torch.Tensor]) -> bool:
     return True
 
 
-def into(total: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    """``total``, or ``out`` holding it (copied, viewed in total's shape) if given."""
-    return total if out is None else out.view(total.shape).copy_(total)
+def into(total: torch.Tensor, out: torch.Tensor | None,
+         post: tuple[str, float] | None = None) -> torch.Tensor:
+    """``total``, or ``out`` holding it (viewed in total's shape; ``post`` applied first,
+    ``kernels/post_op.py``) if given."""
+    if out is None:
+        if post is not None:
+            raise ValueError("a reduce op's post step is written into an output: give out")
+        return total
+    return write_post(total, out.view(total.shape), post)
 
 
 def summed(decode_sum: Callable[[torch.Tensor | None], torch.Tensor], shape: torch.Size,
-           out: torch.Tensor | None, whole: bool) -> torch.Tensor:
-    """One decode-sum of the peers (``decode_sum(flat out or None)``), trimmed to ``shape``:
-    written into ``out`` by the kernel where the payloads are ``whole`` groups (no padding
-    to trim), else into a buffer and copied."""
+           out: torch.Tensor | None, whole: bool,
+           post: tuple[str, float] | None = None) -> torch.Tensor:
+    """One decode-sum of the peers (``decode_sum(flat out or None)``, which applies ``post``
+    where it is given ``out``), trimmed to ``shape``: written into ``out`` by the kernel
+    where the payloads are ``whole`` groups (no padding to trim), else into a buffer and
+    copied (``post`` applied then)."""
     if out is not None and whole:
         flat = decode_sum(out if out.dim() == 1 else out.view(-1))
         return flat if flat.shape == shape else flat.view(shape)
-    return into(decode_sum(None)[:shape.numel()].reshape(shape), out)
+    return into(decode_sum(None)[:shape.numel()].reshape(shape), out, post)
 
 
 def pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -375,8 +388,8 @@ class RotatedDomain(Protocol):
                               tail: torch.Tensor | None = None) -> torch.Tensor: ...
 
     def reduce_rotated_rows(self, wire: torch.Tensor, shape: Sequence[int],
-                            dtype: torch.dtype, out: torch.Tensor | None = None
-                            ) -> torch.Tensor: ...
+                            dtype: torch.dtype, out: torch.Tensor | None = None,
+                            post: tuple[str, float] | None = None) -> torch.Tensor: ...
 
 
 @runtime_checkable

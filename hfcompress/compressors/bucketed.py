@@ -23,7 +23,7 @@ import torch
 from ..kernels import dispatch
 from ..kernels.packing import SUPPORTED_BITS, packed_nbytes, tail_bytes
 from .base import (Compressor, Packed, aligned, check_choice, check_float_input, check_group_size,
-                   pad_edge, pad_edge_rows, pad_rows, pad_to, summed)
+                   into, pad_edge, pad_edge_rows, pad_rows, pad_to, summed)
 from .rng import SeededRNG
 
 BUCKET_MULTIPLE = 32
@@ -133,10 +133,15 @@ class BucketQuantizer(Compressor):
         return self._sum(p, packeds[0].shape)
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
-                    dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
-        """``reduce`` of the rows' payloads: the fields are the wire's column ranges."""
+                    dtype: torch.dtype, out: torch.Tensor | None = None,
+                    post: tuple[str, float] | None = None) -> torch.Tensor:
+        """``reduce`` of the rows' payloads: the fields are the wire's column ranges
+        (``post``: applied as the sum is copied into ``out``)."""
         shape = torch.Size(shape)
-        return self._sum(self.payload_rows(wire, shape.numel()), shape, out)
+        fields = self.payload_rows(wire, shape.numel())
+        if post is not None:
+            return into(self._sum(fields, shape), out, post)
+        return self._sum(fields, shape, out)
 
     def _sum(self, fields: Sequence[torch.Tensor], shape: torch.Size,
              out: torch.Tensor | None = None) -> torch.Tensor:

@@ -59,14 +59,17 @@ class GroupQuantizer(BucketQuantizer):
         return self._impl(x).quantize_rows(x, rows, self.bits, self.group_size, noise, tail)
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
-                    dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+                    dtype: torch.dtype, out: torch.Tensor | None = None,
+                    post: tuple[str, float] | None = None) -> torch.Tensor:
         """``reduce`` of the rows' payloads, their fields read where they lie in the wire's
-        rows (no view per field)."""
+        rows (no view per field); ``post`` applied by the decode-sum kernel as it writes
+        ``out``."""
         shape = torch.Size(shape)
         spec, impl = self.payload_spec(shape.numel()), self._impl(wire)
         return summed(lambda into_: impl.dequantize_sum_wire(
-            wire, spec["codes"][1], spec["scales"][1], self.bits, self.group_size, out=into_),
-            shape, out, shape.numel() % self.group_size == 0)
+            wire, spec["codes"][1], spec["scales"][1], self.bits, self.group_size, out=into_,
+            post=None if into_ is None else post),
+            shape, out, shape.numel() % self.group_size == 0, post)
 
     def compress_difference(self, x: torch.Tensor, ref: torch.Tensor) -> Packed:
         """``compress(x - ref)``, the subtraction and padding fused into the kernel."""

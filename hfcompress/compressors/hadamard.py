@@ -129,13 +129,14 @@ class HadamardQuantizer(Compressor):
         return self._quantize_rows(x, self.hadamard_size, tail)
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
-                    dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+                    dtype: torch.dtype, out: torch.Tensor | None = None,
+                    post: tuple[str, float] | None = None) -> torch.Tensor:
         """``reduce`` of the payloads in the rows of ``wire`` (fields: its column ranges),
-        into ``out`` if given."""
+        into ``out`` if given, ``post`` applied after the inverse rotation."""
         shape = torch.Size(shape)
         if not self._fused(shape.numel()):
-            return into(self.rotate(self._sum_rows(wire, shape, False)), out)
-        return self._sum_rows(wire, shape, True, out)
+            return into(self.rotate(self._sum_rows(wire, shape, False)), out, post)
+        return self._sum_rows(wire, shape, True, out, post)
 
     # -- rotated-domain steps of the 2-hop all-to-all (SDP4Bit 3.3) -----------------------
     def compress_rotated(self, y: torch.Tensor) -> Packed:
@@ -160,10 +161,11 @@ class HadamardQuantizer(Compressor):
         return self._quantize_rows(y, 1, tail)
 
     def reduce_rotated_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
-                            dtype: torch.dtype, out: torch.Tensor | None = None
-                            ) -> torch.Tensor:
-        """``reduce_rotated`` of the payloads in the rows of ``wire``, into ``out`` if given."""
-        return self._sum_rows(wire, torch.Size(shape), False, out)
+                            dtype: torch.dtype, out: torch.Tensor | None = None,
+                            post: tuple[str, float] | None = None) -> torch.Tensor:
+        """``reduce_rotated`` of the payloads in the rows of ``wire``, into ``out`` if given
+        (``post`` applied)."""
+        return self._sum_rows(wire, torch.Size(shape), False, out, post)
 
     # -- kernels --------------------------------------------------------------------------
     def _quantize(self, x: torch.Tensor, hadamard_size: int, shape: torch.Size,
@@ -204,13 +206,15 @@ class HadamardQuantizer(Compressor):
             out=into_), packeds[0].shape, None, False)
 
     def _sum_rows(self, wire: torch.Tensor, shape: torch.Size, inverse: bool,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
-        """The fields read where they lie in the wire's rows (no view per field)."""
+                  out: torch.Tensor | None = None,
+                  post: tuple[str, float] | None = None) -> torch.Tensor:
+        """The fields read where they lie in the wire's rows (no view per field); ``post``
+        applied by the decode-sum kernel as it writes ``out``."""
         spec, impl = self.payload_spec(shape.numel()), self._impl(wire)
         return summed(lambda into_: impl.dequantize_sum_wire(
             wire, spec["codes"][1], spec["scales"][1], self.bits, self.group_size,
-            self.hadamard_size, inverse, out=into_), shape, out,
-            shape.numel() % self.group_size == 0)
+            self.hadamard_size, inverse, out=into_, post=None if into_ is None else post),
+            shape, out, shape.numel() % self.group_size == 0, post)
 
     def state_dict(self) -> dict[str, Any]:
         return self._q.state_dict()

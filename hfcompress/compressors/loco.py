@@ -146,9 +146,10 @@ class LoCo(Compressor):
         return self.inner.reduce(packeds)
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
-                    dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+                    dtype: torch.dtype, out: torch.Tensor | None = None,
+                    post: tuple[str, float] | None = None) -> torch.Tensor:
         """The inner's: the receiver sums the rows' fields in place (no state)."""
-        return self.inner.reduce_rows(wire, shape, dtype, out)
+        return self.inner.reduce_rows(wire, shape, dtype, out, post)
 
     # -- error feedback -------------------------------------------------------------------
     def compress(self, x: torch.Tensor) -> Packed:

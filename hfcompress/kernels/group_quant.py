@@ -20,6 +20,7 @@ import torch
 
 from .noise import noise_values
 from .packing import pack_codes, tail_bytes, take_tail, unpack_codes, wire_fields
+from .post_op import write_post
 
 #: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU
 COMPILE_ON_CPU = ("quantize", "decode", "decode_sum", "decode_sum_quantize", "difference",
@@ -150,12 +151,23 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size:
 
 
 def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int,
-                   group_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+                   group_size: int, out: torch.Tensor | None = None,
+                   post: tuple[str, float] | None = None) -> torch.Tensor:
     """Sum over peers: ``packed`` (P, nbytes), ``scale`` (P, groups) -> float32 sum (numel,);
     every peer decoded (a group never spans two peers), added in order 0..P-1; ``out``:
-    copied there (float32, numel values; the Triton kernel writes it in place)."""
+    copied there (numel values, any float dtype; the Triton kernel writes it in place);
+    ``post``: the sum divided or multiplied first (``post_op.py``)."""
     total = decode_sum(as_words(packed, bits, group_size), scale, bits, group_size)
-    return total if out is None else out.copy_(total)
+    return posted(total, out, post)
+
+
+def posted(total: torch.Tensor, out: torch.Tensor | None,
+           post: tuple[str, float] | None) -> torch.Tensor:
+    """The float32 ``total`` as a decode-sum returns it: itself, or ``post`` applied and
+    written into ``out`` (a fresh float32 buffer where None)."""
+    if out is None and post is None:
+        return total
+    return write_post(total, torch.empty_like(total) if out is None else out, post)
 
 
 def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int,
@@ -246,11 +258,13 @@ def dequantize_add_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, gr
 
 
 def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
-                        group_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+                        group_size: int, out: torch.Tensor | None = None,
+                        post: tuple[str, float] | None = None) -> torch.Tensor:
     """:func:`dequantize_sum` of the payloads in the rows of the uint8 wire ``[P, width]``
     (row p: ``code_bytes`` of codes, then ``n_groups`` float32 scales; more bytes may
-    follow); ``out``: copied there."""
-    return dequantize_sum(*wire_fields(wire, code_bytes, n_groups), bits, group_size, out)
+    follow); ``out`` and ``post`` as there."""
+    return dequantize_sum(*wire_fields(wire, code_bytes, n_groups), bits, group_size, out,
+                          post)
 
 
 def dequantize_add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_size: int,

@@ -115,20 +115,22 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size:
 
 def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
                    hadamard_size: int, inverse: bool = True,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+                   out: torch.Tensor | None = None,
+                   post: tuple[str, float] | None = None) -> torch.Tensor:
     """Sum of P peers in the rotated domain (``packed`` (P, nbytes), ``scale`` (P, groups)),
     then one inverse rotation (``sum_i H g_i = H sum_i g_i``, SDP4Bit 3.3). float32;
-    ``out``: copied there (numel values; the Triton kernel writes it in place)."""
+    ``out``: copied there (numel values, any float dtype; the Triton kernel writes it in
+    place); ``post``: divided or multiplied after the rotation (``post_op.py``)."""
     y = _gq.dequantize_sum(packed, scale, bits, group_size)
-    y = rotate(y, hadamard_size) if inverse else y
-    return y if out is None else out.copy_(y)
+    return _gq.posted(rotate(y, hadamard_size) if inverse else y, out, post)
 
 
 def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
                         group_size: int, hadamard_size: int, inverse: bool = True,
-                        out: torch.Tensor | None = None) -> torch.Tensor:
+                        out: torch.Tensor | None = None,
+                        post: tuple[str, float] | None = None) -> torch.Tensor:
     """:func:`dequantize_sum` of the payloads in the rows of the uint8 wire ``[P, width]``
     (row p: ``code_bytes`` of codes, then ``n_groups`` float32 scales; more bytes may
-    follow)."""
+    follow); ``out`` and ``post`` as there."""
     return dequantize_sum(*wire_fields(wire, code_bytes, n_groups), bits, group_size,
-                          hadamard_size, inverse, out)
+                          hadamard_size, inverse, out, post)

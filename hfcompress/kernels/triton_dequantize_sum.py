@@ -28,6 +28,7 @@ import triton.language as tl
 
 from .hadamard import inv_sqrt
 from .packing import wire_fields, wire_words
+from .post_op import launch_args
 from .triton_butterfly import fwht, fwht_runs
 from .triton_tiles import OLDER_TRITON, cdiv, per_program
 
@@ -102,18 +103,19 @@ def _peer(src_ptr, scale_ptr, r, rmask, GS: tl.constexpr, BITS: tl.constexpr,
 
 @triton.jit
 def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_stride,
-                           scale_stride, scale_off, BIG, PEERS: tl.constexpr, GS: tl.constexpr,
-                           BITS: tl.constexpr, ROWV: tl.constexpr, UPR: tl.constexpr,
-                           UB: tl.constexpr, UC: tl.constexpr, V: tl.constexpr,
-                           WORDS: tl.constexpr,
+                           scale_stride, scale_off, BIG, post, PEERS: tl.constexpr,
+                           GS: tl.constexpr, BITS: tl.constexpr, ROWV: tl.constexpr,
+                           UPR: tl.constexpr, UB: tl.constexpr, UC: tl.constexpr,
+                           V: tl.constexpr, WORDS: tl.constexpr,
                            R: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr,
                            SCALE: tl.constexpr, INVERSE: tl.constexpr, CLIP: tl.constexpr,
-                           OUT_BF16: tl.constexpr):
+                           OUT_BF16: tl.constexpr, POST: tl.constexpr):
     """Sum over peers 0..n_peers-1 (``PEERS`` of them unrolled, 0: a runtime loop) of ``R``
-    rows, then the optional inverse rotation of its ``N``-blocks; ``CLIP``: values past
-    +-``BIG`` (a 16-bit output's largest) clipped to it (NaN stays NaN). The scales start
-    ``scale_off`` elements past ``scale_ptr``, float32 or their bits in int32 words (a
-    wire's, :func:`dequantize_sum_wire`)."""
+    rows, then the optional inverse rotation of its ``N``-blocks; ``POST`` 1 / 2: divided
+    (IEEE) / multiplied by ``post`` (a reduce op's AVG / PREMUL_SUM, ``post_op.py``);
+    ``CLIP``: values past +-``BIG`` (a 16-bit output's largest) clipped to it (NaN stays
+    NaN). The scales start ``scale_off`` elements past ``scale_ptr``, float32 or their bits
+    in int32 words (a wire's, :func:`dequantize_sum_wire`)."""
     scale_ptr += scale_off
     r = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     rmask = r < n_rows
@@ -132,6 +134,10 @@ def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_str
                                   V, WORDS)
     if INVERSE:
         total = _rotate(total, R, ROWV, N, LOG2N, SCALE)
+    if POST == 1:
+        total = tl.math.div_rn(total, tl.zeros_like(total) + post)
+    elif POST == 2:
+        total = total * post
     if CLIP:
         total = tl.where(total > BIG, BIG, tl.where(total < -BIG, -BIG, total))
     e = (r[None, :, None] * ROWV + 4 * tl.arange(0, ROWV // 4)[:, None, None]
@@ -189,7 +195,8 @@ def _vector(words: torch.Tensor, upr: int) -> int:
 def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
                    dtype: torch.dtype = torch.float32, hadamard_size: int = 1,
                    inverse: bool = False, clip: bool = False,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+                   out: torch.Tensor | None = None,
+                   post: tuple[str, float] | None = None) -> torch.Tensor:
     """Sum over P peers, in order 0..P-1: ``packed`` uint8 (P, nbytes), ``scale`` float32
     (P, groups) -> 1-D ``dtype`` (groups * group_size,); ``inverse``: then every
     ``hadamard_size`` block rotated back (SDP4Bit 3.3); ``clip``: finite values of a 16-bit
@@ -203,18 +210,20 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
 
     ``out``: the caller's 1-D ``dtype`` buffer of ``groups * group_size`` values, written in
     place (e.g. a reduce-scatter's output) where it is contiguous and 16-byte aligned, else
-    through a fresh buffer and one copy; returned."""
+    through a fresh buffer and one copy; returned. ``post``: the sum (rotated back) divided
+    or multiplied first, a reduce op's last step (``post_op.py``; no pass of its own)."""
     packed, scale = _strided(packed), _strided(scale)
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
     src, v = _source(packed, k["UPR"]) if k["UB"] == 4 else (packed, 0)
     return _sum(src, v, scale, 0, scale.stride(0), *scale.shape, bits, group_size, dtype,
-                hadamard_size, inverse, clip, out)
+                hadamard_size, inverse, clip, out, post)
 
 
 def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
                         group_size: int, dtype: torch.dtype = torch.float32,
                         hadamard_size: int = 1, inverse: bool = False, clip: bool = False,
-                        out: torch.Tensor | None = None) -> torch.Tensor:
+                        out: torch.Tensor | None = None,
+                        post: tuple[str, float] | None = None) -> torch.Tensor:
     """:func:`dequantize_sum` of the P payloads in the rows of the uint8 wire ``[P, width]``
     (row p: ``code_bytes`` of codes, then ``n_groups`` float32 scales; more bytes may follow,
     e.g. riders): the kernel reads both fields in place through the wire's int32 words, the
@@ -225,26 +234,27 @@ def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits
     words = wire_words(wire) if code_bytes % 4 == 0 and k["UB"] == 4 else None
     if words is None:
         return dequantize_sum(*wire_fields(wire, code_bytes, n_groups), bits, group_size,
-                              dtype, hadamard_size, inverse, clip, out)
+                              dtype, hadamard_size, inverse, clip, out, post)
     return _sum(words, _vector(words, k["UPR"]), words, code_bytes // 4, words.stride(0),
                 wire.shape[0], n_groups, bits, group_size, dtype, hadamard_size, inverse, clip,
-                out)
+                out, post)
 
 
 def _sum(src: torch.Tensor, v: int, scale: torch.Tensor, scale_off: int, scale_stride: int,
          n_peers: int, n_groups: int, bits: int, group_size: int, dtype: torch.dtype,
          hadamard_size: int, inverse: bool, clip: bool,
-         out: torch.Tensor | None) -> torch.Tensor:
+         out: torch.Tensor | None, post: tuple[str, float] | None = None) -> torch.Tensor:
     """One ``_dequantize_sum_kernel`` launch: ``src`` the codes (int32 words read ``V`` at a
     time, ``v`` > 0, else bytes), the scales ``scale_off`` elements into ``scale``, rows
-    ``scale_stride`` apart; ``out`` as :func:`dequantize_sum`."""
+    ``scale_stride`` apart; ``out`` and ``post`` as :func:`dequantize_sum`."""
     numel = n_groups * group_size
     if out is not None and (out.numel() != numel or out.dtype != dtype):
         raise ValueError(f"dequantize_sum: out holds {out.numel()} {out.dtype} values, "
                          f"expected {numel} {dtype}")
     if out is not None and not (out.is_contiguous() and out.data_ptr() % 16 == 0):
         return out.copy_(_sum(src, v, scale, scale_off, scale_stride, n_peers, n_groups, bits,
-                              group_size, dtype, hadamard_size, inverse, clip, None))
+                              group_size, dtype, hadamard_size, inverse, clip, None,
+                              post).view(out.shape))
     if out is None:
         out = torch.empty(numel, dtype=dtype, device=src.device)
     if not (numel and n_peers):
@@ -253,11 +263,12 @@ def _sum(src: torch.Tensor, v: int, scale: torch.Tensor, scale_off: int, scale_s
     rows = max(per_program(src, BLOCK_ELEMS // k["ROWV"], GPU_ROWS),
                hadamard_size // k["ROWV"])
     n_rows = numel // k["ROWV"]
+    value, kind = launch_args(post)
     _dequantize_sum_kernel[(cdiv(n_rows, rows),)](
         src, scale, out.view(torch.uint16) if dtype == torch.bfloat16 else out, n_rows, n_peers,
-        src.stride(0), scale_stride, scale_off, _largest(dtype), R=rows,
+        src.stride(0), scale_stride, scale_off, _largest(dtype), value, R=rows,
         **_sum_consts(bits, group_size, hadamard_size, inverse, clip, dtype, n_peers, v),
-        num_warps=NUM_WARPS, enable_fp_fusion=False)
+        POST=kind, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
 
 
