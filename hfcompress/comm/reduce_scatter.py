@@ -91,9 +91,12 @@ def result_target(output: torch.Tensor, op: Any, world: int
                   ) -> tuple[torch.Tensor | None, tuple[str, float] | None]:
     """``(output flat, post_of(op))`` where the decode-sum may write the result straight
     into ``output`` (contiguous, a float dtype), ``op``'s last step in its epilogue (no
-    float32 sum in between, no pass of :func:`write_result`); else ``(None, None)``."""
-    if output.dtype in FLOAT_DTYPES and output.is_contiguous():
-        return (output if output.dim() == 1 else output.view(-1)), post_of(op, world)
+    float32 sum in between, no pass of :func:`write_result`); else ``(None, None)``, also
+    for a PREMUL_SUM by a tensor (a kernel argument would read it on the host)."""
+    post = post_of(op, world)
+    if output.dtype in FLOAT_DTYPES and output.is_contiguous() and \
+            not (post is not None and isinstance(post[1], torch.Tensor)):
+        return (output if output.dim() == 1 else output.view(-1)), post
     return None, None
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkabl
 
 import torch
 
-from ..kernels.post_op import write_post
+from ..kernels.post_op import written
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -290,13 +290,9 @@ def back_to_back(parts: Sequence[torch.Tensor]) -> bool:
 
 def into(total: torch.Tensor, out: torch.Tensor | None,
          post: tuple[str, float] | None = None) -> torch.Tensor:
-    """``total``, or ``out`` holding it (viewed in total's shape; ``post`` applied first,
-    ``kernels/post_op.py``) if given."""
-    if out is None:
-        if post is not None:
-            raise ValueError("a reduce op's post step is written into an output: give out")
-        return total
-    return write_post(total, out.view(total.shape), post)
+    """``total``, or ``out`` holding it (viewed in total's shape) if given, ``post`` applied
+    first (``kernels/post_op.written``)."""
+    return written(total, None if out is None else out.view(total.shape), post)
 
 
 def summed(decode_sum: Callable[[torch.Tensor | None], torch.Tensor], shape: torch.Size,

@@ -20,7 +20,7 @@ import torch
 
 from .noise import noise_values
 from .packing import pack_codes, tail_bytes, take_tail, unpack_codes, wire_fields
-from .post_op import write_post
+from .post_op import written
 
 #: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU
 COMPILE_ON_CPU = ("quantize", "decode", "decode_sum", "decode_sum_quantize", "difference",
@@ -158,16 +158,7 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int,
     copied there (numel values, any float dtype; the Triton kernel writes it in place);
     ``post``: the sum divided or multiplied first (``post_op.py``)."""
     total = decode_sum(as_words(packed, bits, group_size), scale, bits, group_size)
-    return posted(total, out, post)
-
-
-def posted(total: torch.Tensor, out: torch.Tensor | None,
-           post: tuple[str, float] | None) -> torch.Tensor:
-    """The float32 ``total`` as a decode-sum returns it: itself, or ``post`` applied and
-    written into ``out`` (a fresh float32 buffer where None)."""
-    if out is None and post is None:
-        return total
-    return write_post(total, torch.empty_like(total) if out is None else out, post)
+    return written(total, out, post)
 
 
 def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int,

@@ -23,6 +23,7 @@ from .random_shift import finite_range
 
 from . import group_quant as _gq
 from .packing import wire_fields
+from .post_op import written
 
 #: compiled on CPU; the fused-op composites below run as separate kernels there (``dispatch.
 #: compiled``): Inductor fusing the rotation into the group reduction re-evaluates the
@@ -122,7 +123,7 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
     ``out``: copied there (numel values, any float dtype; the Triton kernel writes it in
     place); ``post``: divided or multiplied after the rotation (``post_op.py``)."""
     y = _gq.dequantize_sum(packed, scale, bits, group_size)
-    return _gq.posted(rotate(y, hadamard_size) if inverse else y, out, post)
+    return written(rotate(y, hadamard_size) if inverse else y, out, post)
 
 
 def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,

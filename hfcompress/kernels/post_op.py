@@ -2,7 +2,8 @@
 after the sum as torch's collectives apply it to what they summed), written into the
 output in its dtype with one rounding. The decode-sum kernel does the same in its epilogue
 (``triton_dequantize_sum``: ``POST``); its torch twins, the compressors and
-``comm/reduce_scatter.write_result`` call :func:`write_post`.
+``comm/reduce_scatter.write_result`` call :func:`write_post` (through :func:`written`
+where the sum may also be returned as it is).
 
 ``post``: None (SUM), ``("div", d)`` (AVG over ``d`` ranks: an IEEE division, as torch's on
 the CPU) or ``("mul", f)`` (``PREMUL_SUM(f)``: ``f`` as a float32, times the sum)."""
@@ -14,22 +15,6 @@ import torch
 KINDS = {"div": 1, "mul": 2}
 
 
-def write_post(total: torch.Tensor, out: torch.Tensor, post: tuple[str, float] | None
-               ) -> torch.Tensor:
-    """``out <- total`` (float32, ``out``'s number of values) divided or multiplied by
-    ``post``'s value first, computed in float32 and rounded once to ``out``'s dtype;
-    returns ``out``."""
-    total = total if total.shape == out.shape else total.view(out.shape)
-    if post is None:
-        return out.copy_(total)
-    kind, value = post
-    if kind == "div":
-        return torch.div(total, value, out=out)
-    if kind == "mul":
-        return torch.mul(total, value, out=out)
-    raise ValueError(f"post must be None, ('div', d) or ('mul', f), got {post!r}")
-
-
 def launch_args(post: tuple[str, float] | None) -> tuple[float, int]:
     """``post`` as the kernel's ``(post, POST)``: its value and 0 (none), 1 (div), 2 (mul)."""
     if post is None:
@@ -37,3 +22,25 @@ def launch_args(post: tuple[str, float] | None) -> tuple[float, int]:
     if post[0] not in KINDS:
         raise ValueError(f"post must be None, ('div', d) or ('mul', f), got {post!r}")
     return float(post[1]), KINDS[post[0]]
+
+
+def write_post(total: torch.Tensor, out: torch.Tensor, post: tuple[str, float] | None
+               ) -> torch.Tensor:
+    """``out <- total`` (float32, ``out``'s number of values) divided or multiplied by
+    ``post``'s value first, computed in float32 and rounded once to ``out``'s dtype;
+    returns ``out``."""
+    total = total if total.shape == out.shape else total.view(out.shape)
+    kind = launch_args(post)[1]
+    if kind == 0:
+        return out.copy_(total)
+    op = torch.div if kind == KINDS["div"] else torch.mul
+    return op(total, post[1], out=out)
+
+
+def written(total: torch.Tensor, out: torch.Tensor | None,
+            post: tuple[str, float] | None) -> torch.Tensor:
+    """A float32 sum as a decode-sum hands it over: ``total`` itself, or :func:`write_post`
+    into ``out`` (a fresh float32 buffer where None and ``post`` is given)."""
+    if out is None and post is None:
+        return total
+    return write_post(total, torch.empty_like(total) if out is None else out, post)
