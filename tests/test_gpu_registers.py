@@ -188,25 +188,31 @@ dsum = [(b, g, 1, 8, o, True) for b in (4, 8) for g in (128, 2048) for o in (Fal
 dsum += [(b, 128, 32, 8, o, True) for b in (4, 8) for o in (False, True)]
 dsum += [(4, 128, 1, 16, False, True), (8, 128, 32, 16, True, True), (4, 128, 32, 0, True, True),
          (8, 128, 32, 0, True, False), (8, 128, 1, 4, False, False), (6, 128, 1, 5, True, False)]
-dsum = [(*d, 0) for d in dsum]
-# the reduce op's AVG in the epilogue (FSDP2's op over more than one rank), TLq-HS's last hop
-dsum += [(4, 128, 32, 8, True, True, 1), (4, 2048, 1, 8, False, True, 2)]
-for bits, gs, n, peers, bf16, words, post in dsum:
+dsum = [(*d, 0, False) for d in dsum]
+# the reduce op's AVG in the epilogue (FSDP2's op over more than one rank), TLq-HS's last hop;
+# the riders summed by programs of their own (sdp4bit's last hop: bfloat16 riders, AVG)
+dsum += [(4, 128, 32, 8, True, True, 1, False), (4, 2048, 1, 8, False, True, 2, False),
+         (4, 128, 32, 8, True, True, 1, True), (8, 128, 1, 0, False, True, 0, True)]
+for bits, gs, n, peers, bf16, words, post, tail in dsum:
     k = D.row_layout(bits, gs, n)
     v = min(k["UPR"], 4) if words else 0
     unrolled = peers and D._sum_consts(bits, gs, n, n > 1, True, torch.bfloat16 if bf16 else
                                        torch.float32, peers, v)["PEERS"]
     row(f"dequantize_sum._dequantize_sum_kernel bits={bits} gs={gs} n={n} peers={peers} "
         f"bf16={bf16} words={words}{f' post={post}' if post else ''}"
-        f"{'' if unrolled == peers else ' (loop)'}",
+        f"{' riders' if tail else ''}{'' if unrolled == peers else ' (loop)'}",
         D._dequantize_sum_kernel,
         dict(src_ptr="*i32" if words else u8, scale_ptr="*i32" if words else f32,
              out_ptr="*u16" if bf16 else f32, n_rows=i32, n_peers=i32, src_stride=i32,
-             scale_stride=i32, scale_off=i32, BIG="fp32", post="fp32"),
+             scale_stride=i32, scale_off=i32, BIG="fp32", post="fp32",
+             tail_ptr="*u16" if bf16 else f32, tail_off=i32, tail_stride=i32,
+             tail_out_ptr="*u16" if bf16 else f32, n_tail=i32, n_main=i32, tail_post="fp32"),
         dict(PEERS=unrolled, GS=gs, BITS=bits, **k,
              V=min(k["UPR"], 4) if words else 1, WORDS=words,
              R=D.GPU_ROWS, N=n, LOG2N=n.bit_length() - 1, SCALE=H.inv_sqrt(n), INVERSE=n > 1,
-             CLIP=bf16 and n > 1 and not post, OUT_BF16=bf16, POST=post), D.NUM_WARPS)
+             CLIP=bf16 and n > 1 and not post, OUT_BF16=bf16, POST=post, TAIL=tail,
+             TAIL_BLOCK=4 * 32 * D.NUM_WARPS, TAIL_IN_BF16=bf16, TAIL_OUT_BF16=bf16,
+             TAIL_POST=post), D.NUM_WARPS)
 
 # bucketed, buckets of 1024: qsdp (qsgd 8 bits, random shift 8 bits), qsdp_learned (5 / 4)
 block, groups = TT.tile_shape(1024, TT.GPU_TILE)

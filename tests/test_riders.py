@@ -1,7 +1,8 @@
 """Exact columns riding the compressed exchanges (``comm/riders.py``) on 4 gloo ranks, as 1,
 2 and 4 emulated nodes: the riding values come out as torch's exact collectives give them
 (integer-valued inputs: every sum exact in any order, so bitwise), the compressed columns
-bit for bit as without a rider, and the wire carries exactly the exact values' bytes more."""
+bit for bit as without a rider, and the wire carries exactly the exact values' bytes more;
+the Triton decode-sums (interpreted) sum the riders in their own launch."""
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,11 @@ def check_reduce_scatter(rank, world, topo, meter):
     h8 = get_compressor("hadamard", bits=8, group_size=128, hadamard_size=32, rounding="nearest")
     h4 = get_compressor("hadamard", bits=4, group_size=128, hadamard_size=32, rounding="nearest")
     int4 = get_compressor("int", bits=4, group_size=128, rounding="nearest")
+    # the Triton kernels (interpreted, bfloat16 at AVG only: the interpreter is slow): the
+    # last hop's decode-sum sums the riders itself
+    k8, k4 = (get_compressor("hadamard", bits=b, group_size=128, hadamard_size=32,
+                             rounding="nearest", backend="triton") for b in (8, 4))
+    kernels_case = (torch.bfloat16, dist.ReduceOp.AVG)
     s, x, y = 300, topo.ranks_per_node, topo.num_nodes
     for dtype in (torch.float32, torch.bfloat16):
         size = dtype.itemsize
@@ -37,13 +43,18 @@ def check_reduce_scatter(rank, world, topo, meter):
                         lambda e: TwoHopReduceScatter.traffic(s, x, y, h8, h4, size, chunks=2,
                                                               exact=e),
                         lambda e: QuantizedReduceScatter.traffic(s, x, y, h4, size, exact=e),
-                        lambda e: QuantizedReduceScatter.traffic(s, x, y, int4, size, exact=e))
-            for make, traffic in zip(
-                    (lambda: TwoHopReduceScatter(topo, h8, h4, meter=meter),
-                     lambda: TwoHopReduceScatter(topo, h8, h4, chunks=2, meter=meter),
-                     lambda: QuantizedReduceScatter(h4, topo, meter),
-                     lambda: QuantizedReduceScatter(get_compressor("loco", inner=int4),
-                                                    topo, meter)), declared):
+                        lambda e: QuantizedReduceScatter.traffic(s, x, y, int4, size, exact=e),
+                        lambda e: TwoHopReduceScatter.traffic(s, x, y, k8, k4, size, exact=e),
+                        lambda e: QuantizedReduceScatter.traffic(s, x, y, k4, size, exact=e))
+            makers = [lambda: TwoHopReduceScatter(topo, h8, h4, meter=meter),
+                      lambda: TwoHopReduceScatter(topo, h8, h4, chunks=2, meter=meter),
+                      lambda: QuantizedReduceScatter(h4, topo, meter),
+                      lambda: QuantizedReduceScatter(get_compressor("loco", inner=int4),
+                                                     topo, meter)]
+            if (dtype, op) == kernels_case:
+                makers += [lambda: TwoHopReduceScatter(topo, k8, k4, meter=meter),
+                           lambda: QuantizedReduceScatter(k4, topo, meter)]
+            for make, traffic in zip(makers, declared):
                 meter.reset()
                 plain = torch.empty(s, dtype=dtype)
                 make()(plain, xs[rank], op)

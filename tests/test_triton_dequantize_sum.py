@@ -124,10 +124,13 @@ class Launches:
     """Stands in for the kernel: records each launch's arguments, runs nothing."""
 
     def __init__(self):
-        self.args = []
+        self.args, self.calls = [], []
 
     def __getitem__(self, grid):
-        return lambda *args, **consts: self.args.append(args)
+        def launch(*args, **consts):
+            self.args.append(args)
+            self.calls.append((grid, args, consts))
+        return launch
 
 
 @pytest.mark.parametrize("bits, lead", [(4, 0), (4, 2), (8, 0), (8, 1), (6, 0)])
@@ -212,6 +215,47 @@ def test_reduce_op_in_the_epilogue(dtype, post):
                 assert got.data_ptr() == out.data_ptr() and same(out, want), (impl, offset)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("post", [None, ("div", 3), ("mul", 1 / 3)])
+def test_riders_summed_in_the_same_launch(ds, monkeypatch, dtype, post):
+    """``riders``: the exact values ending each peer's wire row (``comm/riders.py``) summed
+    in float32 in peer order, their reduce op's step applied, into their output by programs
+    of the decode-sum's own launch: the bits of the twins' ``post_op.sum_riders`` (peers of
+    different magnitudes: the order shows), the payload's sum untouched, one launch; on
+    the byte path (6-bit codes, rows not whole words) and through a misaligned output too."""
+    from hfcompress.kernels import triton_group_quant as tq
+    from hfcompress.kernels import triton_hadamard as th
+    from hfcompress.kernels.post_op import sum_riders
+
+    def rows(bits, p, e):
+        packed, scale = payloads(p, 5, bits, 128)
+        g = torch.Generator().manual_seed(p)
+        riding = torch.randn(p, e, generator=g) * 10.0 ** (torch.arange(p)[:, None] % 3)
+        w = torch.cat([packed, scale.view(torch.uint8), riding.to(dtype).view(torch.uint8)], 1)
+        return w, (w, packed.shape[1], scale.shape[1], bits, 128)
+    for bits, p, e in ((4, 3, 38), (4, 17, 38), (6, 3, 38), (8, 1, 38), (4, 3, 37)):
+        w, args = rows(bits, p, e)
+        want = sum_riders(w, (torch.empty(e, dtype=dtype), dtype, post))
+        for fn, ref, extra in ((tq.dequantize_sum_wire, twin.dequantize_sum_wire, ()),
+                               (th.dequantize_sum_wire, hk.dequantize_sum_wire, (32, True))):
+            if bits == 6 and extra:
+                continue
+            plain = ref(*args, *extra)
+            for impl in (fn, ref):
+                for offset in (0, 1):
+                    out = torch.empty(offset + 5 * 128)[offset:]
+                    got = torch.full((e,), 7.0, dtype=dtype)
+                    impl(*args, *extra, out=out, riders=(got, dtype, post))
+                    assert same(got, want), (impl, bits, p, e, offset)
+                    assert same(out, plain), (impl, bits, p, e, offset)
+    launches = Launches()
+    monkeypatch.setattr(ds, "_dequantize_sum_kernel", launches)
+    w, args = rows(8, 2, 38)
+    ds.dequantize_sum_wire(*args, riders=(torch.empty(38, dtype=dtype), dtype, post))
+    [(grid, args, kwargs)] = launches.calls
+    assert kwargs["TAIL"] and grid[0] == args[-2] + 1     # the main programs, then the riders'
+
+
 def test_empty_and_row_layouts(ds):
     packed, scale = payloads(2, 1, 4, 128)
     assert ds.dequantize_sum(packed[:, :0], scale[:, :0], 4, 128).numel() == 0
@@ -230,18 +274,23 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from hfcompress.kernels import triton_dequantize_sum as ds
-for bits, gs, n, words, peers, bf16, post in ((4, 128, 1, True, 8, True, 0),
-                                              (8, 128, 32, True, 0, True, 1),
-                                              (6, 256, 128, False, 3, False, 2)):
+for bits, gs, n, words, peers, bf16, post, tail in ((4, 128, 1, True, 8, True, 0, False),
+                                                    (8, 128, 32, True, 0, True, 1, True),
+                                                    (6, 256, 128, False, 3, False, 2, False),
+                                                    (4, 128, 1, True, 3, False, 2, True)):
     k = ds.row_layout(bits, gs, n)
     consts = dict(PEERS=peers, GS=gs, BITS=bits, **k, V=min(k["UPR"], 4) if words else 1,
                   WORDS=words, R=ds.GPU_ROWS, N=n,
                   LOG2N=n.bit_length() - 1, SCALE=ds.inv_sqrt(n), INVERSE=n > 1,
-                  CLIP=bf16 and not post, OUT_BF16=bf16, POST=post)
+                  CLIP=bf16 and not post, OUT_BF16=bf16, POST=post, TAIL=tail,
+                  TAIL_BLOCK=1024, TAIL_IN_BF16=bf16, TAIL_OUT_BF16=bf16, TAIL_POST=post)
     # a wire's words carry the scales' bits where the codes are words (dequantize_sum_wire)
     sig = dict(src_ptr="*i32" if words else "*u8", scale_ptr="*i32" if words else "*fp32",
                out_ptr="*u16" if bf16 else "*fp32", n_rows="i32", n_peers="i32",
-               src_stride="i32", scale_stride="i32", scale_off="i32", BIG="fp32", post="fp32")
+               src_stride="i32", scale_stride="i32", scale_off="i32", BIG="fp32", post="fp32",
+               tail_ptr="*u16" if bf16 else "*fp32", tail_off="i32", tail_stride="i32",
+               tail_out_ptr="*u16" if bf16 else "*fp32", n_tail="i32", n_main="i32",
+               tail_post="fp32")
     sig.update({c: "constexpr" for c in consts})
     src = ASTSource(fn=ds._dequantize_sum_kernel, signature=sig, constexprs=consts)
     ptx = triton.compile(src, target=GPUTarget("cuda", 80, 32),
@@ -254,8 +303,8 @@ print("ok")
 def test_kernel_compiles_for_a_gpu_without_fma():
     """The interpreter misses GPU-only compile errors: compile the kernel for sm_80 (no GPU
     needed) in each path (words / bytes, unrolled / looped peers, rotation in a row and
-    across rows, the reduce op's division / multiplication after the sum), without a
-    contracted multiply-add (bit-exactness with the twins)."""
+    across rows, the reduce op's division / multiplication after the sum, the riders'
+    sum), without a contracted multiply-add (bit-exactness with the twins)."""
     pytest.importorskip("triton.backends.nvidia")
     r = run_compile_script(_COMPILE)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]

@@ -4,7 +4,8 @@
 ``output`` gets this rank's S values. Each rank compresses the ``world`` rows (one
 ``compress_rows`` call for a stateless scheme), the uint8 payloads go through one
 ``all_to_all_single``, and the receiver sums what it got with ``compressor.reduce_rows``
-(float32; a compressed-domain sum where the scheme has one).
+(float32; a compressed-domain sum where the scheme has one; the riders too where the scheme
+sums them, :func:`summed_riders`).
 With ``compressor=None`` this is torch's ``reduce_scatter_single`` (``reduce_scatter_tensor``).
 A group of one rank sends nothing and compresses nothing.
 """
@@ -106,6 +107,20 @@ def post_kwargs(post: tuple[str, float] | None) -> dict[str, Any]:
     return {} if post is None else {"post": post}
 
 
+def summed_riders(compressor: Compressor, exact: tuple[torch.Tensor, torch.Tensor] | None,
+                  op: Any, world: int) -> dict[str, Any]:
+    """``reduce_rows``' keyword that has ``compressor``'s decode-sum also sum the riders
+    (``exact``: ``(values [P, E], out [E])``, ``riders.py``) into ``out`` under ``op``, in
+    the same kernel: ``{"riders": (out flat, values' dtype, post_of(op))}`` where the scheme
+    sums riders (``Compressor.sums_riders``) and ``out`` takes a kernel's result
+    (:func:`result_target`); else ``{}``: the receiver splits them off and calls
+    :func:`final_sum`."""
+    if exact is None or not compressor.sums_riders:
+        return {}
+    target, post = result_target(exact[1], op, world)
+    return {} if target is None else {"riders": (target, exact[0].dtype, post)}
+
+
 def sum_target(output: torch.Tensor, op: Any) -> torch.Tensor | None:
     """``output`` flat where the decode-sum may write the result straight into it (a SUM
     into a contiguous float32 output: :func:`write_result` would only copy), else None."""
@@ -164,11 +179,13 @@ class QuantizedReduceScatter(StreamOwner):
         streams.check_layout((world, s))
         send = compress_rows(streams, rows, lambda k: ("send", k), rider=values)
         got = Exchange(send, group, self.meter, self.tag, remote).wait()
+        recv = streams["recv"]
+        riders = summed_riders(recv, exact, op, world)
         got, received = split_tail(got, send.shape[1] - rider_nbytes(values),
-                                   None if values is None else values.dtype)
+                                   None if values is None or riders else values.dtype)
         target, post = result_target(output, op, world)
-        total = streams["recv"].reduce_rows(got, (s,), input.dtype, out=target,
-                                            **post_kwargs(post))
+        total = recv.reduce_rows(got, (s,), input.dtype, out=target, **post_kwargs(post),
+                                 **riders)
         if target is None:
             write_result(output, total, op, world)
         if received is not None:

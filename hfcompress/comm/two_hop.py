@@ -41,7 +41,7 @@ from ..kernels.packing import split_tail
 from .hop import Exchange, RawCodec, compress_rows
 from .one_rank import skips
 from .reduce_scatter import (check_scatter_op, check_sizes, final_sum, post_kwargs,
-                             result_target, write_result)
+                             result_target, summed_riders, write_result)
 from .riders import check_exact, forwarded, rider_nbytes
 from .streams import StreamOwner, Streams, stateless_only
 from .topology import Topology
@@ -109,6 +109,12 @@ class TwoHopReduceScatter(StreamOwner):
         last = dict(out=target, inverse=rotated_sums, post=post) if len(bounds) == 1 else {}
         # one node: the intra-node hop is the last one (its decode-sum the result, likewise)
         last1 = last if x > 1 and self._alone() else {}
+        # the last hop's decode-sum sums the riders too where its scheme can (else final_sum)
+        if last1:
+            last1 = dict(last1, riders=summed_riders(self.streams["intra"].compressor, exact,
+                                                     op, p))
+        riders = {} if last1 or self._alone() else \
+            summed_riders(self.streams["inter"].compressor, exact, op, p)
         riding = None if exact is None else exact[0]
         finish_exact = None if exact is None else \
             lambda values: final_sum(values, exact[1], op, p)
@@ -120,7 +126,7 @@ class TwoHopReduceScatter(StreamOwner):
                 hop1 = self._hop1(rows, bounds, c + 1, rotated_rows)
             hop2.append((a, b, self._hop2(partial, b - a, c, input.dtype,
                                           x > 1 or rotated_rows, riding=riding,
-                                          finish_exact=finish_exact,
+                                          finish_exact=finish_exact, riders=riders,
                                           **(dict(final=True) if last1 else last))))
         del rows, partial, hop1, riding   # the input's views: nothing of it is read from here
         if len(hop2) == 1:
@@ -187,13 +193,15 @@ class TwoHopReduceScatter(StreamOwner):
     def _hop1(self, rows: torch.Tensor, bounds: list[tuple[int, int]], c: int,
               rotated_rows: bool, exact: torch.Tensor | None = None,
               out: torch.Tensor | None = None, inverse: bool = False,
-              post: tuple[str, float] | None = None):
+              post: tuple[str, float] | None = None, riders: dict | None = None):
         """Start the intra-node all-to-all of chunk c; returns a function giving the node's
         partial sums of this local rank's Y rows, flat ``(Y * width,)`` (rotated for TLq-HS;
         ``rotated_rows``: ``rows`` are rotated already; ``inverse``: rotated back in the
         decode-sum, on one node; ``out``: written there, ``post`` applied), and the
         ``[k, Y, E]`` exact values to sum for them (``exact``, ``[P, E]``, rides along; else
-        None; with no intra-node hop ``exact`` itself, the one contribution ``[Y, E]``).
+        None; with no intra-node hop ``exact`` itself, the one contribution ``[Y, E]``; None
+        where ``riders``, :func:`reduce_scatter.summed_riders`' keyword, had the decode-sum
+        sum them into the result).
         Local rank l gets rows ``l, X + l, ..`` (positions ``l*Y ..`` of
         :func:`slice_order`): row l of the ``[X, Y * width]`` reordering of the chunk's
         columns, over several nodes built half of its rows at a time (module docstring,
@@ -223,7 +231,7 @@ class TwoHopReduceScatter(StreamOwner):
         # one node: the reordering is a view (no float32 transient), one call writes the wire
         wire = send(0, x) if y == 1 else torch.cat([send(0, half), send(half, x)])
         finish = self._exchange("intra", wire, c, self.topology.intra_group, y * width,
-                                rows.dtype, out, inverse, rider, post)
+                                rows.dtype, out, inverse, rider, post, riders)
 
         def partial() -> tuple[torch.Tensor, torch.Tensor | None]:
             total, got = finish()
@@ -233,7 +241,8 @@ class TwoHopReduceScatter(StreamOwner):
     def _hop2(self, partial: torch.Tensor, width: int, c: int, dtype: torch.dtype,
               rotated_partial: bool, out: torch.Tensor | None = None, inverse: bool = False,
               riding: torch.Tensor | None = None, finish_exact=None,
-              post: tuple[str, float] | None = None, final: bool = False):
+              post: tuple[str, float] | None = None, final: bool = False,
+              riders: dict | None = None):
         """Start the inter-node all-to-all of chunk c; returns a function giving its sum.
         ``partial`` is the intra-node hop's float32 sum, or with no intra-node hop this
         rank's ``[Y, width]`` rows of the input; for TLq-HS ``rotated_partial`` says whether
@@ -242,7 +251,9 @@ class TwoHopReduceScatter(StreamOwner):
         applied (a reduce op's AVG / PREMUL_SUM, ``kernels/post_op.py``); ``final``: one
         node, ``partial`` is the result hop 1 wrote into the output (returned as it is).
         ``riding``: ``[k, Y, E]`` exact values, summed over k (and over the nodes once
-        exchanged) and handed to ``finish_exact``; 2-D ``[Y, E]``: one contribution."""
+        exchanged) and handed to ``finish_exact``, or summed by the decode-sum with
+        ``riders`` (:func:`reduce_scatter.summed_riders`' keyword); 2-D ``[Y, E]``: one
+        contribution."""
         if self.raw_inter:  # compression off sends the input's dtype, as torch's collective
             partial = partial.to(dtype)
         shape = (self.topology.num_nodes, width)
@@ -261,7 +272,7 @@ class TwoHopReduceScatter(StreamOwner):
         send = compress_rows(self.streams["inter"], parts, lambda k: (k, c),
                              self.rotated and rotated_partial, rider)
         finish = self._exchange("inter", send, c, self.topology.inter_group, width,
-                                parts.dtype, out, inverse, rider, post)
+                                parts.dtype, out, inverse, rider, post, riders)
 
         def total() -> torch.Tensor:
             result, got = finish()
@@ -273,22 +284,25 @@ class TwoHopReduceScatter(StreamOwner):
     def _exchange(self, hop: str, send: torch.Tensor, c: int, group: dist.ProcessGroup,
                   width: int, dtype: torch.dtype, out: torch.Tensor | None = None,
                   inverse: bool = False, rider: torch.Tensor | None = None,
-                  post: tuple[str, float] | None = None):
+                  post: tuple[str, float] | None = None, riders: dict | None = None):
         """Row k of the uint8 ``send`` (one compressed part per peer, then row k of
         ``rider``, exact values, if given) to group rank k; returns a function giving the
         float32 sum of the ``width`` values received per row (in the rotated domain for
         TLq-HS unless ``inverse``), or ``out`` holding it with ``post`` applied (then in its
-        dtype, the final result), and the received exact rows (or None)."""
+        dtype, the final result), and the received exact rows (or None: none rode, or
+        ``riders`` (:func:`reduce_scatter.summed_riders`' keyword) had the decode-sum sum
+        them)."""
         ex = Exchange(send, group, self.meter, self.tag, self._remote[hop], async_op=True)
         recv = self.streams[hop][("recv", c)]
         reduce = recv.reduce_rotated_rows if self.rotated and not inverse else recv.reduce_rows
         nbytes = send.shape[1] - rider_nbytes(rider)
-        rider_dtype = None if rider is None else rider.dtype
+        riders = riders if rider is not None and riders else {}
+        rider_dtype = None if rider is None or riders else rider.dtype
         posted = post_kwargs(post)
 
         def finish() -> tuple[torch.Tensor, torch.Tensor | None]:
             got, values = split_tail(ex.take(), nbytes, rider_dtype)
-            total = reduce(got, (width,), dtype, out=out, **posted)
+            total = reduce(got, (width,), dtype, out=out, **posted, **riders)
             if out is not None:
                 return total, values
             return (total if total.dim() == 1 else total.reshape(-1)).float(), values

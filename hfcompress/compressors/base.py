@@ -81,6 +81,9 @@ class Compressor:
     unbiased: ClassVar[bool] = False
     #: True when the scheme keeps state between calls (references, error buffers, levels).
     stateful: ClassVar[bool] = False
+    #: True when ``reduce_rows`` takes ``riders=(out, dtype, post)``: the exact values that
+    #: end each wire row (``comm/riders.py``) summed into ``out`` by its decode-sum.
+    sums_riders: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         self.params = dict(params)

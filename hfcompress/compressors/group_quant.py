@@ -26,7 +26,7 @@ class GroupQuantizer(BucketQuantizer):
 
     twin, triton_module = _twin, "triton_group_quant"
     size_param = "group_size"
-    sums_into = decodes_rows_into = True
+    sums_into = decodes_rows_into = sums_riders = True
 
     def __init__(self, bits: int = 4, group_size: int = 128, rounding: str = "nearest",
                  seed: int = 0, backend: str = "auto") -> None:
@@ -60,15 +60,16 @@ class GroupQuantizer(BucketQuantizer):
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
                     dtype: torch.dtype, out: torch.Tensor | None = None,
-                    post: tuple[str, float] | None = None) -> torch.Tensor:
+                    post: tuple[str, float] | None = None,
+                    riders: tuple | None = None) -> torch.Tensor:
         """``reduce`` of the rows' payloads, their fields read where they lie in the wire's
         rows (no view per field); ``post`` applied by the decode-sum kernel as it writes
-        ``out``."""
+        ``out``; ``riders`` summed by it too (``Compressor.sums_riders``)."""
         shape = torch.Size(shape)
         spec, impl = self.payload_spec(shape.numel()), self._impl(wire)
         return summed(lambda into_: impl.dequantize_sum_wire(
             wire, spec["codes"][1], spec["scales"][1], self.bits, self.group_size, out=into_,
-            post=None if into_ is None else post),
+            post=None if into_ is None else post, riders=riders),
             shape, out, shape.numel() % self.group_size == 0, post)
 
     def compress_difference(self, x: torch.Tensor, ref: torch.Tensor) -> Packed:

@@ -49,6 +49,8 @@ from .registry import register_compressor
 class HadamardQuantizer(Compressor):
     """Group quantization of Hadamard-rotated values, fused with the transform."""
 
+    sums_riders = True
+
     def __init__(self, bits: int = 4, group_size: int = 128, hadamard_size: int = 32,
                  rounding: str = "stochastic", seed: int = 0, backend: str = "auto") -> None:
         check_choice("hadamard", "bits", bits, SUPPORTED_BITS)
@@ -130,13 +132,16 @@ class HadamardQuantizer(Compressor):
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
                     dtype: torch.dtype, out: torch.Tensor | None = None,
-                    post: tuple[str, float] | None = None) -> torch.Tensor:
+                    post: tuple[str, float] | None = None,
+                    riders: tuple | None = None) -> torch.Tensor:
         """``reduce`` of the payloads in the rows of ``wire`` (fields: its column ranges),
-        into ``out`` if given, ``post`` applied after the inverse rotation."""
+        into ``out`` if given, ``post`` applied after the inverse rotation; ``riders``
+        summed by the same decode-sum (``Compressor.sums_riders``)."""
         shape = torch.Size(shape)
         if not self._fused(shape.numel()):
-            return into(self.rotate(self._sum_rows(wire, shape, False)), out, post)
-        return self._sum_rows(wire, shape, True, out, post)
+            return into(self.rotate(self._sum_rows(wire, shape, False, riders=riders)), out,
+                        post)
+        return self._sum_rows(wire, shape, True, out, post, riders)
 
     # -- rotated-domain steps of the 2-hop all-to-all (SDP4Bit 3.3) -----------------------
     def compress_rotated(self, y: torch.Tensor) -> Packed:
@@ -162,10 +167,11 @@ class HadamardQuantizer(Compressor):
 
     def reduce_rotated_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
                             dtype: torch.dtype, out: torch.Tensor | None = None,
-                            post: tuple[str, float] | None = None) -> torch.Tensor:
+                            post: tuple[str, float] | None = None,
+                            riders: tuple | None = None) -> torch.Tensor:
         """``reduce_rotated`` of the payloads in the rows of ``wire``, into ``out`` if given
-        (``post`` applied)."""
-        return self._sum_rows(wire, torch.Size(shape), False, out, post)
+        (``post`` applied; ``riders`` summed)."""
+        return self._sum_rows(wire, torch.Size(shape), False, out, post, riders)
 
     # -- kernels --------------------------------------------------------------------------
     def _quantize(self, x: torch.Tensor, hadamard_size: int, shape: torch.Size,
@@ -207,13 +213,15 @@ class HadamardQuantizer(Compressor):
 
     def _sum_rows(self, wire: torch.Tensor, shape: torch.Size, inverse: bool,
                   out: torch.Tensor | None = None,
-                  post: tuple[str, float] | None = None) -> torch.Tensor:
+                  post: tuple[str, float] | None = None,
+                  riders: tuple | None = None) -> torch.Tensor:
         """The fields read where they lie in the wire's rows (no view per field); ``post``
-        applied by the decode-sum kernel as it writes ``out``."""
+        applied by the decode-sum kernel as it writes ``out``; ``riders`` summed by it."""
         spec, impl = self.payload_spec(shape.numel()), self._impl(wire)
         return summed(lambda into_: impl.dequantize_sum_wire(
             wire, spec["codes"][1], spec["scales"][1], self.bits, self.group_size,
-            self.hadamard_size, inverse, out=into_, post=None if into_ is None else post),
+            self.hadamard_size, inverse, out=into_, post=None if into_ is None else post,
+            riders=riders),
             shape, out, shape.numel() % self.group_size == 0, post)
 
     def state_dict(self) -> dict[str, Any]:

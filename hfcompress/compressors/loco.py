@@ -147,9 +147,14 @@ class LoCo(Compressor):
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
                     dtype: torch.dtype, out: torch.Tensor | None = None,
-                    post: tuple[str, float] | None = None) -> torch.Tensor:
-        """The inner's: the receiver sums the rows' fields in place (no state)."""
-        return self.inner.reduce_rows(wire, shape, dtype, out, post)
+                    post: tuple[str, float] | None = None, **riders: Any) -> torch.Tensor:
+        """The inner's: the receiver sums the rows' fields in place (no state); ``riders``
+        where the inner sums them (``sums_riders``)."""
+        return self.inner.reduce_rows(wire, shape, dtype, out, post, **riders)
+
+    @property
+    def sums_riders(self) -> bool:  # type: ignore[override]
+        return self.inner.sums_riders
 
     # -- error feedback -------------------------------------------------------------------
     def compress(self, x: torch.Tensor) -> Packed:

@@ -20,7 +20,7 @@ import torch
 
 from .noise import noise_values
 from .packing import pack_codes, tail_bytes, take_tail, unpack_codes, wire_fields
-from .post_op import written
+from .post_op import sum_riders, written
 
 #: the kernels ``dispatch.pick`` runs through ``torch.compile`` on CPU
 COMPILE_ON_CPU = ("quantize", "decode", "decode_sum", "decode_sum_quantize", "difference",
@@ -250,10 +250,14 @@ def dequantize_add_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, gr
 
 def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
                         group_size: int, out: torch.Tensor | None = None,
-                        post: tuple[str, float] | None = None) -> torch.Tensor:
+                        post: tuple[str, float] | None = None,
+                        riders: tuple | None = None) -> torch.Tensor:
     """:func:`dequantize_sum` of the payloads in the rows of the uint8 wire ``[P, width]``
     (row p: ``code_bytes`` of codes, then ``n_groups`` float32 scales; more bytes may
-    follow); ``out`` and ``post`` as there."""
+    follow); ``out`` and ``post`` as there. ``riders``: ``(out [E], dtype, post)``, the E
+    values of ``dtype`` ending each row summed into ``out`` (``post_op.sum_riders``)."""
+    if riders is not None:
+        sum_riders(wire, riders)
     return dequantize_sum(*wire_fields(wire, code_bytes, n_groups), bits, group_size, out,
                           post)
 

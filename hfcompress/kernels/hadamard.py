@@ -23,7 +23,7 @@ from .random_shift import finite_range
 
 from . import group_quant as _gq
 from .packing import wire_fields
-from .post_op import written
+from .post_op import sum_riders, written
 
 #: compiled on CPU; the fused-op composites below run as separate kernels there (``dispatch.
 #: compiled``): Inductor fusing the rotation into the group reduction re-evaluates the
@@ -129,9 +129,12 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
 def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
                         group_size: int, hadamard_size: int, inverse: bool = True,
                         out: torch.Tensor | None = None,
-                        post: tuple[str, float] | None = None) -> torch.Tensor:
+                        post: tuple[str, float] | None = None,
+                        riders: tuple | None = None) -> torch.Tensor:
     """:func:`dequantize_sum` of the payloads in the rows of the uint8 wire ``[P, width]``
     (row p: ``code_bytes`` of codes, then ``n_groups`` float32 scales; more bytes may
-    follow); ``out`` and ``post`` as there."""
+    follow); ``out`` and ``post`` as there; ``riders`` as ``group_quant``'s."""
+    if riders is not None:
+        sum_riders(wire, riders)
     return dequantize_sum(*wire_fields(wire, code_bytes, n_groups), bits, group_size,
                           hadamard_size, inverse, out, post)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .packing import split_tail
+
 KINDS = {"div": 1, "mul": 2}
 
 
@@ -44,3 +46,17 @@ def written(total: torch.Tensor, out: torch.Tensor | None,
     if out is None and post is None:
         return total
     return write_post(total, torch.empty_like(total) if out is None else out, post)
+
+
+def sum_riders(wire: torch.Tensor, riders: tuple[torch.Tensor, torch.dtype, tuple | None]
+               ) -> torch.Tensor:
+    """The riders (exact values ending the peers' uint8 wire rows ``[P, width]``,
+    ``comm/riders.py``) as the decode-sum kernel sums them: ``riders`` ``(out [E], dtype,
+    post)``, the E values of ``dtype`` at the end of each row summed in float32 in row order
+    0..P-1, ``post`` applied (:func:`write_post`), into ``out``; returns ``out``."""
+    out, dtype, post = riders
+    rows = split_tail(wire, wire.shape[1] - out.numel() * dtype.itemsize, dtype)[1].unbind(0)
+    total = rows[0].to(torch.float32, copy=True)
+    for row in rows[1:]:
+        total += row
+    return write_post(total, out, post)

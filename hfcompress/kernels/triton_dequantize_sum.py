@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .hadamard import inv_sqrt
 from .packing import wire_fields, wire_words
-from .post_op import launch_args
+from .post_op import launch_args, sum_riders
 from .triton_butterfly import fwht, fwht_runs
 from .triton_tiles import OLDER_TRITON, cdiv, per_program
 
@@ -37,6 +37,8 @@ from .triton_tiles import OLDER_TRITON, cdiv, per_program
 #: registers and no spill on sm_90: tests/test_gpu_registers.py)
 BLOCK_ELEMS, NUM_WARPS = 4096, 8
 GPU_ROWS = 32 * NUM_WARPS
+#: riders (``comm/riders.py``) per program under TRITON_INTERPRET; on a GPU 4 per thread
+TAIL_BLOCK = 4096
 #: peers summed in straight-line code (a compiled variant per count); more run in a loop, as
 #: do byte loads of more than ``MAX_UNROLL_BYTES`` per thread (a register each, all in flight)
 MAX_UNROLL, MAX_UNROLL_BYTES = 16, 32
@@ -102,20 +104,71 @@ def _peer(src_ptr, scale_ptr, r, rmask, GS: tl.constexpr, BITS: tl.constexpr,
 
 
 @triton.jit
+def _post(total, post, POST: tl.constexpr):
+    """A reduce op's last step (``post_op.py``): ``POST`` 1 / 2 divided (IEEE) / multiplied
+    by ``post``, 0 as it is."""
+    if POST == 1:
+        total = tl.math.div_rn(total, tl.zeros_like(total) + post)
+    elif POST == 2:
+        total = total * post
+    return total
+
+
+@triton.jit
+def _rider(ptr, mask, BF16: tl.constexpr):
+    """float32 of riders (``BF16``: bfloat16 bits as uint16, widened on the bits; else
+    float32 / float16 values, converted exactly)."""
+    if BF16:
+        return (tl.load(ptr, mask=mask, other=0).to(tl.uint32) << 16).to(tl.float32,
+                                                                           bitcast=True)
+    return tl.load(ptr, mask=mask, other=0).to(tl.float32)
+
+
+@triton.jit
+def _rider_sum(tail_ptr, tail_off, tail_stride, out_ptr, n_tail, n_peers, pid, post,
+               POST: tl.constexpr, BLOCK: tl.constexpr, IN_BF16: tl.constexpr,
+               OUT_BF16: tl.constexpr):
+    """Riders (``comm/riders.py``): ``BLOCK`` of the ``n_tail`` values that end each peer's
+    row (``tail_off`` elements into row 0, rows ``tail_stride`` apart) summed in float32 in
+    peer order 0..n_peers-1, the reduce op's last step applied, written to ``out_ptr``."""
+    e = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = e < n_tail
+    src = tail_ptr + tail_off + e
+    total = _rider(src, mask, IN_BF16)
+    for _ in range(1, n_peers):
+        src += tail_stride
+        total = total + _rider(src, mask, IN_BF16)
+    total = _post(total, post, POST)
+    if OUT_BF16:
+        total = _bf16_bits(total)
+    tl.store(out_ptr + e, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_stride,
-                           scale_stride, scale_off, BIG, post, PEERS: tl.constexpr,
+                           scale_stride, scale_off, BIG, post, tail_ptr, tail_off, tail_stride,
+                           tail_out_ptr, n_tail, n_main, tail_post, PEERS: tl.constexpr,
                            GS: tl.constexpr, BITS: tl.constexpr, ROWV: tl.constexpr,
                            UPR: tl.constexpr, UB: tl.constexpr, UC: tl.constexpr,
                            V: tl.constexpr, WORDS: tl.constexpr,
                            R: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr,
                            SCALE: tl.constexpr, INVERSE: tl.constexpr, CLIP: tl.constexpr,
-                           OUT_BF16: tl.constexpr, POST: tl.constexpr):
+                           OUT_BF16: tl.constexpr, POST: tl.constexpr, TAIL: tl.constexpr,
+                           TAIL_BLOCK: tl.constexpr, TAIL_IN_BF16: tl.constexpr,
+                           TAIL_OUT_BF16: tl.constexpr, TAIL_POST: tl.constexpr):
     """Sum over peers 0..n_peers-1 (``PEERS`` of them unrolled, 0: a runtime loop) of ``R``
     rows, then the optional inverse rotation of its ``N``-blocks; ``POST`` 1 / 2: divided
     (IEEE) / multiplied by ``post`` (a reduce op's AVG / PREMUL_SUM, ``post_op.py``);
     ``CLIP``: values past +-``BIG`` (a 16-bit output's largest) clipped to it (NaN stays
     NaN). The scales start ``scale_off`` elements past ``scale_ptr``, float32 or their bits
-    in int32 words (a wire's, :func:`dequantize_sum_wire`)."""
+    in int32 words (a wire's, :func:`dequantize_sum_wire`). ``TAIL``: the programs from
+    ``n_main`` on (their rows all past ``n_rows``) sum the peers' riders instead
+    (:func:`_rider_sum`, their own reduce op's step ``TAIL_POST`` by ``tail_post``)."""
+    if TAIL:
+        if tl.program_id(0) >= n_main:
+            _rider_sum(tail_ptr, tail_off, tail_stride, tail_out_ptr, n_tail, n_peers,
+                       tl.program_id(0) - n_main, tail_post, TAIL_POST, TAIL_BLOCK,
+                       TAIL_IN_BF16, TAIL_OUT_BF16)
     scale_ptr += scale_off
     r = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     rmask = r < n_rows
@@ -134,10 +187,7 @@ def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_str
                                   V, WORDS)
     if INVERSE:
         total = _rotate(total, R, ROWV, N, LOG2N, SCALE)
-    if POST == 1:
-        total = tl.math.div_rn(total, tl.zeros_like(total) + post)
-    elif POST == 2:
-        total = total * post
+    total = _post(total, post, POST)
     if CLIP:
         total = tl.where(total > BIG, BIG, tl.where(total < -BIG, -BIG, total))
     e = (r[None, :, None] * ROWV + 4 * tl.arange(0, ROWV // 4)[:, None, None]
@@ -223,30 +273,51 @@ def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits
                         group_size: int, dtype: torch.dtype = torch.float32,
                         hadamard_size: int = 1, inverse: bool = False, clip: bool = False,
                         out: torch.Tensor | None = None,
-                        post: tuple[str, float] | None = None) -> torch.Tensor:
+                        post: tuple[str, float] | None = None,
+                        riders: tuple | None = None) -> torch.Tensor:
     """:func:`dequantize_sum` of the P payloads in the rows of the uint8 wire ``[P, width]``
     (row p: ``code_bytes`` of codes, then ``n_groups`` float32 scales; more bytes may follow,
     e.g. riders): the kernel reads both fields in place through the wire's int32 words, the
     scales at their word offset (no view per field), where the wire's start, row stride,
     width and ``code_bytes`` are multiples of 4 bytes; else through
-    :func:`packing.wire_fields`."""
+    :func:`packing.wire_fields`. ``riders``: ``(out [E], dtype, post)``, each row ends with
+    E values of ``dtype`` (``comm/riders.py``): their float32 sum in peer order, their
+    ``post`` applied, written into ``out`` (contiguous) by the same launch
+    (``post_op.sum_riders``' numbers)."""
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
     words = wire_words(wire) if code_bytes % 4 == 0 and k["UB"] == 4 else None
     if words is None:
-        return dequantize_sum(*wire_fields(wire, code_bytes, n_groups), bits, group_size,
-                              dtype, hadamard_size, inverse, clip, out, post)
+        total = dequantize_sum(*wire_fields(wire, code_bytes, n_groups), bits, group_size,
+                               dtype, hadamard_size, inverse, clip, out, post)
+        if riders is not None:
+            sum_riders(wire, riders)
+        return total
     return _sum(words, _vector(words, k["UPR"]), words, code_bytes // 4, words.stride(0),
                 wire.shape[0], n_groups, bits, group_size, dtype, hadamard_size, inverse, clip,
-                out, post)
+                out, post, riders)
+
+
+def _tail(words: torch.Tensor, riders: tuple) -> tuple:
+    """The kernel's view of the riders that end the wire's rows (``words``, its int32
+    view): ``(values [P, width] of their dtype (bfloat16 as uint16 bits), the offset of row
+    0's first, the row stride, the flat output (bfloat16 as uint16 bits), E)``."""
+    out, dtype, _ = riders
+    n = out.numel()
+    values = words.view(torch.uint16 if dtype == torch.bfloat16 else dtype)
+    flat = out.view(-1)
+    return (values, values.shape[1] - n, values.stride(0) if values.shape[0] > 1 else 0,
+            flat.view(torch.uint16) if flat.dtype == torch.bfloat16 else flat, n)
 
 
 def _sum(src: torch.Tensor, v: int, scale: torch.Tensor, scale_off: int, scale_stride: int,
          n_peers: int, n_groups: int, bits: int, group_size: int, dtype: torch.dtype,
          hadamard_size: int, inverse: bool, clip: bool,
-         out: torch.Tensor | None, post: tuple[str, float] | None = None) -> torch.Tensor:
+         out: torch.Tensor | None, post: tuple[str, float] | None = None,
+         riders: tuple | None = None) -> torch.Tensor:
     """One ``_dequantize_sum_kernel`` launch: ``src`` the codes (int32 words read ``V`` at a
     time, ``v`` > 0, else bytes), the scales ``scale_off`` elements into ``scale``, rows
-    ``scale_stride`` apart; ``out`` and ``post`` as :func:`dequantize_sum`."""
+    ``scale_stride`` apart; ``out`` and ``post`` as :func:`dequantize_sum`; ``riders`` as
+    :func:`dequantize_sum_wire` (``src`` a wire's words), summed by programs of their own."""
     numel = n_groups * group_size
     if out is not None and (out.numel() != numel or out.dtype != dtype):
         raise ValueError(f"dequantize_sum: out holds {out.numel()} {out.dtype} values, "
@@ -254,21 +325,30 @@ def _sum(src: torch.Tensor, v: int, scale: torch.Tensor, scale_off: int, scale_s
     if out is not None and not (out.is_contiguous() and out.data_ptr() % 16 == 0):
         return out.copy_(_sum(src, v, scale, scale_off, scale_stride, n_peers, n_groups, bits,
                               group_size, dtype, hadamard_size, inverse, clip, None,
-                              post).view(out.shape))
+                              post, riders).view(out.shape))
     if out is None:
         out = torch.empty(numel, dtype=dtype, device=src.device)
     if not (numel and n_peers):
+        if riders is not None and n_peers:
+            sum_riders(src.view(torch.uint8), riders)
         return out
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
     rows = max(per_program(src, BLOCK_ELEMS // k["ROWV"], GPU_ROWS),
                hadamard_size // k["ROWV"])
     n_rows = numel // k["ROWV"]
-    value, kind = launch_args(post)
-    _dequantize_sum_kernel[(cdiv(n_rows, rows),)](
+    n_main, value, kind = cdiv(n_rows, rows), *launch_args(post)
+    t, t_off, t_stride, t_out, n_tail = (src, 0, 0, out, 0) if riders is None else \
+        _tail(src, riders)
+    t_value, t_kind = launch_args(None if riders is None else riders[2])
+    t_block = per_program(src, TAIL_BLOCK, 4 * 32 * NUM_WARPS)
+    _dequantize_sum_kernel[(n_main + cdiv(n_tail, t_block),)](
         src, scale, out.view(torch.uint16) if dtype == torch.bfloat16 else out, n_rows, n_peers,
-        src.stride(0), scale_stride, scale_off, _largest(dtype), value, R=rows,
+        src.stride(0), scale_stride, scale_off, _largest(dtype), value, t, t_off, t_stride,
+        t_out, n_tail, n_main, t_value, R=rows,
         **_sum_consts(bits, group_size, hadamard_size, inverse, clip, dtype, n_peers, v),
-        POST=kind, num_warps=NUM_WARPS, enable_fp_fusion=False)
+        POST=kind, TAIL=riders is not None, TAIL_BLOCK=t_block,
+        TAIL_IN_BF16=t.dtype == torch.uint16, TAIL_OUT_BF16=t_out.dtype == torch.uint16,
+        TAIL_POST=t_kind, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
 
 

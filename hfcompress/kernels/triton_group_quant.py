@@ -503,13 +503,15 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int,
 
 def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
                         group_size: int, out: torch.Tensor | None = None,
-                        post: tuple[str, float] | None = None) -> torch.Tensor:
+                        post: tuple[str, float] | None = None,
+                        riders: tuple | None = None) -> torch.Tensor:
     """:func:`dequantize_sum` of the payloads in the rows of the uint8 wire ``[P, width]``,
     their fields read in place (``triton_dequantize_sum.dequantize_sum_wire``); into
-    ``out`` (any float dtype), ``post`` applied (``post_op.py``), in the kernel."""
+    ``out`` (any float dtype), ``post`` applied (``post_op.py``), ``riders`` summed, in the
+    kernel."""
     return _dsum.dequantize_sum_wire(wire, code_bytes, n_groups, bits, group_size,
                                      torch.float32 if out is None else out.dtype, out=out,
-                                     post=post)
+                                     post=post, riders=riders)
 
 
 def dequantize_sum_quantize(packed: torch.Tensor, scale: torch.Tensor, bits: int,

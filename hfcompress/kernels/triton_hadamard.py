@@ -279,11 +279,13 @@ def dequantize_sum(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_s
 def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
                         group_size: int, hadamard_size: int, inverse: bool = True,
                         out: torch.Tensor | None = None,
-                        post: tuple[str, float] | None = None) -> torch.Tensor:
+                        post: tuple[str, float] | None = None,
+                        riders: tuple | None = None) -> torch.Tensor:
     """:func:`dequantize_sum` of the payloads in the rows of the uint8 wire ``[P, width]``,
     their fields read in place (``triton_dequantize_sum.dequantize_sum_wire``); into
     ``out`` (any float dtype, no clipping: a sum's output, as the twin's), ``post``
-    applied (``post_op.py``), in the kernel."""
+    applied (``post_op.py``), ``riders`` summed, in the kernel."""
     return _dsum.dequantize_sum_wire(wire, code_bytes, n_groups, bits, group_size,
                                      torch.float32 if out is None else out.dtype,
-                                     hadamard_size, inverse, clip=False, out=out, post=post)
+                                     hadamard_size, inverse, clip=False, out=out, post=post,
+                                     riders=riders)
