@@ -206,9 +206,15 @@ class ShardedReferences:
                 if values is not None:
                     exact[1].copy_(values)
             return finish(work, rebuild_and_copy, async_op, out.device)
-        if rebuild is not None:   # step 3 gathers the rebuilt references: rebuild first
-            rebuild()
-        return self._in_node(route, out, s, values, exact, columns, async_op, record)
+        # step 3 gathers the rebuilt references: rebuild first, straight into this rank's
+        # row of the output where that row is its step-3 slot (no copy of them after)
+        rows = _slot_rows(out, columns, s, y, x, exact)
+        mine = rows[route.local] if rebuild is not None and rows is not None else None
+        if rebuild is not None:
+            rebuild(None if mine is None else mine[:s].view(1, s),
+                    None if mine is None or exact is None else mine[s:].view(1, -1))
+        return self._in_node(route, out, s, values, exact, columns, async_op, record, rows,
+                             mine)
 
     def _step1(self, unchanged: bool, sent: SentBytes | None,
                exact: tuple[torch.Tensor, torch.Tensor] | None) -> bool:
@@ -223,15 +229,18 @@ class ShardedReferences:
 
     def _in_node(self, route: Route, out: torch.Tensor, s: int, values: torch.Tensor | None,
                  exact: tuple[torch.Tensor, torch.Tensor] | None, columns: Runs | None,
-                 async_op: bool, record) -> torch.futures.Future | None:
+                 async_op: bool, record, rows: torch.Tensor | None,
+                 placed: torch.Tensor | None) -> torch.futures.Future | None:
         """Step 3: the intra-node gather of the Y rebuilt slots (each followed by its exact
-        ``values``, if riding) into the rank-major output; ``record(intra, inter)`` meters
-        the call with its bytes."""
+        ``values``, if riding and not copied by the decode) into the rank-major output;
+        ``rows``: :func:`_slot_rows`' (``placed``: this rank's row of them, holding its
+        rebuilt references already); ``record(intra, inter)`` meters the call with its
+        bytes."""
         x, y, ref = route.ranks_per_node, route.rows, self.qwd.reference
-        rows = _slot_rows(out, columns, s, y, x, exact if values is not None else None)
         if rows is not None:    # one node, each slot its row of the output: gathered there
-            mine = rows[route.local]
-            mine[:s].copy_(ref)
+            mine = rows[route.local] if placed is None else placed
+            if placed is None:
+                mine[:s].copy_(ref)
             if values is not None:
                 mine[s:].copy_(values.view(-1))
             record(*sends(mine.numel() * ref.element_size(), route.intra_remote, route.local))
