@@ -75,11 +75,13 @@ def check_reduce_scatter(rank, world, topo, meter):
 
 def check_qwd_all_gather(rank, world, topo, meter):
     """Gap 8: other columns between the slots and the exact values; gap 0: each rank's row
-    is its slot then its exact values (on one node step 3 gathers straight into it)."""
+    is its slot then its exact values (on one node step 3 gathers straight into it), also
+    with the input in its row (FSDP2's in-place all-gather)."""
     s = 4096
     for dtype, gap in ((torch.float32, 8), (torch.bfloat16, 8), (torch.bfloat16, 0)):
         plain_ag = QuantizedAllGather(get_compressor("qwd"), topology=topo, meter=meter)
         ride_ag = QuantizedAllGather(get_compressor("qwd"), topology=topo, meter=meter)
+        place_ag = QuantizedAllGather(get_compressor("qwd"), topology=topo)
         for step in range(3):     # the exact first gather, then differences
             xs = inputs(world, s, dtype, seed=20 + step)
             es = _ints(world, E, dtype, seed=30 + step)
@@ -99,6 +101,14 @@ def check_qwd_all_gather(rank, world, topo, meter):
             assert (rows[:, s:s + gap] == -1).all()              # other columns untouched
             extra = sum(cur[k] - alone[k] for k in ("intra_bytes", "inter_bytes"))
             assert extra == (world - 1) * E * es[0].element_size(), (extra, step)
+            # FSDP2's in-place all-gather: the input is this rank's slot of the output row
+            # (its exact values already where they go)
+            inplace = torch.full((world, s + E), -1.0, dtype=dtype)
+            inplace[rank, :s], inplace[rank, s:] = xs[rank], es[rank]
+            mine = inplace[rank]
+            place_ag(inplace, mine[:s], exact=(mine[s:], inplace[:, s:]), columns=((0, s),))
+            assert torch.equal(inplace[:, :s].reshape(-1), plain), (dtype, step)
+            assert torch.equal(inplace[:, s:].reshape(-1), exact), (dtype, step)
             x, y, qwd = topo.ranks_per_node, topo.num_nodes, get_compressor("qwd")
             declared = [sent(QuantizedAllGather.traffic(s, x, y, qwd, dtype.itemsize, exact=e),
                              x, y) for e in (E, 0)]

@@ -47,7 +47,7 @@ from ..kernels.packing import split_tail
 from .hop import all_gather_single
 from .futures import finish, overlaps
 from .one_rank import skips
-from .riders import as_row, rider_nbytes
+from .riders import as_row, put_values, rider_nbytes
 from .topology import Topology
 from .traffic import Phase, gather, payload_bytes
 from .wire_meter import WireMeter, peer_is_remote, sends
@@ -242,7 +242,7 @@ class ShardedReferences:
             if placed is None:
                 mine[:s].copy_(ref)
             if values is not None:
-                mine[s:].copy_(values.view(-1))
+                put_values(mine[s:], values.view(-1))
             record(*sends(mine.numel() * ref.element_size(), route.intra_remote, route.local))
             work = all_gather_single(rows.view(-1), mine, group=route.intra,
                                      async_op=overlaps(out.device, async_op))

@@ -46,3 +46,12 @@ def check_exact(exact: tuple[torch.Tensor, torch.Tensor] | None, world: int) -> 
     if values.dim() != 2 or values.shape[0] != world or values.shape[1] != out.numel():
         raise ValueError(f"exact columns {tuple(values.shape)} do not match world size {world} "
                          f"x output {out.numel()}")
+
+
+def put_values(out: torch.Tensor, values: torch.Tensor) -> None:
+    """``out <- values`` (gathered exact values into the output's columns), nothing where
+    ``values`` is ``out``'s memory already: FSDP2 all-gathers in place, a rank's input is
+    its slot of the output, so its own exact values lie where they go."""
+    if not (values.data_ptr() == out.data_ptr() and values.shape == out.shape
+            and values.stride() == out.stride() and values.dtype == out.dtype):
+        out.copy_(values)
