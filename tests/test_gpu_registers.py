@@ -141,16 +141,20 @@ for bits, h, x, err in ((4, 0, "*bf16", True), (4, 1, "*bf16", True), (4, 0, f32
                                   escale_out_ptr=f32, n_groups=i32, numel=i32, coeff="fp32"),
         dict(GS=128, BITS=bits, STOCHASTIC=h != 0, HASH=h, HAS_ERROR=err, SMALL=True, **k),
         T.NUM_WARPS)
-for bits, stochastic, x in ((4, False, "*bf16"), (4, True, "*bf16"), (8, True, f32)):
+# (the riders copied after each row's scales: the exact columns riding, bfloat16)
+for bits, stochastic, x, tail in ((4, False, "*bf16", 0), (4, True, "*bf16", N.TAIL_BLOCK),
+                                  (8, True, f32, 0)):
     size = 2 if x != f32 else 4
     n = LC._values_per_thread(bits, size)   # the launch's values per thread
     k = T._tile_consts(bits, 128, T.NUM_WARPS * 32 * n, itemsize=size, per_thread=n)
-    row(f"loco._feedback_rows_kernel bits={bits} stochastic={stochastic} x={x}",
+    row(f"loco._feedback_rows_kernel bits={bits} stochastic={stochastic} x={x}"
+        f"{' riders' if tail else ''}",
         LC._feedback_rows_kernel, dict(x_ptr=x, x_row=i32, errors_ptr=i64, noise_ptr=i64,
                                        wire_ptr="*i32", row_words=i32, code_words=i32,
-                                       n_groups=i32, numel=i32, coeff="fp32"),
-        dict(GS=128, BITS=bits, STOCHASTIC=stochastic, HASH=N.ONE_KEY, SMALL=True, **k),
-        T.NUM_WARPS)
+                                       n_groups=i32, numel=i32, coeff="fp32", tail_ptr=x,
+                                       tail_row=i32, tail_n=i32),
+        dict(GS=128, BITS=bits, STOCHASTIC=stochastic, HASH=N.ONE_KEY, SMALL=True, TAIL=tail,
+             **k), T.NUM_WARPS)
 for bits, h in ((8, 1), (8, RG), (4, RG)):
     v = T.SUM_VALUES_PER_THREAD
     k = dict(T._tile_consts(4, 128, T.NUM_WARPS * 32 * v, per_thread=v))

@@ -32,7 +32,7 @@ import triton.language as tl
 from .packing import packed_nbytes, payload_buffers, put_tail, row_wire, tail_nbytes
 from .triton_group_quant import (NUM_WARPS, _block, _decode_tile, _levels, _per_thread,
                                  _store_levels, _tile, _tile_consts)
-from .triton_noise import ONE_KEY, noise_operand
+from .triton_noise import ONE_KEY, noise_operand, store_riders, tail_operand
 from .triton_tiles import OLDER_TRITON, cdiv
 
 #: the stored error: 8-bit codes, one float32 scale per group of 128 (LoCo 3.2)
@@ -103,16 +103,18 @@ def _feedback_kernel(x_ptr, ecode_ptr, escale_ptr, noise_ptr, noise_row, packed_
 
 @triton.jit
 def _feedback_rows_kernel(x_ptr, x_row, errors_ptr, noise_ptr, wire_ptr, row_words, code_words,
-                          n_groups, numel, coeff, GS: tl.constexpr, BLOCK_G: tl.constexpr,
+                          n_groups, numel, coeff, tail_ptr, tail_row, tail_n,
+                          GS: tl.constexpr, BLOCK_G: tl.constexpr,
                           L: tl.constexpr, LOG2V: tl.constexpr, VEC: tl.constexpr,
                           BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
-                          STOCHASTIC: tl.constexpr, HASH: tl.constexpr, SMALL: tl.constexpr):
+                          STOCHASTIC: tl.constexpr, HASH: tl.constexpr, SMALL: tl.constexpr,
+                          TAIL: tl.constexpr):
     """Grid axis 1 is the row: row r of ``x`` (``x_row`` values apart) with its own stored
     error, read and rewritten in place where row r of the ``[rows, 3]`` int64 table
     ``errors_ptr`` points (codes as int32 words, scales; its third column 0 where the row has
     no error yet), its own key pair (row r of ``noise_ptr``, indices within the row), its
     payload written as row r of the int32 wire (``row_words`` words per row, the scales after
-    ``code_words``)."""
+    ``code_words``), then row r of the riders (``TAIL``, ``triton_noise.store_riders``)."""
     pid = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     x_ptr += row * x_row
@@ -126,10 +128,11 @@ def _feedback_rows_kernel(x_ptr, x_row, errors_ptr, noise_ptr, wire_ptr, row_wor
     base, g, valid = _load_tile(x_ptr, pid, n_groups, numel, GS, BLOCK_G, L, LOG2V, VEC)
     e = tl.where(valid & has_error, _decode_tile(ecode_ptr, escale_ptr, pid, n_groups, GS,
                                                  BLOCK_G, L, 1 << LOG2V, 8, 4, 4), 0.0)
-    _feedback_tile(g, e, valid, pid, base, n_groups, coeff, noise_ptr, 1, wire_ptr,
-                   (wire_ptr + code_words).to(tl.pointer_type(tl.float32), bitcast=True),
+    scale_ptr = (wire_ptr + code_words).to(tl.pointer_type(tl.float32), bitcast=True)
+    _feedback_tile(g, e, valid, pid, base, n_groups, coeff, noise_ptr, 1, wire_ptr, scale_ptr,
                    ecode_ptr, escale_ptr, GS, BLOCK_G, L, LOG2V, BITS, CPU, BPU, STOCHASTIC,
                    HASH, SMALL)
+    store_riders(scale_ptr, n_groups, tail_ptr, tail_row, tail_n, True, TAIL)
 
 
 def _values_per_thread(bits: int, itemsize: int) -> int:
@@ -217,12 +220,14 @@ def feedback_rows(x: torch.Tensor, errors: torch.Tensor, noise: torch.Tensor | N
         raise ValueError(f"loco feedback kernel: rows of {numel} values, {bits}-bit codes in "
                          f"groups of {group_size} are not whole int32 words of a wire")
     wire, words, _ = made
-    put_tail(wire, tail)
-    if n_groups and rows:
-        coeff, small = lerp_coefficient(beta)
-        _feedback_rows_kernel[(cdiv(n_groups, k["BLOCK_G"]), rows)](
-            x, x.stride(0) if rows > 1 else 0, errors, errors if noise is None else noise,
-            words, words.shape[1], code_bytes // 4, n_groups, numel, coeff, GS=group_size,
-            BITS=bits, STOCHASTIC=noise is not None, HASH=ONE_KEY, SMALL=small, **k,
-            num_warps=NUM_WARPS, enable_fp_fusion=False)
+    if not (n_groups and rows):
+        put_tail(wire, tail)
+        return wire
+    coeff, small = lerp_coefficient(beta)
+    t, t_row, t_n, tail_block = tail_operand(tail, x)
+    _feedback_rows_kernel[(cdiv(n_groups, k["BLOCK_G"]), rows)](
+        x, x.stride(0) if rows > 1 else 0, errors, errors if noise is None else noise,
+        words, words.shape[1], code_bytes // 4, n_groups, numel, coeff, t, t_row, t_n,
+        GS=group_size, BITS=bits, STOCHASTIC=noise is not None, HASH=ONE_KEY, SMALL=small,
+        TAIL=tail_block, **k, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return wire
