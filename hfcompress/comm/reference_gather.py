@@ -91,6 +91,17 @@ def _slot_rows(out: torch.Tensor, columns: Runs | None, s: int, y: int, x: int,
     return rows if same else None
 
 
+def _row_targets(mine: torch.Tensor | None, s: int,
+                 exact: tuple[torch.Tensor, torch.Tensor] | None
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Where the step-1 decode writes the rebuilt references and the exact values riding,
+    besides the references: this rank's row of the output where it is its step-3 slot
+    (``mine``, :func:`_slot_rows`' row; no copy of them after), else nowhere."""
+    if mine is None:
+        return None, None
+    return mine[:s].view(1, s), None if exact is None else mine[s:].view(1, -1)
+
+
 @dataclass(frozen=True)
 class Route:
     """How one all-gather group is served: ``rows`` slots held per rank (the ranks of
@@ -204,17 +215,13 @@ class ShardedReferences:
                 if rebuild is None or slots is None:
                     place_slots(out, columns, self.qwd.reference.view(y, s))
                 if values is not None:
-                    exact[1].copy_(values)
+                    put_values(exact[1], values)
             return finish(work, rebuild_and_copy, async_op, out.device)
-        # step 3 gathers the rebuilt references: rebuild first, straight into this rank's
-        # row of the output where that row is its step-3 slot (no copy of them after)
         rows = _slot_rows(out, columns, s, y, x, exact)
         mine = rows[route.local] if rebuild is not None and rows is not None else None
-        if rebuild is not None:
-            rebuild(None if mine is None else mine[:s].view(1, s),
-                    None if mine is None or exact is None else mine[s:].view(1, -1))
-        return self._in_node(route, out, s, values, exact, columns, async_op, record, rows,
-                             mine)
+        if rebuild is not None:   # step 3 gathers the rebuilt references: rebuild first
+            rebuild(*_row_targets(mine, s, exact))
+        return self._in_node(route, out, s, values, exact, columns, async_op, record, rows, mine)
 
     def _step1(self, unchanged: bool, sent: SentBytes | None,
                exact: tuple[torch.Tensor, torch.Tensor] | None) -> bool:

@@ -102,19 +102,7 @@ class TwoHopReduceScatter(StreamOwner):
         if self.rotated and len(bounds) > 1:
             rows = self.streams["intra"].compressor.rotate_rows(rows)
         rotated_rows = self.rotated and len(bounds) > 1
-        # one chunk: its decode-sum is the result, rotated back in the same kernel (sum_i H
-        # g_i = H sum_i g_i), divided for an AVG (multiplied for a PREMUL_SUM) and written
-        # straight into the output
-        target, post = result_target(output, op, p)
-        last = dict(out=target, inverse=rotated_sums, post=post) if len(bounds) == 1 else {}
-        # one node: the intra-node hop is the last one (its decode-sum the result, likewise)
-        last1 = last if x > 1 and self._alone() else {}
-        # the last hop's decode-sum sums the riders too where its scheme can (else final_sum)
-        if last1:
-            last1 = dict(last1, riders=summed_riders(self.streams["intra"].compressor, exact,
-                                                     op, p))
-        riders = {} if last1 or self._alone() else \
-            summed_riders(self.streams["inter"].compressor, exact, op, p)
+        last, last1, riders = self._last_hop(output, op, exact, len(bounds), rotated_sums)
         riding = None if exact is None else exact[0]
         finish_exact = None if exact is None else \
             lambda values: final_sum(values, exact[1], op, p)
@@ -139,6 +127,26 @@ class TwoHopReduceScatter(StreamOwner):
                 total = self.streams["inter"].compressor.rotate(total)
         if last.get("out") is None:
             write_result(output, total, op, p)
+
+    def _last_hop(self, output: torch.Tensor, op: Any,
+                  exact: tuple[torch.Tensor, torch.Tensor] | None, chunks: int,
+                  rotated_sums: bool) -> tuple[dict, dict, dict]:
+        """What the last hop's decode-sum does, as keywords: of the inter-node hop (one
+        chunk: its decode-sum is the result, rotated back in the same kernel, sum_i H g_i =
+        H sum_i g_i, divided for an AVG, multiplied for a PREMUL_SUM, written straight into
+        the output), of the intra-node hop (on one node it is the last one, likewise), and
+        the inter-node hop's riders' sum (the exact values summed into their output by the
+        decode-sum where its scheme can, :func:`reduce_scatter.summed_riders`; else
+        ``final_sum``)."""
+        p, x = self.topology.world_size, self.topology.ranks_per_node
+        target, post = result_target(output, op, p)
+        last = dict(out=target, inverse=rotated_sums, post=post) if chunks == 1 else {}
+        if last and x > 1 and self._alone():
+            return last, dict(last, riders=summed_riders(self.streams["intra"].compressor,
+                                                         exact, op, p)), {}
+        riders = {} if self._alone() else \
+            summed_riders(self.streams["inter"].compressor, exact, op, p)
+        return last, {}, riders
 
     def _check(self, output: torch.Tensor, input: torch.Tensor,
                group: dist.ProcessGroup | None,
