@@ -334,20 +334,28 @@ def test_group_slots_decode_in_place(params):
     kernel reads every row's codes and scales in the wire (exact values riding after them)
     and writes each slot into its row of the output, a strided column block of the
     all-gather's buffer, in its dtype: no copy of the fields, no decoded buffer; the numbers
-    of the torch twin, for slots that are not whole groups, one slot or several."""
+    of the torch twin, for slots that are not whole groups, one slot or several; the exact
+    values riding after them copied into their columns of the output by the same launch
+    (``riders=``, as the all-gather's decode passes them)."""
+    from hfcompress.kernels.packing import split_tail
     for rows, numel, dtype in ((3, 2048 * 2 + 100, torch.bfloat16), (1, 300, torch.float32),
                                (2, 256, torch.float16)):
         x = _rows(rows, numel, dtype)
         twin = build_compressor("int", backend="torch", **params)
-        wire = twin.compress_rows(x, torch.ones(rows, 6, dtype=dtype))   # riders after
-        body = wire[:, :wire.shape[1] - 6 * dtype.itemsize]
+        riding = torch.randn(rows, 6).to(dtype)
+        wire = twin.compress_rows(x, riding)   # riders after
+        body, values = split_tail(wire, wire.shape[1] - 6 * dtype.itemsize, dtype)
+        assert torch.equal(values, riding)
         want = torch.full((rows, numel + 40), 7.0, dtype=dtype)
         twin.decompress_slots(body, numel, want[:, 8:8 + numel])
+        want[:, 8 + numel:14 + numel] = riding
         fast = build_compressor("int", backend="triton", **params)
-        got = torch.full((rows, numel + 40), 7.0, dtype=dtype)
-        with _Ops() as ops:
-            fast.decompress_slots(body, numel, got[:, 8:8 + numel])
-        assert torch.equal(got, want), (rows, numel, dtype)
+        for impl in (twin, fast):
+            got = torch.full((rows, numel + 40), 7.0, dtype=dtype)
+            with _Ops() as ops:
+                impl.decompress_slots(body, numel, got[:, 8:8 + numel],
+                                      riders=(got[:, 8 + numel:14 + numel], values))
+            assert torch.equal(got, want), (impl.backend, rows, numel, dtype)
         assert not {"clone", "copy_", "contiguous", "cat", "_to_copy"} & set(ops.names), ops.names
 
 

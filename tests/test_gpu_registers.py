@@ -119,14 +119,20 @@ for bits, gs, out, rows, also in [(4, 2048, "*bf16", False, False), (4, 128, "*b
                                        also_row=i32),
         dict(GS=gs, BITS=bits, RAGGED=not rows, OUT_BF16=out != f32, ROWS=rows, ALSO=also,
              TAIL=TAIL if rows else 0, **k), T.NUM_WARPS)
-# the slots of a gathered wire decoded in place (zeropp's int8 weights; int4 for qw-style)
-for bits, gs, out in [(8, 2048, "*bf16"), (8, 2048, f32), (4, 128, "*bf16")]:
+# the slots of a gathered wire decoded in place (zeropp's int8 weights; int4 for qw-style),
+# the exact values riding them copied too (bfloat16)
+for bits, gs, out, tail in [(8, 2048, "*bf16", 0), (8, 2048, f32, 0), (4, 128, "*bf16", 0),
+                            (8, 2048, "*bf16", N.TAIL_BLOCK)]:
     k = T._tile_consts(bits, gs, T.GPU_BLOCK_ELEMS, itemsize=2 if out != f32 else 4)
-    row(f"group_quant._dequantize_rows_kernel bits={bits} gs={gs} out={out}",
+    row(f"group_quant._dequantize_rows_kernel bits={bits} gs={gs} out={out}"
+        f"{' riders' if tail else ''}",
         T._dequantize_rows_kernel, dict(packed_ptr="*i32", scale_ptr=f32,
                                         out_ptr="*i16" if out != f32 else f32, numel=i32,
-                                        gpr=i32, row_words=i32, scale_row=i32, out_row=i32),
-        dict(GS=gs, BITS=bits, RAGGED=True, OUT_BF16=out != f32, **k), T.NUM_WARPS)
+                                        gpr=i32, row_words=i32, scale_row=i32, out_row=i32,
+                                        tail_ptr=out, tail_row=i32, tail_out_ptr=out,
+                                        tail_out_row=i32, tail_n=i32),
+        dict(GS=gs, BITS=bits, RAGGED=True, OUT_BF16=out != f32, TAIL=tail, **k),
+        T.NUM_WARPS)
 # triton_loco: LoCo's error feedback (loco: int4 nearest, loco_zeropp: int4 stochastic with
 # one key pair; bf16 or float32 gradients; the first call without an error)
 for bits, h, x, err in ((4, 0, "*bf16", True), (4, 1, "*bf16", True), (4, 0, f32, False),

@@ -106,8 +106,11 @@ class QuantizedAllGather(StreamOwner):
 
         def decode() -> None:
             wire, values = split_tail(gathered, n, None if exact is None else exact[0].dtype)
-            if not slots.stateful:   # one decode of every slot (same numbers)
-                slots.compressor.decompress_slots(wire, s, out)
+            if not slots.stateful:   # one decode of every slot (same numbers), the riders too
+                copies = values is not None and slots.compressor.copies_riders
+                slots.compressor.decompress_slots(
+                    wire, s, out, **({"riders": (exact[1], values)} if copies else {}))
+                values = None if copies else values
             else:
                 for r in range(world):   # a stream per slot
                     slots[r].decompress_slots(wire[r:r + 1], s, out[r:r + 1])

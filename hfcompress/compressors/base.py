@@ -84,6 +84,9 @@ class Compressor:
     #: True when ``reduce_rows`` takes ``riders=(out, dtype, post)``: the exact values that
     #: end each wire row (``comm/riders.py``) summed into ``out`` by its decode-sum.
     sums_riders: ClassVar[bool] = False
+    #: True when ``decompress_slots`` takes ``riders=(out, values)``: the exact values that
+    #: end each gathered wire row copied into ``out`` by its decode (``comm/riders.py``).
+    copies_riders: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         self.params = dict(params)

@@ -103,19 +103,27 @@ class BucketQuantizer(Compressor):
         out = self._impl(p[0]).dequantize(*p, self.bits, self._size, packed.dtype)
         return out[:packed.numel].reshape(packed.shape)
 
-    def decompress_slots(self, wire: torch.Tensor, numel: int, out: torch.Tensor) -> None:
+    def decompress_slots(self, wire: torch.Tensor, numel: int, out: torch.Tensor,
+                         riders: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """All rows in one ``dequantize``: a row is the codes and per-bucket values of
         ``numel`` values padded to whole buckets, so the rows' fields side by side are the
         payload of ``rows`` x that many values (a bucket never spans two rows). With
         ``decodes_rows_into`` the kernels read the fields in the wire and write ``out``'s rows.
         A payload with more than codes and bucket values (e.g. a codebook per payload)
-        decodes row by row."""
+        decodes row by row. ``riders``: ``(out [rows, E], values [rows, E])``, the exact
+        values ending the rows, copied by the decode kernel with ``decodes_rows_into``
+        (``Compressor.copies_riders``), else before it."""
         spec = self.payload_spec(numel)
+        direct = list(spec) == ["codes", *self.bucket_params] and self.decodes_rows_into
+        if riders is not None and not direct:
+            riders[0].copy_(riders[1])
         if list(spec) != ["codes", *self.bucket_params]:
             return super().decompress_slots(wire, numel, out)
-        if self.decodes_rows_into:
+        if direct:
             fields = self.payload_rows(wire, numel)
-            self._impl(fields[0]).dequantize_rows(*fields, self.bits, self._size, out)
+            self._impl(fields[0]).dequantize_rows(*fields, self.bits, self._size, out,
+                                                  **({} if riders is None else
+                                                     {"riders": riders}))
             return None
         rows, fields, offset = wire.shape[0], [], 0
         for dt, n in spec.values():

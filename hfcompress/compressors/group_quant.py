@@ -26,7 +26,7 @@ class GroupQuantizer(BucketQuantizer):
 
     twin, triton_module = _twin, "triton_group_quant"
     size_param = "group_size"
-    sums_into = decodes_rows_into = sums_riders = True
+    sums_into = decodes_rows_into = sums_riders = copies_riders = True
 
     def __init__(self, bits: int = 4, group_size: int = 128, rounding: str = "nearest",
                  seed: int = 0, backend: str = "auto") -> None:

@@ -179,11 +179,16 @@ def difference(x: torch.Tensor, ref: torch.Tensor, group_size: int) -> torch.Ten
 
 
 def dequantize_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
-                    out: torch.Tensor) -> torch.Tensor:
+                    out: torch.Tensor,
+                    riders: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Every row's payload (``packed`` ``[rows, nbytes]``, ``scale`` ``[rows, groups]``, each
     row padded to whole groups) decoded into its row of ``out`` (``[rows, numel]``, rounded
-    to its dtype): the slots of a gathered wire (ZeRO++ 3.1, QSDP 5.1)."""
+    to its dtype): the slots of a gathered wire (ZeRO++ 3.1, QSDP 5.1). ``riders``:
+    ``(out [rows, E], values [rows, E])``, the exact values riding the wire's rows
+    (``comm/riders.py``) copied there too."""
     rows, numel = out.shape
+    if riders is not None:
+        riders[0].copy_(riders[1])
     values = dequantize(packed.reshape(-1), scale.reshape(-1), bits, group_size, out.dtype)
     return out.copy_(values.view(rows, -1)[:, :numel])
 

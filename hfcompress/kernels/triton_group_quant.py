@@ -34,8 +34,8 @@ from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
 from .packing import (_UNIT, flat_contiguous, packed_nbytes, payload_buffers, row_wire,
                       tail_nbytes, take_tail, wire_fields, wire_words)
-from .triton_noise import (ROW_MODES, copy_values, group_noise_at, noise_operand, row_launch,
-                           row_program, store_riders, tail_operand)
+from .triton_noise import (ROW_MODES, TAIL_BLOCK, copy_values, group_noise_at, noise_operand,
+                           row_launch, row_program, store_riders, tail_operand)
 from .triton_tiles import cdiv, per_program, rows_of_groups
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
@@ -331,17 +331,24 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, a
 
 @triton.jit
 def _dequantize_rows_kernel(packed_ptr, scale_ptr, out_ptr, numel, gpr, row_words, scale_row,
-                            out_row, GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr,
+                            out_row, tail_ptr, tail_row, tail_out_ptr, tail_out_row, tail_n,
+                            GS: tl.constexpr, BLOCK_G: tl.constexpr, L: tl.constexpr,
                             LOG2V: tl.constexpr, VEC: tl.constexpr, BITS: tl.constexpr,
                             CPU: tl.constexpr, BPU: tl.constexpr, RAGGED: tl.constexpr,
-                            OUT_BF16: tl.constexpr):
+                            OUT_BF16: tl.constexpr, TAIL: tl.constexpr):
     """Every slot of a gathered wire decoded where it lies (ZeRO++ 3.1's weight gather, QSDP
     5.1's): a 2-D grid, axis 1 the rows; row r's ``gpr`` groups of codes at word
     ``r * row_words``, its scales at ``r * scale_row``, its first ``numel`` values written to
     ``out`` at ``r * out_row`` (``RAGGED``: the row's last group is padding past ``numel``),
-    rounded to ``out``'s dtype (``OUT_BF16``: an int16 view of a bfloat16 output)."""
+    rounded to ``out``'s dtype (``OUT_BF16``: an int16 view of a bfloat16 output);
+    ``TAIL``: the row's ``tail_n`` riders (``tail_ptr``, rows ``tail_row`` apart) copied to
+    ``tail_out_ptr`` (rows ``tail_out_row`` apart) by its first program."""
     pid = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
+    if TAIL > 0:
+        if pid == 0:
+            copy_values(tail_out_ptr + row * tail_out_row, tail_ptr + row * tail_row, tail_n,
+                        TAIL)
     K: tl.constexpr = (1 << LOG2V) // VEC
     packed_ptr += row * row_words
     scale_ptr += row * scale_row
@@ -668,32 +675,42 @@ def _row_strides(packed: torch.Tensor, scale: torch.Tensor) -> tuple[int, int, i
 
 
 def dequantize_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
-                    out: torch.Tensor) -> torch.Tensor:
+                    out: torch.Tensor,
+                    riders: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The twin's ``dequantize_rows`` in one kernel that reads every row's fields in place
     (``[rows, nbytes]`` / ``[rows, groups]`` column views of a gathered wire, any row
     strides) and writes each row's values into its row of ``out`` (``[rows, numel]``, unit
     column stride, any row stride: the compressed columns of an all-gather's output): no
     copy of the fields, no decoded buffer. Codes not in whole aligned int32 words: the
-    flat decode, then a copy."""
+    flat decode, then a copy. ``riders`` as the twin's: copied by the same launch where
+    both have unit column stride and the same dtype."""
     rows, numel = out.shape
     gpr = scale.shape[1] if scale.dim() == 2 else 0
     k = _tile_consts(bits, group_size, _block(out), out.element_size())
     words = k["BPU"] == 4 and packed.stride(-1) == 1 and scale.stride(-1) == 1 and \
         packed.storage_offset() % 4 == 0 and packed.shape[1] % 4 == 0 and \
         (rows == 1 or packed.stride(0) % 4 == 0) and out.stride(-1) == 1
+    if riders is not None and not (riders[0].stride(-1) == riders[1].stride(-1) == 1 and
+                                   riders[0].dtype == riders[1].dtype):
+        riders[0].copy_(riders[1])
+        riders = None
     if not (words and gpr and rows and -(-numel // group_size) == gpr):
+        if riders is not None:
+            riders[0].copy_(riders[1])
         if rows and numel:
             values = dequantize(packed.reshape(-1), scale.reshape(-1), bits, group_size,
                                 out.dtype)
             out.copy_(values.view(rows, -1)[:, :numel])
         return out
     bf16 = out.dtype == torch.bfloat16
+    (t_out, t), tail_block = riders or (out, out), 0 if riders is None else TAIL_BLOCK
     _dequantize_rows_kernel[(cdiv(gpr, k["BLOCK_G"]), rows)](
         packed.view(torch.int32), scale, out.view(torch.int16) if bf16 else out, numel, gpr,
         packed.stride(0) // 4 if rows > 1 else 0, scale.stride(0) if rows > 1 else 0,
-        out.stride(0) if rows > 1 else 0, GS=group_size, BITS=bits,
-        RAGGED=numel % group_size != 0, OUT_BF16=bf16, **k, num_warps=NUM_WARPS,
-        enable_fp_fusion=False)
+        out.stride(0) if rows > 1 else 0, t, t.stride(0) if rows > 1 else 0, t_out,
+        t_out.stride(0) if rows > 1 else 0, t.shape[-1] if riders else 0, GS=group_size,
+        BITS=bits, RAGGED=numel % group_size != 0, OUT_BF16=bf16, TAIL=tail_block, **k,
+        num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
 
 
