@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hfcompress.comm import QuantizedAllGather
+from hfcompress.comm.all_gather import VersionWatch
 from hfcompress.comm.frozen import FrozenParams, SentBytes
 from hfcompress.compressors import get_compressor
 from hfcompress.compressors.runs import merged, runs_of, take
@@ -57,24 +58,24 @@ def test_frozen_params_restart_qwd_when_the_frozen_set_or_a_frozen_value_changes
     def gathered(numel):            # what an all-gather leaves behind
         refs.qwd.reference, refs.layout = torch.zeros(numel), (1, 1, numel)
 
-    columns = frozen.current(params)
+    columns = frozen.current(VersionWatch.read(params))
     assert columns.qwd_numel == 304 and columns.exact_numel == 0
     gathered(304)
     with torch.no_grad():
         w.add_(1)
-    assert frozen.current(params) is columns and refs.qwd.reference is not None
+    assert frozen.current(VersionWatch.read(params)) is columns and refs.qwd.reference is not None
     with torch.no_grad():
         norm.mul_(2)
-    columns = frozen.current(params)
+    columns = frozen.current(VersionWatch.read(params))
     assert columns.qwd_numel == 304 and refs.qwd.reference is None and refs.layout is None
     gathered(304)
-    assert frozen.current(params) is columns and refs.qwd.reference is not None
+    assert frozen.current(VersionWatch.read(params)) is columns and refs.qwd.reference is not None
     norm.requires_grad_(True)       # unfrozen: sent exactly, no frozen columns left
-    assert frozen.current(params) is None and refs.qwd.reference is None
+    assert frozen.current(VersionWatch.read(params)) is None and refs.qwd.reference is None
     gathered(300)
     norm.requires_grad_(False)
     frozen.rebase()                 # references loaded: kept if their layout fits
-    assert frozen.current(params).qwd_numel == 304 and refs.qwd.reference is None
+    assert frozen.current(VersionWatch.read(params)).qwd_numel == 304 and refs.qwd.reference is None
     gathered(304)
     frozen.rebase()
-    assert frozen.current(params).qwd_numel == 304 and refs.qwd.reference is not None
+    assert frozen.current(VersionWatch.read(params)).qwd_numel == 304 and refs.qwd.reference is not None

@@ -179,9 +179,14 @@ class VersionWatch:
     def __init__(self) -> None:
         self._last: tuple | None = None
 
-    def unchanged(self, tensors: Sequence[torch.Tensor]) -> bool:
-        """Whether ``tensors`` (the same ones, in order, at every call) are as at the last
-        call."""
-        now = tuple((t.data_ptr(), t._version) for t in tensors)
-        same, self._last = now == self._last, now
+    @staticmethod
+    def read(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, int, bool], ...]:
+        """Each tensor's ``(data_ptr, version counter, requires_grad)``, read once per call
+        for :meth:`unchanged` and ``frozen.FrozenParams.current``."""
+        return tuple((t.data_ptr(), t._version, t.requires_grad) for t in tensors)
+
+    def unchanged(self, states: tuple[tuple[int, int, bool], ...]) -> bool:
+        """Whether the tensors whose :meth:`read` is ``states`` (the same ones, in order, at
+        every call) are as at the last call."""
+        same, self._last = states == self._last, states
         return same

@@ -129,15 +129,19 @@ class FrozenParams:
         self.segments, self.qwd = tuple(segments), qwd
         self.columns: FrozenColumns | None = None
         self._seen: tuple | None = None
+        self._states: Sequence | None = None      # the last call's, as given
 
-    def current(self, params: Sequence[torch.Tensor]) -> FrozenColumns | None:
+    def current(self, states: Sequence[tuple[int, int, bool]]) -> FrozenColumns | None:
         """The split for the parameters frozen now (None: none is), before an all-gather of
         the slot; every rank calls it at the same all-gathers, with the same parameters
         frozen and written. Restarts the qWD stream when the frozen set changed or a frozen
-        parameter was written since the last call. ``params``: the slot's parameters, in
-        order (their ``requires_grad`` flags and version counters are read)."""
-        seen = tuple((p.requires_grad, None if p.requires_grad else p._version)
-                     for p in params)
+        parameter was written since the last call. ``states``: the slot's parameters, in
+        order, as ``all_gather.VersionWatch.read`` gives them (their version counters and
+        ``requires_grad`` flags)."""
+        if states is self._states or states == self._states:
+            return self.columns
+        seen = tuple((rg, None if rg else version) for _, version, rg in states)
+        self._states = states
         if seen == self._seen:
             return self.columns
         trainable = [t for t, _ in seen]
@@ -152,7 +156,7 @@ class FrozenParams:
     def rebase(self) -> None:
         """References loaded from a checkpoint: the next call takes the parameters as they
         are as its baseline (their writes were before the references were saved)."""
-        self._seen = None
+        self._seen = self._states = None
 
     def _numel(self, columns: FrozenColumns | None) -> int:
         """Values per rank the qWD stream codes with ``columns`` (None: the compressed

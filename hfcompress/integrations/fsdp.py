@@ -123,8 +123,9 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
     def _gather(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                 group: dist.ProcessGroup, backward: bool, async_op: bool):
         pg = self.param_group
-        params = _fsdp2.sharded_params(pg)   # read once: the version watch and frozen.py's
-        unchanged = self.versions.unchanged(params) and backward   # ranks step together
+        # read once: the version watch's and frozen.py's
+        states = VersionWatch.read(_fsdp2.sharded_params(pg))
+        unchanged = self.versions.unchanged(states) and backward   # ranks step together
         tag = ALL_GATHER_BWD if backward else ALL_GATHER
         self.exact.tag = tag
         layout = self.layouts.full
@@ -133,7 +134,7 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
             # hpZ's secondary partition already holds the compressed weights: exact
             return self.exact(output_tensor, input_tensor, group, async_op=async_op)
         self.compressed.tag = tag
-        columns = self.frozen.current(params) if self.frozen is not None else None
+        columns = self.frozen.current(states) if self.frozen is not None else None
         if columns is not None:   # qWD with frozen parameters (comm/frozen.py)
             return columns(self.exact, output_tensor, input_tensor, group, unchanged, async_op)
         if not layout.mixed:
