@@ -419,6 +419,40 @@ def test_hadamard_kernels(compiled_triton, bits, gs, h):
         check(hd, "dequantize_sum", packed, scale, bits, gs, h, inverse)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_riders_in_the_decode_kernels(compiled_triton, dtype):
+    """The exact values riding a wire's rows (``comm/riders.py``): summed by the decode-sum's
+    own launch (group quant and Hadamard with the inverse; SUM, PREMUL by 1/3, AVG by 2,
+    the division exact on both) and copied by the gathered slots' decode, on the device as
+    the twins on the CPU, bit for bit; the payload's sum untouched."""
+    from hfcompress.kernels import triton_group_quant as tgq
+    from hfcompress.kernels import triton_hadamard as thd
+    from hfcompress.kernels.packing import split_tail
+    p, n, e = 3, 128 * 40, 64
+    peers = [gq.quantize(values(n, s) * (s + 1), 4, 128) for s in range(p)]
+    packed, scale = torch.stack([q[0] for q in peers]), torch.stack([q[1] for q in peers])
+    riding = (torch.randn(p, e, generator=torch.Generator().manual_seed(3))
+              * torch.tensor([1.0, 100.0, 0.01])[:, None]).to(dtype)
+    wire = torch.cat([packed, scale.view(torch.uint8), riding.view(torch.uint8)], 1)
+    args = (wire, packed.shape[1], scale.shape[1], 4, 128)
+    for fn, ref, extra in ((tgq.dequantize_sum_wire, gq.dequantize_sum_wire, ()),
+                           (thd.dequantize_sum_wire, hd.dequantize_sum_wire, (32, True))):
+        for post in (None, ("mul", 1 / 3), ("div", 2)):
+            want, want_e = torch.empty(n), torch.empty(e, dtype=dtype)
+            ref(*args, *extra, out=want, post=post, riders=(want_e, dtype, post))
+            got = torch.empty(n, device=DEVICE_TYPE)
+            got_e = torch.empty(e, dtype=dtype, device=DEVICE_TYPE)
+            fn(*map(on_device, args), *extra, out=got, post=post, riders=(got_e, dtype, post))
+            assert same(got.cpu(), want) and same(got_e.cpu(), want_e), (fn, post)
+    out = torch.full((p, n + e + 8), 7.0, dtype=dtype)
+    gq.dequantize_rows(packed, scale, 4, 128, out[:, :n], riders=(out[:, n + 8:], riding))
+    got = on_device(torch.full((p, n + e + 8), 7.0, dtype=dtype))
+    body, riders = split_tail(on_device(wire), wire.shape[1] - e * dtype.itemsize, dtype)
+    fields = (body[:, :packed.shape[1]], body[:, packed.shape[1]:].view(torch.float32))
+    tgq.dequantize_rows(*fields, 4, 128, got[:, :n], riders=(got[:, n + 8:], riders))
+    assert same(got.cpu(), out)
+
+
 def buckets(bucket: int, dtype, seed: int = 0) -> torch.Tensor:
     """11 buckets: normal values, a NaN, an Inf, zeros, a constant, a ramp, wide, tiny."""
     x = torch.randn(11, bucket, generator=torch.Generator().manual_seed(seed)) * 3 + 0.5

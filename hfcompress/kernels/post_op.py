@@ -3,7 +3,8 @@ after the sum as torch's collectives apply it to what they summed), written into
 output in its dtype with one rounding. The decode-sum kernel does the same in its epilogue
 (``triton_dequantize_sum``: ``POST``); its torch twins, the compressors and
 ``comm/reduce_scatter.write_result`` call :func:`write_post` (through :func:`written`
-where the sum may also be returned as it is).
+where the sum may also be returned as it is). :func:`sum_riders` is the twin of the same
+kernel's sum of the riders (the exact values ending the peers' wire rows).
 
 ``post``: None (SUM), ``("div", d)`` (AVG over ``d`` ranks: an IEEE division, as torch's on
 the CPU) or ``("mul", f)`` (``PREMUL_SUM(f)``: ``f`` as a float32, times the sum)."""
