@@ -138,7 +138,7 @@ class FrozenParams:
         parameter was written since the last call. ``states``: the slot's parameters, in
         order, as ``all_gather.VersionWatch.read`` gives them (their version counters and
         ``requires_grad`` flags)."""
-        if states is self._states or states == self._states:
+        if states == self._states:
             return self.columns
         seen = tuple((rg, None if rg else version) for _, version, rg in states)
         self._states = states

@@ -114,12 +114,12 @@ class BucketQuantizer(Compressor):
         values ending the rows, copied by the decode kernel with ``decodes_rows_into``
         (``Compressor.copies_riders``), else before it."""
         spec = self.payload_spec(numel)
-        direct = list(spec) == ["codes", *self.bucket_params] and self.decodes_rows_into
-        if riders is not None and not direct:
+        fields_only = list(spec) == ["codes", *self.bucket_params]
+        if riders is not None and not (fields_only and self.decodes_rows_into):
             riders[0].copy_(riders[1])
-        if list(spec) != ["codes", *self.bucket_params]:
+        if not fields_only:
             return super().decompress_slots(wire, numel, out)
-        if direct:
+        if self.decodes_rows_into:
             fields = self.payload_rows(wire, numel)
             self._impl(fields[0]).dequantize_rows(*fields, self.bits, self._size, out,
                                                   **({} if riders is None else

@@ -34,8 +34,8 @@ from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
 from .packing import (_UNIT, flat_contiguous, packed_nbytes, payload_buffers, row_wire,
                       tail_nbytes, take_tail, wire_fields, wire_words)
-from .triton_noise import (ROW_MODES, TAIL_BLOCK, copy_values, group_noise_at, noise_operand,
-                           row_launch, row_program, store_riders, tail_operand)
+from .triton_noise import (ROW_MODES, copy_values, group_noise_at, noise_operand, row_launch,
+                           row_program, store_riders, tail_operand)
 from .triton_tiles import cdiv, per_program, rows_of_groups
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
@@ -682,34 +682,34 @@ def dequantize_rows(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_
     strides) and writes each row's values into its row of ``out`` (``[rows, numel]``, unit
     column stride, any row stride: the compressed columns of an all-gather's output): no
     copy of the fields, no decoded buffer. Codes not in whole aligned int32 words: the
-    flat decode, then a copy. ``riders`` as the twin's: copied by the same launch where
-    both have unit column stride and the same dtype."""
+    flat decode, then a copy. ``riders`` as the twin's: copied by the same launch where the
+    output's columns have unit stride and the values its dtype (``tail_operand``)."""
     rows, numel = out.shape
     gpr = scale.shape[1] if scale.dim() == 2 else 0
     k = _tile_consts(bits, group_size, _block(out), out.element_size())
     words = k["BPU"] == 4 and packed.stride(-1) == 1 and scale.stride(-1) == 1 and \
         packed.storage_offset() % 4 == 0 and packed.shape[1] % 4 == 0 and \
         (rows == 1 or packed.stride(0) % 4 == 0) and out.stride(-1) == 1
-    if riders is not None and not (riders[0].stride(-1) == riders[1].stride(-1) == 1 and
+    kernel = words and gpr and rows and -(-numel // group_size) == gpr
+    if riders is not None and not (kernel and riders[0].stride(-1) == 1 and
                                    riders[0].dtype == riders[1].dtype):
         riders[0].copy_(riders[1])
         riders = None
-    if not (words and gpr and rows and -(-numel // group_size) == gpr):
-        if riders is not None:
-            riders[0].copy_(riders[1])
+    if not kernel:
         if rows and numel:
             values = dequantize(packed.reshape(-1), scale.reshape(-1), bits, group_size,
                                 out.dtype)
             out.copy_(values.view(rows, -1)[:, :numel])
         return out
     bf16 = out.dtype == torch.bfloat16
-    (t_out, t), tail_block = riders or (out, out), 0 if riders is None else TAIL_BLOCK
+    t_out = out if riders is None else riders[0]
+    t, t_row, t_n, tail_block = tail_operand(None if riders is None else riders[1], out)
     _dequantize_rows_kernel[(cdiv(gpr, k["BLOCK_G"]), rows)](
         packed.view(torch.int32), scale, out.view(torch.int16) if bf16 else out, numel, gpr,
         packed.stride(0) // 4 if rows > 1 else 0, scale.stride(0) if rows > 1 else 0,
-        out.stride(0) if rows > 1 else 0, t, t.stride(0) if rows > 1 else 0, t_out,
-        t_out.stride(0) if rows > 1 else 0, t.shape[-1] if riders else 0, GS=group_size,
-        BITS=bits, RAGGED=numel % group_size != 0, OUT_BF16=bf16, TAIL=tail_block, **k,
+        out.stride(0) if rows > 1 else 0, t, t_row, t_out,
+        t_out.stride(0) if rows > 1 else 0, t_n, GS=group_size, BITS=bits,
+        RAGGED=numel % group_size != 0, OUT_BF16=bf16, TAIL=tail_block, **k,
         num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
 
