@@ -74,6 +74,7 @@ class TwoHopReduceScatter(StreamOwner):
                         "inter": Streams(inter or RawCodec())}
         self.raw_inter = inter is None
         self._checked: dict = {}     # call signature -> its chunks' bounds (checked once)
+        self._single_hops: dict = {}   # call signature -> :meth:`_one_hop`
         self._remote = {hop: peer_is_remote(g, topology) for hop, g in
                         (("intra", topology.intra_group), ("inter", topology.inter_group))
                         if g is not None}       # None: this rank alone, that hop never runs
@@ -94,6 +95,9 @@ class TwoHopReduceScatter(StreamOwner):
         check_scatter_op(op)
         s = output.numel()
         rows = input if input.shape == (p, s) else input.reshape(p, s)
+        hop = self._one_hop(key, len(bounds), s)
+        if hop is not None:
+            return self._single(hop, output, rows, op, exact)
         # SDP4Bit 3.3: H once per row, in the first hop that compresses (the intra-node hop,
         # else the inter-node one); the sums stay in the rotated domain. Pipeline chunks cut
         # the rows: then the whole rows are rotated first, so that every Hadamard block is
@@ -126,6 +130,39 @@ class TwoHopReduceScatter(StreamOwner):
             if rotated_sums:  # one inverse after the final sum
                 total = self.streams["inter"].compressor.rotate(total)
         if last.get("out") is None:
+            write_result(output, total, op, p)
+
+    def _one_hop(self, key: tuple, chunks: int, s: int) -> str | None:
+        """The one hop that sends (``"intra"``: one node of several ranks; ``"inter"``: one
+        rank per node, or a one-rank world run by ``one_rank.py``) where a call of this
+        signature is that hop alone in one chunk, else None (two hops, pipeline chunks, or
+        Hadamard blocks that straddle rows: the general path). Cached per signature."""
+        hop = self._single_hops.get(key, False)
+        if hop is False:
+            x, alone = self.topology.ranks_per_node, self._alone()
+            hop = self._single_hops[key] = None if chunks != 1 or self.rotated and s % \
+                self.streams["intra"].compressor.hadamard_size else \
+                "intra" if x > 1 and alone else "inter" if x == 1 and not alone else None
+        return hop
+
+    def _single(self, hop: str, output: torch.Tensor, rows: torch.Tensor, op: Any,
+                exact: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """The call as :meth:`_one_hop`'s hop alone, in straight-line code (the general
+        path's numbers: its first hop rotates and compresses the rows, the decode-sum
+        rotates back, divides for an AVG and writes the output; the riders ride and are
+        summed there where the scheme can, else by ``final_sum``)."""
+        p = self.topology.world_size
+        target, post = result_target(output, op, p)
+        streams = self.streams[hop]
+        rider = None if exact is None else exact[0]
+        send = compress_rows(streams, rows, _row_key, False, rider)
+        group = self.topology.intra_group if hop == "intra" else self.topology.inter_group
+        total, got = self._exchange(hop, send, 0, group, rows.shape[1], rows.dtype, target,
+                                    self.rotated, rider, post,
+                                    summed_riders(streams.compressor, exact, op, p))()
+        if got is not None:
+            final_sum(got, exact[1], op, p)
+        if target is None:
             write_result(output, total, op, p)
 
     def _last_hop(self, output: torch.Tensor, op: Any,
@@ -315,6 +352,11 @@ class TwoHopReduceScatter(StreamOwner):
                 return total, values
             return (total if total.dim() == 1 else total.reshape(-1)).float(), values
         return finish
+
+
+def _row_key(k: int) -> tuple[int, int]:
+    """The stream key of row k of a one-chunk hop (stateful schemes: one per peer)."""
+    return (k, 0)
 
 
 def _chunk_bounds(s: int, chunks: int) -> list[tuple[int, int]]:
