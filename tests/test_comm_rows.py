@@ -96,18 +96,56 @@ def worker(rank, world):
     return checked
 
 
+def single_hop_worker(rank, world):
+    """The 2-hop reduce-scatter's straight-line path for one hop alone (one node of 4, or
+    4 nodes of 1: ``TwoHopReduceScatter._single``) against its general path (``_one_hop``
+    answering None), bitwise: SUM / AVG / PREMUL_SUM, exact columns riding (the decode-sum
+    sums them) or none, a contiguous output or a strided one (no kernel writes it)."""
+    import torch.distributed as dist
+    os.environ["HFCOMPRESS_COMPILE"] = "0"
+    make = schemes()
+    ops = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PREMUL_SUM(0.25))
+    checked = 0
+    for x in (world, 1):
+        topo = Topology(ranks_per_node=x)
+        for intra, inter in (("int8", "int4"), ("hs8", "hs4")):
+            single, general = (TwoHopReduceScatter(topo, make[intra](), make[inter]())
+                               for _ in range(2))
+            general._one_hop = lambda *args: None
+            for step, (op, riders, strided) in enumerate(
+                    [(op, r, st) for op in ops for r in (False, True) for st in (False, True)]):
+                s, e = 320, 7   # Hadamard blocks of 32 within the rows; groups padded
+                xs = inputs(world, world * (s + e), seed=step)[rank].view(world, s + e)
+                outs = []
+                for coll in (single, general):
+                    out = torch.empty(s, 2)[:, 0] if strided else torch.empty(s)
+                    exact = (xs[:, s:], torch.empty(e)) if riders else None
+                    coll(out, xs[:, :s], op, exact=exact)
+                    outs.append((out, exact))
+                (a, ea), (b, eb) = outs
+                assert set(single._single_hops.values()) == {"intra" if x > 1 else "inter"}
+                assert torch.equal(a, b), (x, intra, op, riders, strided)
+                assert not riders or torch.equal(ea[1], eb[1]), (x, intra, op, strided)
+                checked += 1
+    return checked
+
+
 @pytest.fixture(scope="module")
 def four_ranks():
-    """One 4-rank launch for both tests (process start-up costs seconds per rank):
-    :func:`worker`, then :func:`ops_worker` (in this order: the latter runs the all-reduce's
-    chain inline for good)."""
-    checked, ops = run_jobs(4, (worker,), (ops_worker,))
-    return {"checked": checked, "ops": ops}
+    """One 4-rank launch for the tests (process start-up costs seconds per rank):
+    :func:`worker`, :func:`single_hop_worker`, then :func:`ops_worker` (last: it runs the
+    all-reduce's chain inline for good)."""
+    checked, single, ops = run_jobs(4, (worker,), (single_hop_worker,), (ops_worker,))
+    return {"checked": checked, "single": single, "ops": ops}
 
 
 def test_one_compress_per_hop_is_the_per_destination_path(four_ranks):
     counts = four_ranks["checked"]
     assert counts[0] == counts[-1] > 0
+
+
+def test_one_hop_alone_is_the_general_path(four_ranks):
+    assert four_ranks["single"] == [2 * 2 * 12] * 4
 
 
 class _CountOps(TorchDispatchMode):

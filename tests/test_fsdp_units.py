@@ -64,6 +64,22 @@ def test_slot_layout_adjacent_segments_form_one_run_split_as_views():
         assert got.data_ptr() == flat[runs[0][0]:].data_ptr()
         assert torch.equal(got, take(flat.view(1, -1), runs).view(-1))
     assert view(flat, ((0, 2), (8, 10))) is None and view(flat, ()).numel() == 0
+    # views(): both sets of rows or of a flat buffer as writable views (one torch call)
+    for t in (rows, flat):
+        c, e = layout.views(t)
+        assert c.data_ptr() == t.data_ptr() and torch.equal(c, t[..., :8])
+        assert e.data_ptr() == t[..., 8:].data_ptr() and torch.equal(e, t[..., 8:])
+    # exact columns first or between two compressed runs: views only for a one-run set
+    split = SlotLayout([Segment("w", 4, False), Segment("n", 2, True), Segment("v", 3, False)])
+    c, e = split.views(torch.zeros(2, 9))
+    assert c is None and e.shape == (2, 2)
+    first = SlotLayout([Segment("n", 2, True), Segment("w", 4, False)])
+    t = torch.arange(6.)
+    c, e = first.views(t)
+    assert torch.equal(c, t[2:]) and torch.equal(e, t[:2])
+    assert [torch.equal(a, b) for a, b in zip(first.split(t.view(1, -1)), (c.view(1, -1),
+                                                                            e.view(1, -1)))] \
+        == [True, True]
 
 
 def test_differences_name_keys_and_ranks():

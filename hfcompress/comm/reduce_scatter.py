@@ -76,6 +76,10 @@ def post_of(op: Any, world: int) -> tuple[str, float] | None:
     """What ``op`` does to the float32 sum after it (``kernels/post_op.py``): nothing for
     SUM, a division by ``world`` for AVG, a multiplication by the factor for PREMUL_SUM
     (the compressed payloads carry the raw values)."""
+    if op is _SUM:
+        return None
+    if op is _AVG:
+        return ("div", world)
     factor = premul_factor(op)
     if factor is not None:
         return ("mul", factor)

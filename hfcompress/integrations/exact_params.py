@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..compressors.runs import put, runs_of, take
+from ..compressors.runs import put, runs_of, take, view
 from ..config import is_exact
 from . import _fsdp2
 
@@ -40,6 +40,11 @@ class SlotLayout:
         self.compressed_runs = runs_of([(s.numel, not s.exact) for s in self.segments])
         self.exact_runs = runs_of([(s.numel, s.exact) for s in self.segments])
         self.exact_numel = sum(stop - start for start, stop in self.exact_runs)
+        # the compressed columns one run, then the exact ones to the end (norms last): both
+        # column sets of a tensor are the two parts of one ``tensor_split`` (one torch call)
+        self._cut = (self.compressed_runs[0][1],) if (
+            len(self.compressed_runs) == 1 and self.compressed_runs[0][0] == 0
+            and self.exact_runs == ((self.compressed_runs[0][1], self.numel),)) else None
 
     @property
     def mixed(self) -> bool:
@@ -53,7 +58,17 @@ class SlotLayout:
     def split(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``[k, S]`` -> (compressed columns ``[k, S_c]``, exact columns ``[k, S_e]``): column
         slices, views where a set is one run (norms usually come last in a module)."""
+        if self._cut is not None:
+            return rows.tensor_split(self._cut, 1)
         return take(rows, self.compressed_runs), take(rows, self.exact_runs)
+
+    def views(self, t: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The compressed and the exact columns of ``t`` (``[k, S]`` rows or 1-D ``S``
+        values) as writable views, None for a set that is not one run
+        (:func:`runs.view`)."""
+        if self._cut is not None:
+            return t.tensor_split(self._cut, t.dim() - 1)
+        return view(t, self.compressed_runs), view(t, self.exact_runs)
 
     def merge(self, rows: torch.Tensor, compressed: torch.Tensor, exact: torch.Tensor) -> None:
         """Write the two column sets back into ``rows`` (``[k, S]``, in place)."""

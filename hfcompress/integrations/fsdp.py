@@ -35,7 +35,7 @@ from ..comm.frozen import FrozenParams
 from ..comm.futures import FutureWork, finish_all, inline, side_stream_call
 from ..compressors.base import FLOAT_DTYPES
 from ..compressors.registry import build_compressor
-from ..compressors.runs import put, view
+from ..compressors.runs import put
 from ..config import CompressionConfig, upgrade_dict
 from ..cost.hops import gradient_hops
 from ..cost.units import Unit, hpz_reshard
@@ -152,9 +152,10 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
         layout, world = self.layouts.full, group.size()
         comp_in, exact_in = layout.split(input_tensor.reshape(1, -1))
         rows, puts = output_tensor.view(world, -1), []
+        comp_view, exact_view = layout.views(rows)
 
-        def into_columns(runs, cols: torch.Tensor, contiguous: bool = False) -> torch.Tensor:
-            out = view(rows, runs)
+        def into_columns(runs, out: torch.Tensor | None, cols: torch.Tensor,
+                         contiguous: bool = False) -> torch.Tensor:
             if out is None or (contiguous and not out.is_contiguous()):
                 out = torch.empty(world, cols.shape[1], dtype=input_tensor.dtype,
                                   device=input_tensor.device)
@@ -163,15 +164,15 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
         refs = self.compressed.references
         if refs is None or refs.sends_differences(unchanged):
             qwd = refs is not None
-            comp_out = rows if qwd else into_columns(layout.compressed_runs, comp_in)
-            exact_out = into_columns(layout.exact_runs, exact_in)
+            comp_out = rows if qwd else into_columns(layout.compressed_runs, comp_view, comp_in)
+            exact_out = into_columns(layout.exact_runs, exact_view, exact_in)
             futures = [self.compressed(comp_out, comp_in.reshape(-1), group,
                                        unchanged=unchanged, async_op=async_op,
                                        exact=(exact_in, exact_out),
                                        columns=layout.compressed_runs if qwd else None)]
         else:
-            comp_out = into_columns(layout.compressed_runs, comp_in)
-            exact_out = into_columns(layout.exact_runs, exact_in, contiguous=True)
+            comp_out = into_columns(layout.compressed_runs, comp_view, comp_in)
+            exact_out = into_columns(layout.exact_runs, exact_view, exact_in, contiguous=True)
             futures = [self.compressed(comp_out, comp_in.reshape(-1), group,
                                        unchanged=unchanged, async_op=async_op),
                        self.exact(exact_out, exact_in.reshape(-1), group, async_op=async_op)]
@@ -242,9 +243,8 @@ class FSDPReduceScatter(_Alloc, _fsdp2.ReduceScatter):
             # each column set reduced straight into the output where it is one run (a slice)
             flat = output_tensor if output_tensor.dim() == 1 else output_tensor.view(-1)
             outs = []
-            for runs, cols in ((layout.compressed_runs, comp_in),
-                               (layout.exact_runs, exact_in)):
-                out = view(flat, runs)
+            for runs, cols, out in zip((layout.compressed_runs, layout.exact_runs),
+                                       (comp_in, exact_in), layout.views(flat)):
                 outs.append((runs, out, out if out is not None else torch.empty(
                     cols.shape[1], dtype=output_tensor.dtype, device=output_tensor.device)))
             # the exact columns ride the compressed exchange (comm/riders.py)
