@@ -183,7 +183,7 @@ class VersionWatch:
     def read(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, int, bool], ...]:
         """Each tensor's ``(data_ptr, version counter, requires_grad)``, read once per call
         for :meth:`unchanged` and ``frozen.FrozenParams.current``."""
-        return tuple((t.data_ptr(), t._version, t.requires_grad) for t in tensors)
+        return tuple([(t.data_ptr(), t._version, t.requires_grad) for t in tensors])
 
     def unchanged(self, states: tuple[tuple[int, int, bool], ...]) -> bool:
         """Whether the tensors whose :meth:`read` is ``states`` (the same ones, in order, at
