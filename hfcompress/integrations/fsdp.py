@@ -123,13 +123,15 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
     def _gather(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                 group: dist.ProcessGroup, backward: bool, async_op: bool):
         pg = self.param_group
+        tag = ALL_GATHER_BWD if backward else ALL_GATHER
+        self.exact.tag = tag
+        if self.compressed is None:    # no weight scheme: nothing to watch
+            return self.exact(output_tensor, input_tensor, group, async_op=async_op)
         # read once: the version watch's and frozen.py's
         states = VersionWatch.read(_fsdp2.sharded_params(pg))
         unchanged = self.versions.unchanged(states) and backward   # ranks step together
-        tag = ALL_GATHER_BWD if backward else ALL_GATHER
-        self.exact.tag = tag
         layout = self.layouts.full
-        if (self.compressed is None or _fsdp2.is_sharded_post_forward(pg) or layout.all_exact
+        if (_fsdp2.is_sharded_post_forward(pg) or layout.all_exact
                 or not self._compressible(input_tensor)):
             # hpZ's secondary partition already holds the compressed weights: exact
             return self.exact(output_tensor, input_tensor, group, async_op=async_op)
