@@ -137,13 +137,14 @@ class TwoHopReduceScatter(StreamOwner):
         rank per node, or a one-rank world run by ``one_rank.py``) where a call of this
         signature is that hop alone in one chunk, else None (two hops, pipeline chunks, or
         Hadamard blocks that straddle rows: the general path). Cached per signature."""
-        hop = self._single_hops.get(key, False)
-        if hop is False:
+        if key not in self._single_hops:
             x, alone = self.topology.ranks_per_node, self._alone()
-            hop = self._single_hops[key] = None if chunks != 1 or self.rotated and s % \
-                self.streams["intra"].compressor.hadamard_size else \
-                "intra" if x > 1 and alone else "inter" if x == 1 and not alone else None
-        return hop
+            hop = "intra" if x > 1 and alone else "inter" if x == 1 and not alone else None
+            if chunks != 1 or (self.rotated
+                               and s % self.streams["intra"].compressor.hadamard_size):
+                hop = None
+            self._single_hops[key] = hop
+        return self._single_hops[key]
 
     def _single(self, hop: str, output: torch.Tensor, rows: torch.Tensor, op: Any,
                 exact: tuple[torch.Tensor, torch.Tensor] | None) -> None:
