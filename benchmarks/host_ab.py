@@ -13,13 +13,11 @@ as FSDP2 calls them. :func:`compare` prints the median thread-CPU ms per step of
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import importlib
 import pkgutil
 import statistics
 import tempfile
-import time
 from typing import Callable
 
 import torch
@@ -29,6 +27,7 @@ from triton.runtime.jit import JITFunction
 import hfcompress
 import hfcompress.kernels as kernels
 from gpu_check import DIMS
+from step_ops import interleaved_ms
 from hfcompress.comm.futures import inline_on_cpu
 from hfcompress.comm.one_rank import compress_one_rank
 from hfcompress.kernels import dispatch
@@ -96,16 +95,6 @@ def make_step(preset: str, warmup: int = 3) -> Callable[[], None]:
     return step
 
 
-def _times(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
-    times = collections.defaultdict(list)
-    for _ in range(repeats):
-        for name, run in steps.items():
-            t0 = time.thread_time()
-            run()
-            times[name].append(time.thread_time() - t0)
-    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
-
-
 def compare(preset: str, use_old: Callable[[], None], use_new: Callable[[], None],
             rounds: int = 8, repeats: int = 41) -> dict[str, list[float]]:
     """``none`` / old / new steps of ``preset`` interleaved; ``use_old`` / ``use_new``
@@ -125,7 +114,8 @@ def compare(preset: str, use_old: Callable[[], None], use_new: Callable[[], None
                 use_new()
         res: dict[str, list[float]] = {"none": [], "old": [], "new": []}
         for _ in range(rounds):
-            for name, ms in _times({"none": none, "old": old, "new": new}, repeats).items():
+            for name, ms in interleaved_ms({"none": none, "old": old, "new": new},
+                                           repeats).items():
                 res[name].append(ms)
     for name, ms in res.items():
         print(name, round(statistics.median(ms), 3), [round(x, 2) for x in ms])

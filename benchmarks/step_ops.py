@@ -45,6 +45,7 @@ import argparse
 import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,19 @@ FREE = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"
 H2D = {"lift_fresh", "lift_fresh_copy"}
 
 
+def interleaved_ms(steps: dict, repeats: int) -> dict[str, float]:
+    """The median milliseconds of this thread's CPU time of each step (``name ->
+    callable``), the steps called in turn ``repeats`` times (a load drift hits them
+    alike)."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, run in steps.items():
+            t0 = time.thread_time()
+            run()
+            times[name].append(time.thread_time() - t0)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+
+
 def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: int = 0,
            world: int = 1, per_node: int = 1, store: str = "", floor: bool = False,
            op: str = "sum") -> list[dict]:
@@ -79,8 +93,6 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
     import contextlib
     import importlib
     import pkgutil
-    import statistics
-    import time
 
     import torch
     import torch.distributed as dist
@@ -214,15 +226,10 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
         steps = {p: lambda h=handle, j=jobs: step(h, j) for p, (handle, jobs) in runs.items()}
         if floor:
             steps.update(bare_steps(setup("none", DIMS["cpu"])[1], world))
-        times = collections.defaultdict(list)
-        for _ in range(repeats):
-            for p, run in steps.items():
-                t0 = time.thread_time()
-                run()
-                times[p].append(time.thread_time() - t0)
+        ms = interleaved_ms(steps, repeats)
         for handle, _ in runs.values():
             handle.remove()
-        return {p: statistics.median(t) * 1e3 for p, t in times.items()}
+        return ms
 
     def setup(preset, dims):
         model = tiny_llama(seed=0, **dims)
