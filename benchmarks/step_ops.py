@@ -83,34 +83,19 @@ def interleaved_ms(steps: dict, repeats: int) -> dict[str, float]:
     return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 
-def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: int = 0,
-           world: int = 1, per_node: int = 1, store: str = "", floor: bool = False,
-           op: str = "sum") -> list[dict]:
-    """Runs in the clean subprocess (rank ``rank`` of ``world``, nodes of ``per_node``
-    ranks, a shared ``file://`` store when ``world > 1``; gradients reduced with ``op``):
-    one dict per preset (and, with ``floor``, one per bare step: ``host_ms`` only)."""
-    import collections
-    import contextlib
+def gpu_code_path(launch) -> None:
+    """On CPU tensors, the code path a GPU takes: every kernel module's ``use_triton``
+    answers as for a CUDA tensor (the backend still validated), ``per_program`` gives the
+    GPU tile, and Triton's launches call ``launch(self, *args, grid, warmup, **kwargs)``
+    instead (a stub: the host's cost of the launch call, not of Triton's launcher)."""
     import importlib
     import pkgutil
 
-    import torch
-    import torch.distributed as dist
-    from torch.utils._python_dispatch import TorchDispatchMode
     from triton.runtime.jit import JITFunction
 
-    sys.path.insert(0, str(HERE))
-    torch.set_num_threads(1)
-    import hfcompress
     import hfcompress.kernels as K
-    from gpu_check import DIMS
-    from hfcompress.comm.futures import inline_on_cpu
-    from hfcompress.comm.one_rank import compress_one_rank
     from hfcompress.kernels import dispatch
     from hfcompress.kernels import triton_tiles as TT
-    from hfcompress.testing import tiny_llama
-
-    # the GPU's code path: Triton chosen, the GPU tile, every module's imported reference
     use_triton = dispatch.use_triton
 
     def as_on_cuda(t, backend="auto"):
@@ -126,6 +111,67 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
         if getattr(mod, "per_program", None) is TT.per_program:
             mod.per_program = gpu_tile
     TT.per_program = gpu_tile
+    JITFunction.run = launch
+
+
+def jobs_of(handle, model, world: int, rank: int) -> list[tuple]:
+    """Per unit of ``handle``: its comms, this rank's shard, the all-gather output and its
+    slot (the input, as FSDP2 passes it), the gradients of every rank's shard and the
+    output."""
+    import torch
+    params = dict(model.named_parameters())
+    jobs = []
+    with torch.no_grad():
+        for comms in handle.comms.values():
+            shard = torch.cat([params[n].to_local().reshape(-1) for n in comms.layouts.names])
+            n = shard.numel()
+            gathered = torch.empty(world * n)
+            grads = torch.randn(world * n)
+            jobs.append((comms, shard, gathered, gathered[rank * n:(rank + 1) * n], grads,
+                         torch.empty_like(shard)))
+    return jobs
+
+
+def unit_step(handle, jobs: list[tuple], op, mode=None) -> None:
+    """One step of the collectives as FSDP2 calls them: per unit the copy-in into the
+    all-gather slot (outside ``mode``), the all-gather, the reduce-scatter of the gradients
+    with ``op``; then the handle's step."""
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+    with torch.no_grad():
+        for comms, shard, gathered, slot, grads, reduced in jobs:
+            slot.copy_(shard)       # FSDP2's copy-in: not counted
+            with mode if mode is not None else contextlib.nullcontext():
+                comms.ag(output_tensor=gathered, input_tensor=slot,
+                         group=dist.group.WORLD, async_op=True).wait()
+                comms.rs(output_tensor=reduced, input_tensor=grads,
+                         group=dist.group.WORLD, op=op)
+    with mode if mode is not None else contextlib.nullcontext():
+        handle.step()
+
+
+def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: int = 0,
+           world: int = 1, per_node: int = 1, store: str = "", floor: bool = False,
+           op: str = "sum") -> list[dict]:
+    """Runs in the clean subprocess (rank ``rank`` of ``world``, nodes of ``per_node``
+    ranks, a shared ``file://`` store when ``world > 1``; gradients reduced with ``op``):
+    one dict per preset (and, with ``floor``, one per bare step: ``host_ms`` only)."""
+    import collections
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    sys.path.insert(0, str(HERE))
+    torch.set_num_threads(1)
+    import hfcompress
+    from gpu_check import DIMS
+    from hfcompress.comm.futures import inline_on_cpu
+    from hfcompress.comm.one_rank import compress_one_rank
+    from hfcompress.testing import tiny_llama
 
     launches: collections.Counter = collections.Counter()
     reduce_op = getattr(dist.ReduceOp, op.upper())
@@ -133,7 +179,7 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
     def stub(self, *args, grid, warmup, **kwargs):
         launches[self.fn.__name__] += 1
 
-    JITFunction.run = stub
+    gpu_code_path(stub)
     dist_dir = os.path.dirname(dist.__file__)
 
     class Ops(TorchDispatchMode):
@@ -162,33 +208,8 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
                     self.ops[name] += 1
             return func(*args, **(kwargs or {}))
 
-    def jobs_of(handle, model):
-        """Per unit: its comms, this rank's shard, the all-gather output and its slot (the
-        input, as FSDP2 passes it), the gradients of every rank's shard and the output."""
-        params = dict(model.named_parameters())
-        jobs = []
-        with torch.no_grad():
-            for comms in handle.comms.values():
-                shard = torch.cat([params[n].to_local().reshape(-1)
-                                   for n in comms.layouts.names])
-                n = shard.numel()
-                gathered = torch.empty(world * n)
-                grads = torch.randn(world * n)
-                jobs.append((comms, shard, gathered, gathered[rank * n:(rank + 1) * n], grads,
-                             torch.empty_like(shard)))
-        return jobs
-
     def step(handle, jobs, mode=None):
-        with torch.no_grad():
-            for comms, shard, gathered, slot, grads, reduced in jobs:
-                slot.copy_(shard)       # FSDP2's copy-in: not counted
-                with mode if mode is not None else contextlib.nullcontext():
-                    comms.ag(output_tensor=gathered, input_tensor=slot,
-                             group=dist.group.WORLD, async_op=True).wait()
-                    comms.rs(output_tensor=reduced, input_tensor=grads,
-                             group=dist.group.WORLD, op=reduce_op)
-        with mode if mode is not None else contextlib.nullcontext():
-            handle.step()
+        unit_step(handle, jobs, reduce_op, mode)
 
     def counted_ops(preset):
         """Per unit: the step's Triton launches and dispatched ops (``DIMS["cuda"]``)."""
@@ -234,7 +255,7 @@ def _child(presets: list[str], warmup: int, counted: int, repeats: int, rank: in
     def setup(preset, dims):
         model = tiny_llama(seed=0, **dims)
         handle = hfcompress.apply(model, preset, shard=True, ranks_per_node=per_node)
-        jobs = jobs_of(handle, model)
+        jobs = jobs_of(handle, model, world, rank)
         for _ in range(warmup):
             step(handle, jobs)
         return handle, jobs

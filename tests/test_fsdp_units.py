@@ -77,9 +77,8 @@ def test_slot_layout_adjacent_segments_form_one_run_split_as_views():
     t = torch.arange(6.)
     c, e = first.views(t)
     assert torch.equal(c, t[2:]) and torch.equal(e, t[:2])
-    assert [torch.equal(a, b) for a, b in zip(first.split(t.view(1, -1)), (c.view(1, -1),
-                                                                            e.view(1, -1)))] \
-        == [True, True]
+    comp, exact = first.split(t.view(1, -1))
+    assert torch.equal(comp, c.view(1, -1)) and torch.equal(exact, e.view(1, -1))
 
 
 def test_differences_name_keys_and_ranks():
