@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .hadamard import inv_sqrt
+from .launch_plans import LaunchPlans, signature
 from .packing import wire_fields, wire_words
 from .post_op import launch_args, sum_riders
 from .triton_butterfly import fwht, fwht_runs
@@ -283,7 +284,34 @@ def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits
     :func:`packing.wire_fields`. ``riders``: ``(out [E], dtype, post)``, each row ends with
     E values of ``dtype`` (``comm/riders.py``): their float32 sum in peer order, their
     ``post`` applied, written into ``out`` (contiguous) by the same launch
-    (``post_op.sum_riders``' numbers)."""
+    (``post_op.sum_riders``' numbers). The launch is planned once per signature
+    (``launch_plans.py``)."""
+    args = (wire, code_bytes, n_groups, bits, group_size, dtype, hadamard_size, inverse, clip,
+            out, post, riders)
+    plan = _wire_plans((signature(wire), wire.storage_offset() % 4, *args[1:9], signature(out),
+                        post, None if riders is None else (signature(riders[0]), *riders[1:])),
+                       *args)
+    if plan is None:
+        return _sum_wire(*args)
+    restride, grid, numel, scalars, tail, kw = plan
+    words = (wire.as_strided(wire.shape, (wire.shape[1], 1)) if restride else wire
+             ).view(torch.int32)
+    if out is None:
+        out = torch.empty(numel, dtype=dtype, device=wire.device)
+    t, t_out = (words, out) if riders is None else (
+        words.view(tail[0]), riders[0].view(-1) if tail[1] is None else
+        riders[0].view(-1).view(tail[1]))
+    _dequantize_sum_kernel[grid](
+        words, words, out.view(torch.uint16) if dtype == torch.bfloat16 else out, *scalars[:7],
+        t, *scalars[7:9], t_out, *scalars[9:], **kw)
+    return out
+
+
+def _sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
+              group_size: int, dtype: torch.dtype, hadamard_size: int, inverse: bool,
+              clip: bool, out: torch.Tensor | None, post: tuple[str, float] | None,
+              riders: tuple | None) -> torch.Tensor:
+    """:func:`dequantize_sum_wire` deciding at the call (the planned launch's source)."""
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
     words = wire_words(wire) if code_bytes % 4 == 0 and k["UB"] == 4 else None
     if words is None:
@@ -295,6 +323,47 @@ def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits
     return _sum(words, _vector(words, k["UPR"]), words, code_bytes // 4, words.stride(0),
                 wire.shape[0], n_groups, bits, group_size, dtype, hadamard_size, inverse, clip,
                 out, post, riders)
+
+
+def _wire_plan(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
+               group_size: int, dtype: torch.dtype, hadamard_size: int, inverse: bool,
+               clip: bool, out: torch.Tensor | None, post: tuple[str, float] | None,
+               riders: tuple | None) -> tuple | None:
+    """:func:`dequantize_sum_wire`'s launch on operands of these signatures: ``(the wire's
+    one row restrided, the grid, the values out, the scalar arguments, the riders' views'
+    dtypes, the keywords)`` as :func:`_sum` makes them; None where :func:`_sum_wire` goes
+    another way (fields not in words, ``out`` copied after, nothing to sum)."""
+    k = row_layout(bits, group_size, hadamard_size if inverse else 1)
+    words = wire_words(wire) if code_bytes % 4 == 0 and k["UB"] == 4 else None
+    numel, n_peers = n_groups * group_size, wire.shape[0]
+    if out is not None and (out.numel() != numel or out.dtype != dtype):
+        return None     # _sum raises
+    if words is None or not (numel and n_peers) or out is not None and not (
+            out.is_contiguous() and out.data_ptr() % 16 == 0):
+        return None
+    rows = max(per_program(words, BLOCK_ELEMS // k["ROWV"], GPU_ROWS),
+               hadamard_size // k["ROWV"])
+    n_rows = numel // k["ROWV"]
+    n_main, value, kind = cdiv(n_rows, rows), *launch_args(post)
+    riders_out = None if riders is None else riders[0].view(-1)
+    t, t_off, t_stride, t_out, n_tail = (words, 0, 0, out, 0) if riders is None else \
+        _tail(words, riders)
+    t_value, t_kind = launch_args(None if riders is None else riders[2])
+    t_block = per_program(words, TAIL_BLOCK, 4 * 32 * NUM_WARPS)
+    kw = dict(R=rows, **_sum_consts(bits, group_size, hadamard_size, inverse, clip, dtype,
+                                    n_peers, _vector(words, k["UPR"])),
+              POST=kind, TAIL=riders is not None, TAIL_BLOCK=t_block,
+              TAIL_IN_BF16=t.dtype == torch.uint16,
+              TAIL_OUT_BF16=riders is not None and t_out.dtype == torch.uint16,
+              TAIL_POST=t_kind, num_warps=NUM_WARPS, enable_fp_fusion=False)
+    tail = None if riders is None else (
+        t.dtype, None if riders_out.dtype == t_out.dtype else t_out.dtype)
+    return (wire.stride(0) % 4 != 0, (n_main + cdiv(n_tail, t_block),), numel, (
+        n_rows, n_peers, words.stride(0), words.stride(0), code_bytes // 4, _largest(dtype),
+        value, t_off, t_stride, n_tail, n_main, t_value), tail, kw)
+
+
+_wire_plans = LaunchPlans(_wire_plan)
 
 
 def _tail(words: torch.Tensor, riders: tuple) -> tuple:

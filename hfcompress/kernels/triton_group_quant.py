@@ -32,7 +32,8 @@ import triton.language as tl
 
 from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
-from .packing import (_UNIT, flat_contiguous, packed_nbytes, payload_buffers, row_wire,
+from .launch_plans import LaunchPlans, signature
+from .packing import (_UNIT, flat_contiguous, packed_nbytes, payload_buffers,
                       tail_nbytes, take_tail, wire_fields, wire_words)
 from .triton_noise import (ROW_MODES, copy_values, group_noise_at, noise_operand, row_launch,
                            row_program, store_riders, tail_operand)
@@ -464,21 +465,55 @@ def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int,
 def _rows(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, group_size: int,
           noise: torch.Tensor | None, tail: torch.Tensor | None) -> torch.Tensor:
     """:func:`quantize_rows` of ``x`` (``ref`` None) or of ``x - ref`` (one row, zero-padded
-    to whole groups); rows of whole groups are read in place (:func:`rows_of_groups`)."""
-    if ref is not None or rows_of_groups(x, rows, group_size) is None:
+    to whole groups); rows of whole groups are read in place (:func:`rows_of_groups`). The
+    launch is planned once per signature (``launch_plans.py``)."""
+    plan = _row_plans((signature(x), signature(ref), rows, bits, group_size, signature(noise),
+                       signature(tail)), x, ref, rows, bits, group_size, noise, tail)
+    if plan is None:
         x = flat_contiguous(x)
-    n_groups = (x.numel() if ref is None else x.numel() + group_size - 1) // group_size
+        return _twin.join_rows(*_quantize(x, ref, bits, group_size, noise), rows, tail)
+    flat, width, grid, noise_flat, scalars, kw = plan
+    if flat:
+        x = flat_contiguous(x)
+    wire = torch.empty(rows, width, dtype=torch.uint8, device=x.device)
+    words = wire.view(torch.int32)
+    u = x if noise is None else flat_contiguous(noise) if noise_flat else noise.contiguous()
+    t = x if tail is None else tail if tail.stride(-1) == 1 else tail.contiguous()
+    _quantize_kernel[grid](x, x if ref is None else flat_contiguous(ref), u, scalars[0], words,
+                           words, scalars[1], t, *scalars[2:], **kw)
+    return wire
+
+
+def _row_plan(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, group_size: int,
+              noise: torch.Tensor | None, tail: torch.Tensor | None) -> tuple | None:
+    """:func:`_rows`' launch on operands of these signatures: ``(x read flat, the wire's
+    width, the grid, float noise, the scalar arguments, the keywords)`` as
+    :func:`_launch_quantize` makes them; None where the twin's join makes the wire (codes in
+    bytes, rows not whole words). One row: the flat kernel's layout, its binary (no
+    ``ROWS``)."""
+    flat = ref is not None or rows_of_groups(x, rows, group_size) is None
+    numel = x.numel()
+    n_groups = (numel if ref is None else numel + group_size - 1) // group_size
     k = _tile_consts(bits, group_size, _block(x), x.element_size())
     gpr = n_groups // rows
-    made = row_wire(rows, packed_nbytes(gpr * group_size, bits), gpr, x.device,
-                    tail_nbytes(tail)) \
-        if k["BPU"] == 4 and n_groups else None
-    if made is None:
-        return _twin.join_rows(*_quantize(x, ref, bits, group_size, noise), rows, tail)
-    wire, words, first = made   # one row: the flat kernel's layout, its binary (no ROWS)
-    _launch_quantize(x, ref, noise, words, words, first, n_groups, gpr,
-                     words.shape[1] if rows > 1 else 0, group_size, bits, k, tail)
-    return wire
+    code_bytes = packed_nbytes(gpr * group_size, bits)
+    width = code_bytes + 4 * gpr + tail_nbytes(tail)
+    if not (k["BPU"] == 4 and n_groups) or width % 4:
+        return None
+    row_words, x_row = width // 4 if rows > 1 else 0, 0 if flat else x.stride(0)
+    _, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
+    _, t_row, t_n, tail_block = tail_operand(tail, x)
+    grid, hashed = row_launch(numel, n_groups, gpr, row_words, group_size, k["BLOCK_G"],
+                              hashed, row)
+    kw = dict(GS=group_size, BITS=bits, STOCHASTIC=noise is not None, HASH=hashed,
+              DIFF=ref is not None, RAGGED=numel % group_size != 0, ROWS=row_words > 0,
+              XROWS=row_words > 0 and not flat, TAIL=tail_block, **k, num_warps=NUM_WARPS,
+              enable_fp_fusion=False)
+    return (flat, width, grid, noise is not None and noise.dtype != torch.int64,
+            (row, code_bytes // 4, t_row, t_n, n_groups, numel, gpr, row_words, x_row), kw)
+
+
+_row_plans = LaunchPlans(_row_plan)
 
 
 def quantize(x: torch.Tensor, bits: int, group_size: int,
@@ -595,7 +630,32 @@ def dequantize_add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_si
     per field), where the rows are whole groups of whole words and the wire 4-byte aligned;
     else through :func:`packing.wire_fields`. Flat, as ``ref``. ``riders`` (``[rows, E]``):
     each row's last bytes (exact values, ``comm/riders.py``) copied there, by the kernel
-    where its columns have unit stride."""
+    where its columns have unit stride. The launch is planned once per signature
+    (``launch_plans.py``)."""
+    plan = _add_plans((signature(wire), wire.storage_offset() % 4, code_bytes, bits,
+                       group_size, signature(ref), signature(also), signature(riders)),
+                      wire, code_bytes, bits, group_size, ref, also, riders)
+    if plan is None:
+        return _add_wire(wire, code_bytes, bits, group_size, ref, also, riders)
+    restride, grid, second, bf16, scalars, kw = plan
+    flat = ref if ref.is_contiguous() else ref.contiguous()
+    words = (wire.as_strided(wire.shape, (wire.shape[1], 1)) if restride else wire
+             ).view(torch.int32)
+    out = torch.empty_like(flat)
+    target = also if second else out
+    _dequantize_add_kernel[grid](
+        words, words, scalars[0], flat, out.view(torch.int16) if bf16 else out,
+        target.view(torch.int16) if bf16 else target, flat if riders is None else riders,
+        *scalars[1:], **kw)
+    if not second:
+        _twin.also_into(out, also)
+    return out
+
+
+def _add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_size: int,
+              ref: torch.Tensor, also: torch.Tensor | None,
+              riders: torch.Tensor | None) -> torch.Tensor:
+    """:func:`dequantize_add_wire` deciding at the call (the planned launch's source)."""
     rows = wire.shape[0]
     numel = ref.numel() // rows
     flat = ref if ref.is_contiguous() else ref.contiguous()
@@ -611,6 +671,38 @@ def dequantize_add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_si
     return _add(words, words, code_bytes // 4, (rows, gpr, step, step) if rows > 1 else None,
                 flat, k, bits, group_size, also,
                 None if riders is None else (riders, code_bytes // 4 + gpr))
+
+
+def _add_plan(wire: torch.Tensor, code_bytes: int, bits: int, group_size: int,
+              ref: torch.Tensor, also: torch.Tensor | None,
+              riders: torch.Tensor | None) -> tuple | None:
+    """:func:`dequantize_add_wire`'s launch on operands of these signatures: ``(the wire's
+    one row restrided, the grid, ``also`` stored by the kernel, bfloat16 values, the scalar
+    arguments, the keywords)`` as :func:`_add` makes them; None where :func:`_add_wire` goes
+    another way (fields not in words, nothing to add)."""
+    rows = wire.shape[0]
+    numel = ref.numel() // rows
+    k = _tile_consts(bits, group_size, _block(ref), ref.element_size())
+    words = wire_words(wire) if code_bytes % 4 == 0 and numel % group_size == 0 and \
+        k["BPU"] == 4 and (riders is None or riders.stride(-1) == 1) else None
+    if words is None or not ref.numel():
+        return None
+    step, gpr = words.stride(0), numel // group_size
+    grid = (cdiv(cdiv(ref.numel(), group_size), k["BLOCK_G"]),) if rows == 1 else \
+        (cdiv(gpr, k["BLOCK_G"]), rows)
+    second = _also_rows(also, ref, grid)
+    _, t_row, t_n, tail_block = tail_operand(riders, ref)
+    bf16 = ref.dtype == torch.bfloat16
+    kw = dict(GS=group_size, BITS=bits, RAGGED=ref.numel() % group_size != 0, OUT_BF16=bf16,
+              ROWS=rows > 1, ALSO=second is not None, TAIL=tail_block, **k,
+              num_warps=NUM_WARPS, enable_fp_fusion=False)
+    return (wire.stride(0) % 4 != 0, grid, second is not None, bf16, (
+        code_bytes // 4, t_row, 0 if riders is None else code_bytes // 4 + gpr, t_n,
+        ref.numel(), *((1, 0, 0) if rows == 1 else (gpr, step, step)),
+        0 if second is None else second[1]), kw)
+
+
+_add_plans = LaunchPlans(_add_plan)
 
 
 def _add(src: torch.Tensor, scale: torch.Tensor, scale_off: int,

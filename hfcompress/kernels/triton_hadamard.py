@@ -30,7 +30,8 @@ import triton.language as tl
 from . import triton_dequantize_sum as _dsum
 from .group_quant import join_rows
 from .hadamard import inv_sqrt
-from .packing import flat_contiguous, packed_nbytes, payload_buffers, row_wire, tail_nbytes
+from .launch_plans import LaunchPlans, signature
+from .packing import flat_contiguous, packed_nbytes, payload_buffers, tail_nbytes
 from .triton_butterfly import fwht, fwht_runs
 from .triton_noise import (ROW_MODES, group_noise_at, noise_operand, row_launch, row_program,
                            store_riders, tail_operand)
@@ -233,21 +234,50 @@ def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadama
     scales into the uint8 ``[rows, nbytes]`` wire (its rows' int32 words; ``tail``'s rows
     after them, copied by the kernel), no ``cat``; codes in bytes, or rows not whole words,
     go through the twin's join. Rows of whole groups are read in place
-    (``triton_tiles.rows_of_groups``)."""
-    if rows_of_groups(x, rows, group_size) is None:
+    (``triton_tiles.rows_of_groups``). The launch is planned once per signature
+    (``launch_plans.py``)."""
+    plan = _row_plans((signature(x), rows, bits, group_size, hadamard_size, signature(noise),
+                       signature(tail)), x, rows, bits, group_size, hadamard_size, noise, tail)
+    if plan is None:
+        return join_rows(*quantize(x, bits, group_size, hadamard_size, noise), rows, tail)
+    flat, width, grid, noise_flat, scalars, kw = plan
+    if flat:
         x = flat_contiguous(x)
-    n_groups = x.numel() // group_size
+    wire = torch.empty(rows, width, dtype=torch.uint8, device=x.device)
+    words = wire.view(torch.int32)
+    u = x if noise is None else flat_contiguous(noise) if noise_flat else noise.contiguous()
+    t = x if tail is None else tail if tail.stride(-1) == 1 else tail.contiguous()
+    _quantize_kernel[grid](x, u, scalars[0], words, words, scalars[1], t, *scalars[2:], **kw)
+    return wire
+
+
+def _row_plan(x: torch.Tensor, rows: int, bits: int, group_size: int, hadamard_size: int,
+              noise: torch.Tensor | None, tail: torch.Tensor | None) -> tuple | None:
+    """:func:`quantize_rows`' launch on operands of these signatures: ``(x read flat, the
+    wire's width, the grid, float noise, the scalar arguments, the keywords)``; None where
+    the twin's join makes the wire (codes in bytes, rows not whole words)."""
+    flat = rows_of_groups(x, rows, group_size) is None
+    numel = x.numel()
+    n_groups = numel // group_size
     k = _consts(bits, group_size, hadamard_size, _block(x))
     gpr = n_groups // rows
-    made = row_wire(rows, packed_nbytes(gpr * group_size, bits), gpr, x.device,
-                    tail_nbytes(tail)) \
-        if k["WORDS"] and n_groups else None
-    if made is None:
-        return join_rows(*quantize(x, bits, group_size, hadamard_size, noise), rows, tail)
-    wire, words, first = made
-    _launch_quantize(x, noise, words, words, first, n_groups, gpr, words.shape[1], group_size, k,
-                     tail)
-    return wire
+    code_bytes = packed_nbytes(gpr * group_size, bits)
+    width = code_bytes + 4 * gpr + tail_nbytes(tail)
+    if not (k["WORDS"] and n_groups) or width % 4:
+        return None
+    row_words, x_row = width // 4, 0 if flat or x.dim() != 2 else x.stride(0)
+    _, hashed, row = noise_operand(noise, numel, x, group_size)
+    _, t_row, t_n, tail_block = tail_operand(tail, x)
+    grid, hashed = row_launch(numel, n_groups, gpr, row_words, group_size, k["BLOCK_G"],
+                              hashed, row)
+    warps = min(NUM_WARPS, max(QUANT_WARPS, k["BLOCK_G"] * k["RPG"] // 32))
+    kw = dict(**k, STOCHASTIC=noise is not None, HASH=hashed, ROWS=True, XROWS=not flat
+              and x.dim() == 2, TAIL=tail_block, num_warps=warps, enable_fp_fusion=False)
+    return (flat, width, grid, noise is not None and noise.dtype != torch.int64,
+            (row, code_bytes // 4, t_row, t_n, n_groups, gpr, row_words, x_row), kw)
+
+
+_row_plans = LaunchPlans(_row_plan)
 
 
 def _dequantize(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
