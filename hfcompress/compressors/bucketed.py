@@ -61,15 +61,23 @@ class BucketQuantizer(Compressor):
         self.bits, self.backend, self._size = bits, backend, bucket_size
         setattr(self, self.size_param, bucket_size)  # .bucket_size (.group_size for ``int``)
         self.rng = SeededRNG(seed)
+        self._specs: dict[int, dict[str, tuple[torch.dtype, int]]] = {}
 
     def _impl(self, t: torch.Tensor) -> ModuleType:
         return dispatch.pick(t, self.backend, self.twin, self.triton_module)
 
     def payload_spec(self, numel: int) -> dict[str, tuple[torch.dtype, int]]:
-        n = -(-numel // self._size) * self._size
-        nb = n // self._size
-        return {"codes": (torch.uint8, self.codes_nbytes(n, self.bits)),
+        """Cached per ``numel`` (a unit's calls repeat a few; read-only to callers)."""
+        spec = self._specs.get(numel)
+        if spec is None:
+            n = -(-numel // self._size) * self._size
+            nb = n // self._size
+            if len(self._specs) >= 256:
+                self._specs.clear()
+            spec = self._specs[numel] = {
+                "codes": (torch.uint8, self.codes_nbytes(n, self.bits)),
                 **{k: (self.bucket_dtypes.get(k, torch.float32), nb) for k in self.bucket_params}}
+        return spec
 
     def _packed(self, x: torch.Tensor, tensors: Sequence[torch.Tensor]) -> Packed:
         """The kernel's outputs as x's payload (payload_spec's order)."""
