@@ -9,7 +9,7 @@ from hfcompress.comm import QuantizedAllGather
 from hfcompress.comm.all_gather import VersionWatch
 from hfcompress.comm.frozen import FrozenParams, SentBytes
 from hfcompress.compressors import get_compressor
-from hfcompress.compressors.runs import merged, runs_of, take
+from hfcompress.compressors.runs import merged, put, runs_of, take
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -43,6 +43,28 @@ def test_runs_of_merges_adjacent_segments():
     rows = torch.arange(12).view(2, 6)
     assert take(rows, ()).shape == (2, 0)
     assert torch.equal(take(rows, ((1, 3), (4, 5))), rows[:, [1, 2, 4]])
+
+
+@pytest.mark.parametrize("runs", [((0, 4), (6, 10)), ((1, 3), (5, 7), (9, 11)),
+                                  ((0, 4), (5, 8)), ((0, 2), (3, 5), (8, 10))])
+def test_take_and_put_of_equally_spaced_runs_are_the_slices(runs):
+    """Runs of one length equally spaced (the embedding and LM head around the final norm)
+    go through one strided view; others, and the 1-D case, through slices: the same
+    values either way, the other columns untouched."""
+    rows = torch.arange(24.0).view(2, 12)[:, 1:]   # strided rows, not at the storage start
+    want = torch.cat([rows[:, a:b] for a, b in runs], dim=1)
+    got = take(rows, runs)
+    assert torch.equal(got, want) and got.data_ptr() != rows.data_ptr()
+    for target in (torch.full((2, 11), -1.0), torch.full((2, 13), -1.0)[:, 2:],
+                   torch.full((11,), -1.0)):
+        cols = -want - 1 if target.dim() == 2 else -want[0] - 1
+        expect = target.clone()
+        offset = 0
+        for a, b in runs:
+            expect[..., a:b] = cols[..., offset:offset + b - a]
+            offset += b - a
+        put(target, runs, cols)
+        assert torch.equal(target, expect)
 
 
 def test_frozen_params_restart_qwd_when_the_frozen_set_or_a_frozen_value_changes():

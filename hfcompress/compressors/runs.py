@@ -4,6 +4,7 @@ increasing order, adjacent ones merged; and taking them out of ``[k, S]`` rows a
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Iterable, Sequence
 
@@ -32,12 +33,39 @@ def runs_of(flags: Sequence[tuple[int, bool]]) -> tuple[tuple[int, int], ...]:
 
 
 def take(rows: torch.Tensor, runs: Runs) -> torch.Tensor:
-    """The columns ``runs`` of ``[k, S]`` rows, side by side (a view for one run or none)."""
+    """The columns ``runs`` of ``[k, S]`` rows, side by side (a view for one run or none;
+    one copy through a strided view for runs of one length equally spaced, e.g. a model's
+    embedding and LM head around its final norm)."""
     if not runs:
         return rows[:, :0]
     if len(runs) == 1:
         return rows[:, runs[0][0]:runs[0][1]]
+    spaced = _spaced_view(rows, runs)
+    if spaced is not None:
+        return spaced.reshape(rows.shape[0], -1)
     return torch.cat([rows[:, a:b] for a, b in runs], dim=1)
+
+
+@functools.lru_cache(maxsize=256)
+def _spacing(runs: tuple[tuple[int, int], ...]) -> tuple[int, int, int] | None:
+    """``(count, length, period)`` of more than one run of one length equally spaced, else
+    None."""
+    length, period = runs[0][1] - runs[0][0], runs[1][0] - runs[0][0]
+    if any(b - a != length or a - runs[0][0] != i * period for i, (a, b) in enumerate(runs)):
+        return None
+    return len(runs), length, period
+
+
+def _spaced_view(t: torch.Tensor, runs: Runs) -> torch.Tensor | None:
+    """The columns ``runs`` of ``t``'s last dim as one view ``[..., count, length]`` where
+    they are runs of one length equally spaced (:func:`_spacing`), else None."""
+    spacing = _spacing(tuple(runs))
+    if spacing is None:
+        return None
+    count, length, period = spacing
+    step = t.stride(-1)
+    return t.as_strided((*t.shape[:-1], count, length), (*t.stride()[:-1], period * step, step),
+                        t.storage_offset() + runs[0][0] * step)
 
 
 def view(rows: torch.Tensor, runs: Runs) -> torch.Tensor | None:
@@ -54,7 +82,12 @@ def view(rows: torch.Tensor, runs: Runs) -> torch.Tensor | None:
 
 def put(rows: torch.Tensor, runs: Runs, cols: torch.Tensor) -> None:
     """Inverse of :func:`take`: write ``cols`` into the columns ``runs`` of ``rows`` (the
-    last dim; any leading dims, ``cols`` may be a strided view)."""
+    last dim; any leading dims, ``cols`` may be a strided view); one copy where they are
+    runs of one length equally spaced."""
+    spaced = _spaced_view(rows, runs) if len(runs) > 1 else None
+    if spaced is not None:
+        spaced.copy_(cols.reshape(spaced.shape))
+        return
     offset = 0
     for a, b in runs:
         rows[..., a:b].copy_(cols[..., offset:offset + b - a])
