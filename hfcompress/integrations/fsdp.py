@@ -179,6 +179,9 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
                                        unchanged=unchanged, async_op=async_op),
                        self.exact(exact_out, exact_in.reshape(-1), group, async_op=async_op)]
 
+        if not puts and len(futures) == 1:     # nothing to put after it: its own future
+            return futures[0]
+
         def merge() -> None:
             for runs, buf in puts:
                 put(rows, runs, buf)
