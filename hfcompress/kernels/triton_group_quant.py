@@ -32,7 +32,7 @@ import triton.language as tl
 
 from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
-from .launch_plans import LaunchPlans, signature
+from .launch_plans import LaunchPlans, rows_operands, signature
 from .packing import (_UNIT, flat_contiguous, packed_nbytes, payload_buffers,
                       tail_nbytes, take_tail, wire_fields, wire_words)
 from .triton_noise import (ROW_MODES, copy_values, group_noise_at, noise_operand, row_launch,
@@ -473,12 +473,7 @@ def _rows(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, group
         x = flat_contiguous(x)
         return _twin.join_rows(*_quantize(x, ref, bits, group_size, noise), rows, tail)
     flat, width, grid, noise_flat, scalars, kw = plan
-    if flat:
-        x = flat_contiguous(x)
-    wire = torch.empty(rows, width, dtype=torch.uint8, device=x.device)
-    words = wire.view(torch.int32)
-    u = x if noise is None else flat_contiguous(noise) if noise_flat else noise.contiguous()
-    t = x if tail is None else tail if tail.stride(-1) == 1 else tail.contiguous()
+    x, wire, words, u, t = rows_operands(x, flat, rows, width, noise, noise_flat, tail)
     _quantize_kernel[grid](x, x if ref is None else flat_contiguous(ref), u, scalars[0], words,
                            words, scalars[1], t, *scalars[2:], **kw)
     return wire

@@ -30,8 +30,8 @@ import triton.language as tl
 from . import triton_dequantize_sum as _dsum
 from .group_quant import join_rows
 from .hadamard import inv_sqrt
-from .launch_plans import LaunchPlans, signature
-from .packing import flat_contiguous, packed_nbytes, payload_buffers, tail_nbytes
+from .launch_plans import LaunchPlans, rows_operands, signature
+from .packing import packed_nbytes, payload_buffers, tail_nbytes
 from .triton_butterfly import fwht, fwht_runs
 from .triton_noise import (ROW_MODES, group_noise_at, noise_operand, row_launch, row_program,
                            store_riders, tail_operand)
@@ -241,12 +241,7 @@ def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadama
     if plan is None:
         return join_rows(*quantize(x, bits, group_size, hadamard_size, noise), rows, tail)
     flat, width, grid, noise_flat, scalars, kw = plan
-    if flat:
-        x = flat_contiguous(x)
-    wire = torch.empty(rows, width, dtype=torch.uint8, device=x.device)
-    words = wire.view(torch.int32)
-    u = x if noise is None else flat_contiguous(noise) if noise_flat else noise.contiguous()
-    t = x if tail is None else tail if tail.stride(-1) == 1 else tail.contiguous()
+    x, wire, words, u, t = rows_operands(x, flat, rows, width, noise, noise_flat, tail)
     _quantize_kernel[grid](x, u, scalars[0], words, words, scalars[1], t, *scalars[2:], **kw)
     return wire
 
