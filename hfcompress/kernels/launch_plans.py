@@ -14,8 +14,6 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-from .packing import flat_contiguous
-
 
 def signature(t: torch.Tensor | None) -> tuple | None:
     """What a plan may depend on of ``t``: shape, strides, dtype, whether on a GPU (the
@@ -40,18 +38,3 @@ class LaunchPlans:
                 self._plans.clear()
             plan = self._plans[key] = self._build(*args)
         return plan
-
-
-def rows_operands(x: torch.Tensor, flat: bool, rows: int, width: int,
-                  noise: torch.Tensor | None, noise_flat: bool, tail: torch.Tensor | None
-                  ) -> tuple[torch.Tensor, ...]:
-    """A planned quantize-rows launch's tensors: ``x`` (flat where the plan reads it so),
-    the uint8 wire ``[rows, width]`` it writes and its int32 words, the noise operand (float
-    values flat, keys as they are) and the riders (unit column stride); ``x`` stands for
-    an absent one (``triton_noise.noise_operand`` / ``tail_operand``)."""
-    if flat:
-        x = flat_contiguous(x)
-    wire = torch.empty(rows, width, dtype=torch.uint8, device=x.device)
-    u = x if noise is None else flat_contiguous(noise) if noise_flat else noise.contiguous()
-    t = x if tail is None else tail if tail.stride(-1) == 1 else tail.contiguous()
-    return x, wire, wire.view(torch.int32), u, t

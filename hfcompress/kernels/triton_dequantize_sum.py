@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .hadamard import inv_sqrt
 from .launch_plans import LaunchPlans, signature
-from .packing import wire_fields, wire_words
+from .packing import as_words, wire_fields, wire_words
 from .post_op import launch_args, sum_riders
 from .triton_butterfly import fwht, fwht_runs
 from .triton_tiles import OLDER_TRITON, cdiv, per_program
@@ -293,17 +293,11 @@ def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits
                        *args)
     if plan is None:
         return _sum_wire(*args)
-    restride, grid, numel, scalars, tail, kw = plan
-    words = (wire.as_strided(wire.shape, (wire.shape[1], 1)) if restride else wire
-             ).view(torch.int32)
+    numel, launch = plan
+    words = as_words(wire)
     if out is None:
         out = torch.empty(numel, dtype=dtype, device=wire.device)
-    t, t_out = (words, out) if riders is None else (
-        words.view(tail[0]), riders[0].view(-1) if tail[1] is None else
-        riders[0].view(-1).view(tail[1]))
-    _dequantize_sum_kernel[grid](
-        words, words, out.view(torch.uint16) if dtype == torch.bfloat16 else out, *scalars[:7],
-        t, *scalars[7:9], t_out, *scalars[9:], **kw)
+    _launch(launch, words, words, out, dtype, riders)
     return out
 
 
@@ -311,7 +305,7 @@ def _sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
               group_size: int, dtype: torch.dtype, hadamard_size: int, inverse: bool,
               clip: bool, out: torch.Tensor | None, post: tuple[str, float] | None,
               riders: tuple | None) -> torch.Tensor:
-    """:func:`dequantize_sum_wire` deciding at the call (the planned launch's source)."""
+    """:func:`dequantize_sum_wire` deciding at the call (where no plan launches)."""
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
     words = wire_words(wire) if code_bytes % 4 == 0 and k["UB"] == 4 else None
     if words is None:
@@ -329,38 +323,20 @@ def _wire_plan(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
                group_size: int, dtype: torch.dtype, hadamard_size: int, inverse: bool,
                clip: bool, out: torch.Tensor | None, post: tuple[str, float] | None,
                riders: tuple | None) -> tuple | None:
-    """:func:`dequantize_sum_wire`'s launch on operands of these signatures: ``(the wire's
-    one row restrided, the grid, the values out, the scalar arguments, the riders' views'
-    dtypes, the keywords)`` as :func:`_sum` makes them; None where :func:`_sum_wire` goes
-    another way (fields not in words, ``out`` copied after, nothing to sum)."""
+    """:func:`dequantize_sum_wire`'s launch on operands of these signatures: ``(the values
+    out, :func:`_launch_plan`)``, the fields read through the wire's words; None where
+    :func:`_sum_wire` goes another way (fields not in words, ``out`` copied after, nothing to
+    sum, ``out`` the wrong size: it raises)."""
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
     words = wire_words(wire) if code_bytes % 4 == 0 and k["UB"] == 4 else None
     numel, n_peers = n_groups * group_size, wire.shape[0]
-    if out is not None and (out.numel() != numel or out.dtype != dtype):
-        return None     # _sum raises
     if words is None or not (numel and n_peers) or out is not None and not (
-            out.is_contiguous() and out.data_ptr() % 16 == 0):
+            out.numel() == numel and out.dtype == dtype and out.is_contiguous()
+            and out.data_ptr() % 16 == 0):
         return None
-    rows = max(per_program(words, BLOCK_ELEMS // k["ROWV"], GPU_ROWS),
-               hadamard_size // k["ROWV"])
-    n_rows = numel // k["ROWV"]
-    n_main, value, kind = cdiv(n_rows, rows), *launch_args(post)
-    riders_out = None if riders is None else riders[0].view(-1)
-    t, t_off, t_stride, t_out, n_tail = (words, 0, 0, out, 0) if riders is None else \
-        _tail(words, riders)
-    t_value, t_kind = launch_args(None if riders is None else riders[2])
-    t_block = per_program(words, TAIL_BLOCK, 4 * 32 * NUM_WARPS)
-    kw = dict(R=rows, **_sum_consts(bits, group_size, hadamard_size, inverse, clip, dtype,
-                                    n_peers, _vector(words, k["UPR"])),
-              POST=kind, TAIL=riders is not None, TAIL_BLOCK=t_block,
-              TAIL_IN_BF16=t.dtype == torch.uint16,
-              TAIL_OUT_BF16=riders is not None and t_out.dtype == torch.uint16,
-              TAIL_POST=t_kind, num_warps=NUM_WARPS, enable_fp_fusion=False)
-    tail = None if riders is None else (
-        t.dtype, None if riders_out.dtype == t_out.dtype else t_out.dtype)
-    return (wire.stride(0) % 4 != 0, (n_main + cdiv(n_tail, t_block),), numel, (
-        n_rows, n_peers, words.stride(0), words.stride(0), code_bytes // 4, _largest(dtype),
-        value, t_off, t_stride, n_tail, n_main, t_value), tail, kw)
+    return numel, _launch_plan(words, _vector(words, k["UPR"]), code_bytes // 4,
+                               words.stride(0), n_peers, n_groups, bits, group_size, dtype,
+                               hadamard_size, inverse, clip, post, riders)
 
 
 _wire_plans = LaunchPlans(_wire_plan)
@@ -401,24 +377,53 @@ def _sum(src: torch.Tensor, v: int, scale: torch.Tensor, scale_off: int, scale_s
         if riders is not None and n_peers:
             sum_riders(src.view(torch.uint8), riders)
         return out
+    _launch(_launch_plan(src, v, scale_off, scale_stride, n_peers, n_groups, bits, group_size,
+                         dtype, hadamard_size, inverse, clip, post, riders),
+            src, scale, out, dtype, riders)
+    return out
+
+
+def _launch_plan(src: torch.Tensor, v: int, scale_off: int, scale_stride: int, n_peers: int,
+                 n_groups: int, bits: int, group_size: int, dtype: torch.dtype,
+                 hadamard_size: int, inverse: bool, clip: bool,
+                 post: tuple[str, float] | None, riders: tuple | None) -> tuple:
+    """:func:`_sum`'s launch as :func:`_launch` takes it, no tensor held: ``(grid, the scalar
+    arguments, the riders' view dtypes (values, output; None: as they are) or None, the
+    keywords)``."""
+    numel = n_groups * group_size
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
     rows = max(per_program(src, BLOCK_ELEMS // k["ROWV"], GPU_ROWS),
                hadamard_size // k["ROWV"])
     n_rows = numel // k["ROWV"]
     n_main, value, kind = cdiv(n_rows, rows), *launch_args(post)
-    t, t_off, t_stride, t_out, n_tail = (src, 0, 0, out, 0) if riders is None else \
+    t, t_off, t_stride, t_out, n_tail = (src, 0, 0, None, 0) if riders is None else \
         _tail(src, riders)
     t_value, t_kind = launch_args(None if riders is None else riders[2])
     t_block = per_program(src, TAIL_BLOCK, 4 * 32 * NUM_WARPS)
-    _dequantize_sum_kernel[(n_main + cdiv(n_tail, t_block),)](
-        src, scale, out.view(torch.uint16) if dtype == torch.bfloat16 else out, n_rows, n_peers,
-        src.stride(0), scale_stride, scale_off, _largest(dtype), value, t, t_off, t_stride,
-        t_out, n_tail, n_main, t_value, R=rows,
-        **_sum_consts(bits, group_size, hadamard_size, inverse, clip, dtype, n_peers, v),
-        POST=kind, TAIL=riders is not None, TAIL_BLOCK=t_block,
-        TAIL_IN_BF16=t.dtype == torch.uint16, TAIL_OUT_BF16=t_out.dtype == torch.uint16,
-        TAIL_POST=t_kind, num_warps=NUM_WARPS, enable_fp_fusion=False)
-    return out
+    views = None if riders is None else (
+        t.dtype, None if t_out.dtype == riders[0].dtype else t_out.dtype)
+    kw = dict(R=rows, **_sum_consts(bits, group_size, hadamard_size, inverse, clip, dtype,
+                                    n_peers, v),
+              POST=kind, TAIL=riders is not None, TAIL_BLOCK=t_block,
+              TAIL_IN_BF16=t.dtype == torch.uint16,
+              TAIL_OUT_BF16=t_out is not None and t_out.dtype == torch.uint16,
+              TAIL_POST=t_kind, num_warps=NUM_WARPS, enable_fp_fusion=False)
+    return ((n_main + cdiv(n_tail, t_block),), (
+        n_rows, n_peers, src.stride(0), scale_stride, scale_off, _largest(dtype), value,
+        t_off, t_stride, n_tail, n_main, t_value), views, kw)
+
+
+def _launch(plan: tuple, src: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
+            dtype: torch.dtype, riders: tuple | None) -> None:
+    """The ``_dequantize_sum_kernel`` launch of :func:`_launch_plan`'s ``plan`` on these
+    tensors (``riders``' views made here)."""
+    grid, scalars, views, kw = plan
+    t, t_out = (src, out) if riders is None else (
+        src.view(views[0]), riders[0].view(-1) if views[1] is None else
+        riders[0].view(-1).view(views[1]))
+    _dequantize_sum_kernel[grid](
+        src, scale, out.view(torch.uint16) if dtype == torch.bfloat16 else out, *scalars[:7],
+        t, *scalars[7:9], t_out, *scalars[9:], **kw)
 
 
 @functools.cache

@@ -32,8 +32,8 @@ import triton.language as tl
 
 from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
-from .launch_plans import LaunchPlans, rows_operands, signature
-from .packing import (_UNIT, flat_contiguous, packed_nbytes, payload_buffers,
+from .launch_plans import LaunchPlans, signature
+from .packing import (_UNIT, as_words, flat_contiguous, packed_nbytes, payload_buffers,
                       tail_nbytes, take_tail, wire_fields, wire_words)
 from .triton_noise import (ROW_MODES, copy_values, group_noise_at, noise_operand, row_launch,
                            row_program, store_riders, tail_operand)
@@ -438,18 +438,41 @@ def _launch_quantize(x: torch.Tensor, ref: torch.Tensor | None, noise: torch.Ten
     ``BLOCK_G`` groups of a row (:func:`row_launch`); the scales ``scale_off`` elements into
     ``scale`` (float32, or a wire's int32 words); ``tail``'s rows after each row's scales
     (a wire's)."""
+    _quantize_launch(_quantize_plan(x, x.dim() == 2, ref is not None, noise, scale_off,
+                                    n_groups, gpr, row_words, group_size, bits, k, tail),
+                     x, ref, noise, words, scale, tail)
+
+
+def _quantize_plan(x: torch.Tensor, xrows: bool, diff: bool, noise: torch.Tensor | None,
+                   scale_off: int, n_groups: int, gpr: int, row_words: int, group_size: int,
+                   bits: int, k: dict, tail: torch.Tensor | None) -> tuple:
+    """:func:`_launch_quantize`'s launch as :func:`_quantize_launch` takes it, no tensor
+    held: ``(grid, float noise, the scalar arguments, the keywords)``; ``xrows``: ``x`` is
+    read as its 2-D rows, ``diff``: a reference is subtracted."""
     numel = x.numel()
-    u, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
-    t, t_row, t_n, tail_block = tail_operand(tail, x)
+    _, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
+    _, t_row, t_n, tail_block = tail_operand(tail, x)
     grid, hashed = row_launch(numel, n_groups, gpr, row_words, group_size, k["BLOCK_G"],
                               hashed, row)
-    _quantize_kernel[grid](
-        x, x if ref is None else flat_contiguous(ref), u, row, words, scale, scale_off, t, t_row,
-        t_n, n_groups, numel, gpr, row_words, x.stride(0) if x.dim() == 2 else 0, GS=group_size,
-        BITS=bits, STOCHASTIC=noise is not None, HASH=hashed, DIFF=ref is not None,
-        RAGGED=numel % group_size != 0, ROWS=row_words > 0,
-        XROWS=row_words > 0 and x.dim() == 2, TAIL=tail_block, **k, num_warps=NUM_WARPS,
-        enable_fp_fusion=False)
+    kw = dict(GS=group_size, BITS=bits, STOCHASTIC=noise is not None, HASH=hashed, DIFF=diff,
+              RAGGED=numel % group_size != 0, ROWS=row_words > 0,
+              XROWS=row_words > 0 and xrows, TAIL=tail_block, **k, num_warps=NUM_WARPS,
+              enable_fp_fusion=False)
+    return grid, noise is not None and noise.dtype != torch.int64, (
+        row, scale_off, t_row, t_n, n_groups, numel, gpr, row_words,
+        x.stride(0) if xrows else 0), kw
+
+
+def _quantize_launch(plan: tuple, x: torch.Tensor, ref: torch.Tensor | None,
+                     noise: torch.Tensor | None, words: torch.Tensor, scale: torch.Tensor,
+                     tail: torch.Tensor | None) -> None:
+    """The ``_quantize_kernel`` launch of :func:`_quantize_plan`'s ``plan`` on these
+    tensors."""
+    grid, noise_flat, scalars, kw = plan
+    u = x if noise is None else flat_contiguous(noise) if noise_flat else noise.contiguous()
+    t = x if tail is None else tail if tail.stride(-1) == 1 else tail.contiguous()
+    _quantize_kernel[grid](x, x if ref is None else flat_contiguous(ref), u, scalars[0], words,
+                           scale, scalars[1], t, *scalars[2:], **kw)
 
 
 def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int,
@@ -472,40 +495,32 @@ def _rows(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, group
     if plan is None:
         x = flat_contiguous(x)
         return _twin.join_rows(*_quantize(x, ref, bits, group_size, noise), rows, tail)
-    flat, width, grid, noise_flat, scalars, kw = plan
-    x, wire, words, u, t = rows_operands(x, flat, rows, width, noise, noise_flat, tail)
-    _quantize_kernel[grid](x, x if ref is None else flat_contiguous(ref), u, scalars[0], words,
-                           words, scalars[1], t, *scalars[2:], **kw)
+    flat, width, launch = plan
+    if flat:
+        x = flat_contiguous(x)
+    wire = torch.empty(rows, width, dtype=torch.uint8, device=x.device)
+    words = wire.view(torch.int32)
+    _quantize_launch(launch, x, ref, noise, words, words, tail)
     return wire
 
 
 def _row_plan(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, group_size: int,
               noise: torch.Tensor | None, tail: torch.Tensor | None) -> tuple | None:
     """:func:`_rows`' launch on operands of these signatures: ``(x read flat, the wire's
-    width, the grid, float noise, the scalar arguments, the keywords)`` as
-    :func:`_launch_quantize` makes them; None where the twin's join makes the wire (codes in
+    width, :func:`_quantize_plan`)``; None where the twin's join makes the wire (codes in
     bytes, rows not whole words). One row: the flat kernel's layout, its binary (no
     ``ROWS``)."""
     flat = ref is not None or rows_of_groups(x, rows, group_size) is None
-    numel = x.numel()
-    n_groups = (numel if ref is None else numel + group_size - 1) // group_size
+    n_groups = (x.numel() if ref is None else x.numel() + group_size - 1) // group_size
     k = _tile_consts(bits, group_size, _block(x), x.element_size())
     gpr = n_groups // rows
     code_bytes = packed_nbytes(gpr * group_size, bits)
     width = code_bytes + 4 * gpr + tail_nbytes(tail)
     if not (k["BPU"] == 4 and n_groups) or width % 4:
         return None
-    row_words, x_row = width // 4 if rows > 1 else 0, 0 if flat else x.stride(0)
-    _, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
-    _, t_row, t_n, tail_block = tail_operand(tail, x)
-    grid, hashed = row_launch(numel, n_groups, gpr, row_words, group_size, k["BLOCK_G"],
-                              hashed, row)
-    kw = dict(GS=group_size, BITS=bits, STOCHASTIC=noise is not None, HASH=hashed,
-              DIFF=ref is not None, RAGGED=numel % group_size != 0, ROWS=row_words > 0,
-              XROWS=row_words > 0 and not flat, TAIL=tail_block, **k, num_warps=NUM_WARPS,
-              enable_fp_fusion=False)
-    return (flat, width, grid, noise is not None and noise.dtype != torch.int64,
-            (row, code_bytes // 4, t_row, t_n, n_groups, numel, gpr, row_words, x_row), kw)
+    return flat, width, _quantize_plan(x, not flat, ref is not None, noise, code_bytes // 4,
+                                       n_groups, gpr, width // 4 if rows > 1 else 0,
+                                       group_size, bits, k, tail)
 
 
 _row_plans = LaunchPlans(_row_plan)
@@ -632,25 +647,15 @@ def dequantize_add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_si
                       wire, code_bytes, bits, group_size, ref, also, riders)
     if plan is None:
         return _add_wire(wire, code_bytes, bits, group_size, ref, also, riders)
-    restride, grid, second, bf16, scalars, kw = plan
     flat = ref if ref.is_contiguous() else ref.contiguous()
-    words = (wire.as_strided(wire.shape, (wire.shape[1], 1)) if restride else wire
-             ).view(torch.int32)
-    out = torch.empty_like(flat)
-    target = also if second else out
-    _dequantize_add_kernel[grid](
-        words, words, scalars[0], flat, out.view(torch.int16) if bf16 else out,
-        target.view(torch.int16) if bf16 else target, flat if riders is None else riders,
-        *scalars[1:], **kw)
-    if not second:
-        _twin.also_into(out, also)
-    return out
+    words = as_words(wire)
+    return _add_launch(plan, words, words, flat, also, riders)
 
 
 def _add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_size: int,
               ref: torch.Tensor, also: torch.Tensor | None,
               riders: torch.Tensor | None) -> torch.Tensor:
-    """:func:`dequantize_add_wire` deciding at the call (the planned launch's source)."""
+    """:func:`dequantize_add_wire` deciding at the call (where no plan launches)."""
     rows = wire.shape[0]
     numel = ref.numel() // rows
     flat = ref if ref.is_contiguous() else ref.contiguous()
@@ -671,10 +676,9 @@ def _add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_size: int,
 def _add_plan(wire: torch.Tensor, code_bytes: int, bits: int, group_size: int,
               ref: torch.Tensor, also: torch.Tensor | None,
               riders: torch.Tensor | None) -> tuple | None:
-    """:func:`dequantize_add_wire`'s launch on operands of these signatures: ``(the wire's
-    one row restrided, the grid, ``also`` stored by the kernel, bfloat16 values, the scalar
-    arguments, the keywords)`` as :func:`_add` makes them; None where :func:`_add_wire` goes
-    another way (fields not in words, nothing to add)."""
+    """:func:`dequantize_add_wire`'s launch on operands of these signatures
+    (:func:`_add_launch_plan`), the fields read through the wire's words; None where
+    :func:`_add_wire` goes another way (fields not in words, nothing to add)."""
     rows = wire.shape[0]
     numel = ref.numel() // rows
     k = _tile_consts(bits, group_size, _block(ref), ref.element_size())
@@ -683,18 +687,9 @@ def _add_plan(wire: torch.Tensor, code_bytes: int, bits: int, group_size: int,
     if words is None or not ref.numel():
         return None
     step, gpr = words.stride(0), numel // group_size
-    grid = (cdiv(cdiv(ref.numel(), group_size), k["BLOCK_G"]),) if rows == 1 else \
-        (cdiv(gpr, k["BLOCK_G"]), rows)
-    second = _also_rows(also, ref, grid)
-    _, t_row, t_n, tail_block = tail_operand(riders, ref)
-    bf16 = ref.dtype == torch.bfloat16
-    kw = dict(GS=group_size, BITS=bits, RAGGED=ref.numel() % group_size != 0, OUT_BF16=bf16,
-              ROWS=rows > 1, ALSO=second is not None, TAIL=tail_block, **k,
-              num_warps=NUM_WARPS, enable_fp_fusion=False)
-    return (wire.stride(0) % 4 != 0, grid, second is not None, bf16, (
-        code_bytes // 4, t_row, 0 if riders is None else code_bytes // 4 + gpr, t_n,
-        ref.numel(), *((1, 0, 0) if rows == 1 else (gpr, step, step)),
-        0 if second is None else second[1]), kw)
+    return _add_launch_plan(code_bytes // 4, (rows, gpr, step, step) if rows > 1 else None,
+                            ref, k, bits, group_size, also,
+                            None if riders is None else (riders, code_bytes // 4 + gpr))
 
 
 _add_plans = LaunchPlans(_add_plan)
@@ -710,25 +705,45 @@ def _add(src: torch.Tensor, scale: torch.Tensor, scale_off: int,
     row, scale elements per row)`` of a 2-D grid (a wire's rows read in place), else None
     (flat); ``also`` as :func:`dequantize_add`; ``riders``: ``(out [rows, E], word)``, each
     wire row's riders from that word on copied to its row of ``out``."""
-    out = torch.empty_like(flat)
+    if not flat.numel():
+        return torch.empty_like(flat)
+    return _add_launch(_add_launch_plan(scale_off, rows, flat, k, bits, group_size, also, riders),
+                       src, scale, flat, also, None if riders is None else riders[0])
+
+
+def _add_launch_plan(scale_off: int, rows: tuple[int, int, int, int] | None,
+                     flat: torch.Tensor, k: dict, bits: int, group_size: int,
+                     also: torch.Tensor | None,
+                     riders: tuple[torch.Tensor, int] | None) -> tuple:
+    """:func:`_add`'s launch as :func:`_add_launch` takes it, no tensor held: ``(grid,
+    ``also`` stored by the kernel, bfloat16 values, the scalar arguments, the keywords)``
+    (``flat`` read for its dtype, size and device)."""
     numel = flat.numel()
-    if not numel:
-        return out
     bf16 = flat.dtype == torch.bfloat16
     grid = (cdiv(cdiv(numel, group_size), k["BLOCK_G"]),) if rows is None else \
         (cdiv(rows[1], k["BLOCK_G"]), rows[0])
     second = _also_rows(also, flat, grid)
-    target = out if second is None else second[0]
-    t, t_row, t_n, tail_block = tail_operand(None if riders is None else riders[0], flat)
+    _, t_row, t_n, tail_block = tail_operand(None if riders is None else riders[0], flat)
+    kw = dict(GS=group_size, BITS=bits, RAGGED=numel % group_size != 0, OUT_BF16=bf16,
+              ROWS=rows is not None, ALSO=second is not None, TAIL=tail_block, **k,
+              num_warps=NUM_WARPS, enable_fp_fusion=False)
+    return grid, second is not None, bf16, (
+        scale_off, t_row, 0 if riders is None else riders[1], t_n, numel,
+        *((1, 0, 0) if rows is None else rows[1:]), 0 if second is None else second[1]), kw
+
+
+def _add_launch(plan: tuple, src: torch.Tensor, scale: torch.Tensor, flat: torch.Tensor,
+                also: torch.Tensor | None, riders: torch.Tensor | None) -> torch.Tensor:
+    """The ``_dequantize_add_kernel`` launch of :func:`_add_launch_plan`'s ``plan`` on these
+    tensors: the sum, ``also`` written with it (by the kernel where the plan says so)."""
+    grid, second, bf16, scalars, kw = plan
+    out = torch.empty_like(flat)
+    target = also if second else out
+    t = flat if riders is None else riders if riders.stride(-1) == 1 else riders.contiguous()
     _dequantize_add_kernel[grid](
-        src, scale, scale_off, flat, out.view(torch.int16) if bf16 else out,
-        target.view(torch.int16) if bf16 else target, t, t_row,
-        0 if riders is None else riders[1], t_n, numel,
-        *((1, 0, 0) if rows is None else rows[1:]), 0 if second is None else second[1],
-        GS=group_size, BITS=bits, RAGGED=numel % group_size != 0, OUT_BF16=bf16,
-        ROWS=rows is not None, ALSO=second is not None, TAIL=tail_block, **k,
-        num_warps=NUM_WARPS, enable_fp_fusion=False)
-    if second is None:
+        src, scale, scalars[0], flat, out.view(torch.int16) if bf16 else out,
+        target.view(torch.int16) if bf16 else target, t, *scalars[1:], **kw)
+    if not second:
         _twin.also_into(out, also)
     return out
 

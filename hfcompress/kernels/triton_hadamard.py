@@ -30,8 +30,8 @@ import triton.language as tl
 from . import triton_dequantize_sum as _dsum
 from .group_quant import join_rows
 from .hadamard import inv_sqrt
-from .launch_plans import LaunchPlans, rows_operands, signature
-from .packing import packed_nbytes, payload_buffers, tail_nbytes
+from .launch_plans import LaunchPlans, signature
+from .packing import flat_contiguous, packed_nbytes, payload_buffers, tail_nbytes
 from .triton_butterfly import fwht, fwht_runs
 from .triton_noise import (ROW_MODES, group_noise_at, noise_operand, row_launch, row_program,
                            store_riders, tail_operand)
@@ -215,16 +215,39 @@ def _launch_quantize(x: torch.Tensor, noise: torch.Tensor | None, packed: torch.
     per ``BLOCK_G`` groups of a row (``triton_noise.row_launch``); the scales ``scale_off``
     elements into ``scale`` (float32, or a wire's int32 words); ``tail``'s rows after each
     row's scales (a wire's)."""
-    u, hashed, row = noise_operand(noise, x.numel(), x, group_size)
-    t, t_row, t_n, tail_block = tail_operand(tail, x)
+    _quantize_launch(_quantize_plan(x, x.dim() == 2, noise, scale_off, n_groups, gpr,
+                                    row_words, group_size, k, tail),
+                     x, noise, packed, scale, tail)
+
+
+def _quantize_plan(x: torch.Tensor, xrows: bool, noise: torch.Tensor | None, scale_off: int,
+                   n_groups: int, gpr: int, row_words: int, group_size: int, k: dict,
+                   tail: torch.Tensor | None) -> tuple:
+    """:func:`_launch_quantize`'s launch as :func:`_quantize_launch` takes it, no tensor
+    held: ``(grid, float noise, the scalar arguments, the keywords)``; ``xrows``: ``x`` is
+    read as its 2-D rows."""
+    _, hashed, row = noise_operand(noise, x.numel(), x, group_size)
+    _, t_row, t_n, tail_block = tail_operand(tail, x)
     grid, hashed = row_launch(x.numel(), n_groups, gpr, row_words, group_size, k["BLOCK_G"],
                               hashed, row)
     warps = min(NUM_WARPS, max(QUANT_WARPS, k["BLOCK_G"] * k["RPG"] // 32))
-    _quantize_kernel[grid](
-        x, u, row, packed, scale, scale_off, t, t_row, t_n, n_groups, gpr, row_words,
-        x.stride(0) if x.dim() == 2 else 0, **k, STOCHASTIC=noise is not None, HASH=hashed,
-        ROWS=row_words > 0, XROWS=row_words > 0 and x.dim() == 2, TAIL=tail_block,
-        num_warps=warps, enable_fp_fusion=False)
+    kw = dict(**k, STOCHASTIC=noise is not None, HASH=hashed, ROWS=row_words > 0,
+              XROWS=row_words > 0 and xrows, TAIL=tail_block, num_warps=warps,
+              enable_fp_fusion=False)
+    return grid, noise is not None and noise.dtype != torch.int64, (
+        row, scale_off, t_row, t_n, n_groups, gpr, row_words,
+        x.stride(0) if xrows else 0), kw
+
+
+def _quantize_launch(plan: tuple, x: torch.Tensor, noise: torch.Tensor | None,
+                     packed: torch.Tensor, scale: torch.Tensor,
+                     tail: torch.Tensor | None) -> None:
+    """The ``_quantize_kernel`` launch of :func:`_quantize_plan`'s ``plan`` on these
+    tensors."""
+    grid, noise_flat, scalars, kw = plan
+    u = x if noise is None else flat_contiguous(noise) if noise_flat else noise.contiguous()
+    t = x if tail is None else tail if tail.stride(-1) == 1 else tail.contiguous()
+    _quantize_kernel[grid](x, u, scalars[0], packed, scale, scalars[1], t, *scalars[2:], **kw)
 
 
 def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadamard_size: int,
@@ -240,36 +263,30 @@ def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadama
                        signature(tail)), x, rows, bits, group_size, hadamard_size, noise, tail)
     if plan is None:
         return join_rows(*quantize(x, bits, group_size, hadamard_size, noise), rows, tail)
-    flat, width, grid, noise_flat, scalars, kw = plan
-    x, wire, words, u, t = rows_operands(x, flat, rows, width, noise, noise_flat, tail)
-    _quantize_kernel[grid](x, u, scalars[0], words, words, scalars[1], t, *scalars[2:], **kw)
+    flat, width, launch = plan
+    if flat:
+        x = flat_contiguous(x)
+    wire = torch.empty(rows, width, dtype=torch.uint8, device=x.device)
+    words = wire.view(torch.int32)
+    _quantize_launch(launch, x, noise, words, words, tail)
     return wire
 
 
 def _row_plan(x: torch.Tensor, rows: int, bits: int, group_size: int, hadamard_size: int,
               noise: torch.Tensor | None, tail: torch.Tensor | None) -> tuple | None:
     """:func:`quantize_rows`' launch on operands of these signatures: ``(x read flat, the
-    wire's width, the grid, float noise, the scalar arguments, the keywords)``; None where
-    the twin's join makes the wire (codes in bytes, rows not whole words)."""
+    wire's width, :func:`_quantize_plan`)``; None where the twin's join makes the wire
+    (codes in bytes, rows not whole words)."""
     flat = rows_of_groups(x, rows, group_size) is None
-    numel = x.numel()
-    n_groups = numel // group_size
+    n_groups = x.numel() // group_size
     k = _consts(bits, group_size, hadamard_size, _block(x))
     gpr = n_groups // rows
     code_bytes = packed_nbytes(gpr * group_size, bits)
     width = code_bytes + 4 * gpr + tail_nbytes(tail)
     if not (k["WORDS"] and n_groups) or width % 4:
         return None
-    row_words, x_row = width // 4, 0 if flat or x.dim() != 2 else x.stride(0)
-    _, hashed, row = noise_operand(noise, numel, x, group_size)
-    _, t_row, t_n, tail_block = tail_operand(tail, x)
-    grid, hashed = row_launch(numel, n_groups, gpr, row_words, group_size, k["BLOCK_G"],
-                              hashed, row)
-    warps = min(NUM_WARPS, max(QUANT_WARPS, k["BLOCK_G"] * k["RPG"] // 32))
-    kw = dict(**k, STOCHASTIC=noise is not None, HASH=hashed, ROWS=True, XROWS=not flat
-              and x.dim() == 2, TAIL=tail_block, num_warps=warps, enable_fp_fusion=False)
-    return (flat, width, grid, noise is not None and noise.dtype != torch.int64,
-            (row, code_bytes // 4, t_row, t_n, n_groups, gpr, row_words, x_row), kw)
+    return flat, width, _quantize_plan(x, not flat, noise, code_bytes // 4, n_groups, gpr,
+                                       width // 4, group_size, k, tail)
 
 
 _row_plans = LaunchPlans(_row_plan)
