@@ -101,3 +101,31 @@ def test_frozen_params_restart_qwd_when_the_frozen_set_or_a_frozen_value_changes
     gathered(304)
     frozen.rebase()
     assert frozen.current(VersionWatch.read(params)).qwd_numel == 304 and refs.qwd.reference is not None
+
+
+class _Handled(torch.Tensor):
+    """A tensor subclass with its own ``__torch_function__`` (as DTensor has): counts calls."""
+
+    calls = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.calls += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_version_watch_reads_subclasses_without_their_handler():
+    """``VersionWatch.read`` of tensor subclasses (FSDP2's DTensor parameters): the values
+    their ``__torch_function__`` gives, with no handler call; an in-place write through the
+    subclass moves its version counter, which the next read sees."""
+    params = [torch.zeros(8).as_subclass(_Handled), torch.ones(4).as_subclass(_Handled)]
+    params[1].requires_grad_(True)
+    with_handler = tuple((t.data_ptr(), t._version, t.requires_grad) for t in params)
+    _Handled.calls = 0
+    first = VersionWatch.read(params)
+    assert first == with_handler and _Handled.calls == 0
+    watch = VersionWatch()
+    assert not watch.unchanged(first) and watch.unchanged(VersionWatch.read(params))
+    with torch.no_grad():
+        params[0].add_(1)
+    assert not watch.unchanged(VersionWatch.read(params))
