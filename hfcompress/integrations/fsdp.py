@@ -35,7 +35,7 @@ from ..comm.frozen import FrozenParams
 from ..comm.futures import FutureWork, finish_all, inline, side_stream_call
 from ..compressors.base import FLOAT_DTYPES
 from ..compressors.registry import build_compressor
-from ..compressors.runs import put
+from ..compressors.runs import put, view
 from ..config import CompressionConfig, upgrade_dict
 from ..cost.hops import gradient_hops
 from ..cost.units import Unit, hpz_reshard
@@ -154,7 +154,6 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
         layout, world = self.layouts.full, group.size()
         comp_in, exact_in = layout.split(input_tensor.reshape(1, -1))
         rows, puts = output_tensor.view(world, -1), []
-        comp_view, exact_view = layout.views(rows)
 
         def into_columns(runs, out: torch.Tensor | None, cols: torch.Tensor,
                          contiguous: bool = False) -> torch.Tensor:
@@ -165,14 +164,16 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
             return out
         refs = self.compressed.references
         if refs is None or refs.sends_differences(unchanged):
-            qwd = refs is not None
-            comp_out = rows if qwd else into_columns(layout.compressed_runs, comp_view, comp_in)
-            exact_out = into_columns(layout.exact_runs, exact_view, exact_in)
+            qwd = refs is not None    # it puts its slots into their columns itself
+            comp_out = rows if qwd else into_columns(
+                layout.compressed_runs, view(rows, layout.compressed_runs), comp_in)
+            exact_out = into_columns(layout.exact_runs, view(rows, layout.exact_runs), exact_in)
             futures = [self.compressed(comp_out, comp_in.reshape(-1), group,
                                        unchanged=unchanged, async_op=async_op,
                                        exact=(exact_in, exact_out),
                                        columns=layout.compressed_runs if qwd else None)]
         else:
+            comp_view, exact_view = layout.views(rows)
             comp_out = into_columns(layout.compressed_runs, comp_view, comp_in)
             exact_out = into_columns(layout.exact_runs, exact_view, exact_in, contiguous=True)
             futures = [self.compressed(comp_out, comp_in.reshape(-1), group,

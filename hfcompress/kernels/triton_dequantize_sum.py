@@ -418,9 +418,10 @@ def _launch(plan: tuple, src: torch.Tensor, scale: torch.Tensor, out: torch.Tens
     """The ``_dequantize_sum_kernel`` launch of :func:`_launch_plan`'s ``plan`` on these
     tensors (``riders``' views made here)."""
     grid, scalars, views, kw = plan
-    t, t_out = (src, out) if riders is None else (
-        src.view(views[0]), riders[0].view(-1) if views[1] is None else
-        riders[0].view(-1).view(views[1]))
+    t, t_out = src, out
+    if riders is not None:
+        t, t_out = src.view(views[0]), riders[0] if riders[0].dim() == 1 else riders[0].view(-1)
+        t_out = t_out if views[1] is None else t_out.view(views[1])
     _dequantize_sum_kernel[grid](
         src, scale, out.view(torch.uint16) if dtype == torch.bfloat16 else out, *scalars[:7],
         t, *scalars[7:9], t_out, *scalars[9:], **kw)

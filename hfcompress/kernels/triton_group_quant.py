@@ -495,8 +495,8 @@ def _rows(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, group
     if plan is None:
         x = flat_contiguous(x)
         return _twin.join_rows(*_quantize(x, ref, bits, group_size, noise), rows, tail)
-    flat, width, launch = plan
-    if flat:
+    copy, width, launch = plan
+    if copy:
         x = flat_contiguous(x)
     wire = torch.empty(rows, width, dtype=torch.uint8, device=x.device)
     words = wire.view(torch.int32)
@@ -506,10 +506,11 @@ def _rows(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, group
 
 def _row_plan(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, group_size: int,
               noise: torch.Tensor | None, tail: torch.Tensor | None) -> tuple | None:
-    """:func:`_rows`' launch on operands of these signatures: ``(x read flat, the wire's
-    width, :func:`_quantize_plan`)``; None where the twin's join makes the wire (codes in
-    bytes, rows not whole words). One row: the flat kernel's layout, its binary (no
-    ``ROWS``)."""
+    """:func:`_rows`' launch on operands of these signatures: ``(x copied flat first: read
+    flat and not contiguous, the wire's width, :func:`_quantize_plan`)``; None where the
+    twin's join makes the wire (codes in bytes, rows not whole words). One row: the flat
+    kernel's layout, its binary (no ``ROWS``). A contiguous ``x`` is read flat as it is
+    (the kernel takes its pointer: no view)."""
     flat = ref is not None or rows_of_groups(x, rows, group_size) is None
     n_groups = (x.numel() if ref is None else x.numel() + group_size - 1) // group_size
     k = _tile_consts(bits, group_size, _block(x), x.element_size())
@@ -518,9 +519,9 @@ def _row_plan(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, g
     width = code_bytes + 4 * gpr + tail_nbytes(tail)
     if not (k["BPU"] == 4 and n_groups) or width % 4:
         return None
-    return flat, width, _quantize_plan(x, not flat, ref is not None, noise, code_bytes // 4,
-                                       n_groups, gpr, width // 4 if rows > 1 else 0,
-                                       group_size, bits, k, tail)
+    return flat and not x.is_contiguous(), width, _quantize_plan(
+        x, not flat, ref is not None, noise, code_bytes // 4, n_groups, gpr,
+        width // 4 if rows > 1 else 0, group_size, bits, k, tail)
 
 
 _row_plans = LaunchPlans(_row_plan)

@@ -263,8 +263,8 @@ def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadama
                        signature(tail)), x, rows, bits, group_size, hadamard_size, noise, tail)
     if plan is None:
         return join_rows(*quantize(x, bits, group_size, hadamard_size, noise), rows, tail)
-    flat, width, launch = plan
-    if flat:
+    copy, width, launch = plan
+    if copy:
         x = flat_contiguous(x)
     wire = torch.empty(rows, width, dtype=torch.uint8, device=x.device)
     words = wire.view(torch.int32)
@@ -274,9 +274,10 @@ def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadama
 
 def _row_plan(x: torch.Tensor, rows: int, bits: int, group_size: int, hadamard_size: int,
               noise: torch.Tensor | None, tail: torch.Tensor | None) -> tuple | None:
-    """:func:`quantize_rows`' launch on operands of these signatures: ``(x read flat, the
-    wire's width, :func:`_quantize_plan`)``; None where the twin's join makes the wire
-    (codes in bytes, rows not whole words)."""
+    """:func:`quantize_rows`' launch on operands of these signatures: ``(x copied flat
+    first: read flat and not contiguous, the wire's width, :func:`_quantize_plan`)``; None
+    where the twin's join makes the wire (codes in bytes, rows not whole words). A
+    contiguous ``x`` is read flat as it is (the kernel takes its pointer: no view)."""
     flat = rows_of_groups(x, rows, group_size) is None
     n_groups = x.numel() // group_size
     k = _consts(bits, group_size, hadamard_size, _block(x))
@@ -285,8 +286,8 @@ def _row_plan(x: torch.Tensor, rows: int, bits: int, group_size: int, hadamard_s
     width = code_bytes + 4 * gpr + tail_nbytes(tail)
     if not (k["WORDS"] and n_groups) or width % 4:
         return None
-    return flat, width, _quantize_plan(x, not flat, noise, code_bytes // 4, n_groups, gpr,
-                                       width // 4, group_size, k, tail)
+    return flat and not x.is_contiguous(), width, _quantize_plan(
+        x, not flat, noise, code_bytes // 4, n_groups, gpr, width // 4, group_size, k, tail)
 
 
 _row_plans = LaunchPlans(_row_plan)
