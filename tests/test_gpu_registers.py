@@ -82,7 +82,7 @@ for h in (N.ONE_KEY, RK):
 # the scales as float32, or (a wire of rows) their bits in the wire's int32 words
 quant = dict(ref_ptr=f32, noise_row=i32, scale_ptr=f32, scale_off=i32, tail_ptr=f32,
              tail_row=i32, tail_n=i32, n_groups=i32, numel=i32, gpr=i32, row_words=i32,
-             x_row=i32)
+             x_row=i32, run_len=i32, run_gap=i32)
 TAIL = N.TAIL_BLOCK   # a wire's rows copy their riders (norms: bf16 values)
 for bits, gs, h in [(b, 128, h) for b in (2, 4, 8) for h in (0, 1, RG)] + [(4, 2048, 0),
                                                                              (8, 2048, 0)]:
@@ -94,31 +94,36 @@ for bits, gs, h in [(b, 128, h) for b in (2, 4, 8) for h in (0, 1, RG)] + [(4, 2
                                      **{**quant, "scale_ptr": "*i32" if h == RG else f32,
                                         "tail_ptr": "*bf16" if h == RG else f32}),
             dict(GS=gs, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=False, RAGGED=False,
-                 ROWS=h == RG, XROWS=xrows, TAIL=TAIL if h == RG else 0, **k), T.NUM_WARPS)
-for bits, h in ((4, 0), (4, 1), (8, RG)):
+                 ROWS=h == RG, XROWS=xrows, TAIL=TAIL if h == RG else 0, RUNS=False, **k),
+            T.NUM_WARPS)
+# (RUNS: a root unit's compressed columns as equally spaced runs, read in place)
+for bits, h, runs in ((4, 0, False), (4, 1, False), (8, RG, False), (4, 0, True)):
     k = T._tile_consts(bits, 2048, T.GPU_BLOCK_ELEMS, itemsize=2)
-    row(f"group_quant._quantize_kernel difference bits={bits} gs=2048 HASH={h}",
+    row(f"group_quant._quantize_kernel difference bits={bits} gs=2048 HASH={h}"
+        + (" RUNS" if runs else ""),
         T._quantize_kernel, dict(x_ptr="*bf16", noise_ptr=i64 if h else f32,
                                  packed_ptr="*i32",
                                  **{**quant, "ref_ptr": "*bf16", "scale_ptr": "*i32",
                                     "tail_ptr": "*bf16"}),
-        dict(GS=2048, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=True, RAGGED=True,
-             ROWS=False, XROWS=False, TAIL=TAIL, **k),
+        dict(GS=2048, BITS=bits, STOCHASTIC=h != 0, HASH=h, DIFF=True, RAGGED=not runs,
+             ROWS=False, XROWS=False, TAIL=TAIL, RUNS=runs, **k),
         T.NUM_WARPS)
-for bits, gs, out, rows, also in [(4, 2048, "*bf16", False, False), (4, 128, "*bf16", False, True),
-                                  (8, 2048, "*bf16", False, False), (4, 2048, f32, False, True),
-                                  (4, 2048, "*bf16", True, False), (4, 2048, "*bf16", True, True)]:
+for bits, gs, out, rows, also, runs in [
+        (4, 2048, "*bf16", False, False, False), (4, 128, "*bf16", False, True, False),
+        (8, 2048, "*bf16", False, False, False), (4, 2048, f32, False, True, False),
+        (4, 2048, "*bf16", True, False, False), (4, 2048, "*bf16", True, True, False),
+        (4, 2048, "*bf16", False, True, True), (4, 2048, "*bf16", True, True, True)]:
     k = T._tile_consts(bits, gs, T.GPU_BLOCK_ELEMS, itemsize=2 if out != f32 else 4)
     o = "*i16" if out != f32 else f32
     row(f"group_quant._dequantize_add_kernel bits={bits} gs={gs} out={out} ROWS={rows} "
-        f"ALSO={also}",
+        f"ALSO={also}" + (" RUNS" if runs else ""),
         T._dequantize_add_kernel, dict(packed_ptr="*i32", scale_ptr="*i32" if rows else f32,
                                        scale_off=i32, ref_ptr=out, out_ptr=o, also_ptr=o,
                                        tail_ptr=out, tail_row=i32, tail_off=i32, tail_n=i32,
                                        numel=i32, gpr=i32, row_words=i32, scale_row=i32,
-                                       also_row=i32),
-        dict(GS=gs, BITS=bits, RAGGED=not rows, OUT_BF16=out != f32, ROWS=rows, ALSO=also,
-             TAIL=TAIL if rows else 0, **k), T.NUM_WARPS)
+                                       also_row=i32, run_len=i32, run_gap=i32),
+        dict(GS=gs, BITS=bits, RAGGED=not rows and not runs, OUT_BF16=out != f32, ROWS=rows,
+             ALSO=also, TAIL=TAIL if rows else 0, RUNS=runs, **k), T.NUM_WARPS)
 # the slots of a gathered wire decoded in place (zeropp's int8 weights; int4 for qw-style),
 # the exact values riding them copied too (bfloat16)
 for bits, gs, out, tail in [(8, 2048, "*bf16", 0), (8, 2048, f32, 0), (4, 128, "*bf16", 0),
@@ -177,16 +182,19 @@ for bits, h in ((8, 1), (8, RG), (4, RG)):
 # rotated once before), stochastic (one key pair or row keys; nearest is a subset)
 row("hadamard._rotate_kernel n=32", H._rotate_kernel, dict(x_ptr=f32, out_ptr=f32, n_rows=i32),
     dict(ROWS=H.GPU_BLOCK_ELEMS // 32, N=32, LOG2N=5, SCALE=H.inv_sqrt(32)), H.NUM_WARPS)
-for bits, n, h, xrows in [(b, n, h, False) for b in (4, 8) for n in (32, 1) for h in (1, RG)] \
-        + [(2, 32, RG, False), (4, 32, RG, True), (8, 32, RG, True)]:
-    row(f"hadamard._quantize_kernel bits={bits} n={n} HASH={h} XROWS={xrows}",
+for bits, n, h, xrows, runs in [(b, n, h, False, False) for b in (4, 8) for n in (32, 1)
+                                for h in (1, RG)] \
+        + [(2, 32, RG, False, False), (4, 32, RG, True, False), (8, 32, RG, True, False),
+           (4, 32, RG, True, True)]:
+    row(f"hadamard._quantize_kernel bits={bits} n={n} HASH={h} XROWS={xrows}"
+        + (" RUNS" if runs else ""),
         H._quantize_kernel,
         dict(x_ptr=f32, noise_ptr=i64 if h else f32, noise_row=i32, packed_ptr="*i32",
              scale_ptr="*i32" if h == RG else f32, scale_off=i32,
              tail_ptr="*bf16" if h == RG else f32, tail_row=i32, tail_n=i32, n_groups=i32,
-             gpr=i32, row_words=i32, x_row=i32),
+             gpr=i32, row_words=i32, x_row=i32, run_len=i32, run_gap=i32),
         dict(**H._consts(bits, 128, n, H.GPU_BLOCK_ELEMS), STOCHASTIC=h != 0, HASH=h,
-             ROWS=h == RG, XROWS=xrows, TAIL=TAIL if h == RG else 0),
+             ROWS=h == RG, XROWS=xrows, TAIL=TAIL if h == RG else 0, RUNS=runs),
         H.QUANT_WARPS)
 
 # triton_dequantize_sum: the decode-sums of both (8 peers unrolled; 16 unrolled, as

@@ -87,14 +87,14 @@ class QuantizedAllGather(StreamOwner):
             return finish(work, None, async_op, input.device)
         if s == 0:
             return finish(None, None, async_op, input.device)
-        flat = input if input.dim() == 1 else input.reshape(-1)
         # may be row-strided (FSDP's compressed columns)
         out = output if output.dim() == 2 and output.shape[0] == world and \
             (columns is not None or output.shape[1] == s) else \
             output.view(world, s if columns is None else -1)
-        if self.references is not None:
-            return self.references(out, flat, group, unchanged, self.meter, self.tag, async_op,
-                                   exact=exact, columns=columns)
+        if self.references is not None:    # its slot read as it lies (e.g. spaced runs)
+            return self.references(out, input, group, unchanged, self.meter, self.tag,
+                                   async_op, exact=exact, columns=columns)
+        flat = input if input.dim() == 1 else input.reshape(-1)
         slots = self.streams["slots"]
         riding = None if exact is None else exact[0].reshape(1, -1)
         # the payload, then the riding exact values, in one row (the kernel writes it)

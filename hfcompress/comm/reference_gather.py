@@ -68,10 +68,11 @@ def place_slots(out: torch.Tensor, columns: Runs | None, slots: torch.Tensor) ->
 def _placed_view(out: torch.Tensor, columns: Runs | None, y: int, s: int
                  ) -> torch.Tensor | None:
     """Where :func:`place_slots` would write the ``[y, s]`` slots, as a view of ``out`` (its
-    ``columns`` one run), else None."""
+    ``columns`` one run, or runs of one length equally spaced: ``[y, count, length]``,
+    which the decode kernel writes in place), else None."""
     if columns is None:
         return out.view(y, s) if out.is_contiguous() and out.numel() == y * s else None
-    return view(out, columns) if len(columns) == 1 else None
+    return view(out, columns, spaced=True) if columns else None
 
 
 def _slot_rows(out: torch.Tensor, columns: Runs | None, s: int, y: int, x: int,
@@ -162,17 +163,19 @@ class ShardedReferences:
         """Whether a call (without ``sent``) runs step 1: exact columns can ride it."""
         return self.qwd.reference is None or not unchanged
 
-    def __call__(self, out: torch.Tensor, flat: torch.Tensor, group: dist.ProcessGroup,
+    def __call__(self, out: torch.Tensor, slot: torch.Tensor, group: dist.ProcessGroup,
                  unchanged: bool, meter: WireMeter | None, tag: str,
                  async_op: bool = False, sent: SentBytes | None = None,
                  exact: tuple[torch.Tensor, torch.Tensor] | None = None,
                  columns: Runs | None = None) -> torch.futures.Future | None:
-        """``sent``: only those payload bytes cross nodes (frozen parameters, ``frozen.py``).
+        """``slot``: this rank's S values, flat or a view of runs of one length equally spaced
+        (``runs.view(spaced=True)``: read in place by the difference kernel). ``sent``: only
+        those payload bytes cross nodes (frozen parameters, ``frozen.py``).
         ``exact``: ``(values [E], out [world, E])``, columns gathered exactly in steps 1 and
         3 (``riders.py``; only where :meth:`sends_differences`). ``columns``: ``out`` is the
         ``[world, S]`` rows of a larger buffer, the slots go to these column runs."""
         route = self._used = self.route(group)
-        s, y, x = flat.numel(), route.rows, route.ranks_per_node
+        s, y, x = slot.numel(), route.rows, route.ranks_per_node
         self._check_layout((route.world, x, s))
         intra_bytes = inter_bytes = 0
         launch, work, rebuild, values = overlaps(out.device, async_op) and x == 1, None, None, None
@@ -180,7 +183,7 @@ class ShardedReferences:
         if self._step1(unchanged, sent, exact):
             riding = None if exact is None else as_row(exact[0])
             exchanged = y > 1 or not skips(y)   # then the values ride the row the kernel writes
-            row = self.qwd.wire_slot(flat, route.row, y, riding if exchanged else None)
+            row = self.qwd.wire_slot(slot, route.row, y, riding if exchanged else None)
             if sent is not None:
                 row = sent.select(row.view(-1)).view(1, -1)
             n = row.shape[1] - rider_nbytes(riding if exchanged else None)
@@ -199,7 +202,7 @@ class ShardedReferences:
                 elif riders is None:
                     rows, values = split_tail(wire, n, riding.dtype)
                 self.qwd.decompress_rows(rows if sent is None else sent.expand(rows), s,
-                                         flat.dtype, also, riders)
+                                         slot.dtype, also, riders)
             intra_bytes, inter_bytes = sends(row.shape[1], route.inter_remote, route.row)
 
         def record(intra: int, inter: int) -> None:    # step 1's bytes and step 3's, one call

@@ -68,12 +68,14 @@ def _spaced_view(t: torch.Tensor, runs: Runs) -> torch.Tensor | None:
                         t.storage_offset() + runs[0][0] * step)
 
 
-def view(rows: torch.Tensor, runs: Runs) -> torch.Tensor | None:
+def view(rows: torch.Tensor, runs: Runs, spaced: bool = False) -> torch.Tensor | None:
     """The columns ``runs`` of ``[k, S]`` rows (or of 1-D ``S`` values: one slice, no
     ``[1, S]`` views around it) as a writable view (one run or none), else None (they are
-    not one strided range)."""
+    not one strided range). ``spaced``: runs of one length equally spaced too, as the view
+    ``[..., count, length]`` (what the kernels read and write in place:
+    ``kernels/triton_tiles.spaced_runs``)."""
     if len(runs) > 1:
-        return None
+        return _spaced_view(rows, runs) if spaced else None
     if rows.dim() == 1:
         a, b = runs[0] if runs else (0, 0)
         return rows[a:b]

@@ -101,8 +101,10 @@ class WeightDifferenceQuantizer(Compressor):
                   tail: torch.Tensor | None = None) -> torch.Tensor:
         """``compress_slot(x, row, rows).flat()`` followed by the bytes of ``tail`` (``[1, E]``,
         exact values riding along, ``comm/riders.py``): the uint8 wire row ``[1, nbytes +
-        E]``, written by the inner's kernel where it is a ``GroupQuantizer`` (no ``cat``)."""
+        E]``, written by the inner's kernel where it is a ``GroupQuantizer`` (no ``cat``),
+        which reads ``x`` as it lies (its values in order; e.g. equally spaced runs)."""
         if self.reference is None or not isinstance(self.inner, GroupQuantizer):
+            x = x if x.dim() == 1 else x.reshape(-1)
             return stack_payloads([self.compress_slot(x, row, rows)], tail)
         n = x.numel()
         self._check_rows(rows, n)   # the row sliced flat: one torch call, not three

@@ -55,12 +55,17 @@ class SlotLayout:
     def all_exact(self) -> bool:
         return self.exact_numel == self.numel
 
-    def split(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def split(self, rows: torch.Tensor, spaced: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         """``[k, S]`` -> (compressed columns ``[k, S_c]``, exact columns ``[k, S_e]``): column
-        slices, views where a set is one run (norms usually come last in a module)."""
+        slices, views where a set is one run (norms usually come last in a module);
+        ``spaced``: compressed runs of one length equally spaced as the view ``[k, count,
+        length]`` (``runs.view``), not a copy."""
         if self._cut is not None:
             return rows.tensor_split(self._cut, 1)
-        return take(rows, self.compressed_runs), take(rows, self.exact_runs)
+        comp = view(rows, self.compressed_runs, spaced) if spaced else None
+        return take(rows, self.compressed_runs) if comp is None else comp, \
+            take(rows, self.exact_runs)
 
     def views(self, t: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The compressed and the exact columns of ``t`` (``[k, S]`` rows or 1-D ``S``

@@ -152,7 +152,10 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
         columns of the output where they are one run (a row-strided view; qWD's slots always
         go straight there), else into a buffer put there after."""
         layout, world = self.layouts.full, group.size()
-        comp_in, exact_in = layout.split(input_tensor.reshape(1, -1))
+        refs = self.compressed.references
+        qwd = refs is not None and refs.sends_differences(unchanged)
+        # qWD reads its columns where they lie (equally spaced runs too: a root unit's)
+        comp_in, exact_in = layout.split(input_tensor.reshape(1, -1), spaced=qwd)
         rows, puts = output_tensor.view(world, -1), []
 
         def into_columns(runs, out: torch.Tensor | None, cols: torch.Tensor,
@@ -162,14 +165,12 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
                                   device=input_tensor.device)
                 puts.append((runs, out))
             return out
-        refs = self.compressed.references
-        if refs is None or refs.sends_differences(unchanged):
-            qwd = refs is not None    # it puts its slots into their columns itself
+        if refs is None or qwd:     # qWD puts its slots into their columns itself
             comp_out = rows if qwd else into_columns(
                 layout.compressed_runs, view(rows, layout.compressed_runs), comp_in)
             exact_out = into_columns(layout.exact_runs, view(rows, layout.exact_runs), exact_in)
-            futures = [self.compressed(comp_out, comp_in.reshape(-1), group,
-                                       unchanged=unchanged, async_op=async_op,
+            futures = [self.compressed(comp_out, comp_in[0] if qwd else comp_in.reshape(-1),
+                                       group, unchanged=unchanged, async_op=async_op,
                                        exact=(exact_in, exact_out),
                                        columns=layout.compressed_runs if qwd else None)]
         else:

@@ -37,7 +37,7 @@ from .packing import (_UNIT, as_words, flat_contiguous, packed_nbytes, payload_b
                       tail_nbytes, take_tail, wire_fields, wire_words)
 from .triton_noise import (ROW_MODES, copy_values, group_noise_at, noise_operand, row_launch,
                            row_program, store_riders, tail_operand)
-from .triton_tiles import cdiv, per_program, rows_of_groups
+from .triton_tiles import cdiv, per_program, rows_of_groups, spaced_runs
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
 
@@ -221,20 +221,21 @@ def _dequantize_at(packed_ptr, scale_ptr, e, mask, GS: tl.constexpr, BITS: tl.co
 @triton.jit
 def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_off,
                      tail_ptr, tail_row, tail_n, n_groups, numel, gpr, row_words, x_row,
-                     GS: tl.constexpr, BLOCK_G: tl.constexpr,
+                     run_len, run_gap, GS: tl.constexpr, BLOCK_G: tl.constexpr,
                      L: tl.constexpr, LOG2V: tl.constexpr, VEC: tl.constexpr,
                      BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
                      STOCHASTIC: tl.constexpr, HASH: tl.constexpr, DIFF: tl.constexpr,
                      RAGGED: tl.constexpr, ROWS: tl.constexpr, XROWS: tl.constexpr,
-                     TAIL: tl.constexpr):
+                     TAIL: tl.constexpr, RUNS: tl.constexpr):
     """Quantize ``x``, or with ``DIFF`` qWD's float32 ``x - ref`` (SDP4Bit 3.1); ``RAGGED``:
     ``numel`` is not whole groups, the values past it are zeros. ``ROWS``: a 2-D grid, its
     axis 1 the rows of ``gpr`` groups, written as a wire of rows of ``row_words`` int32 words
     each, the codes then the scales (``scale_ptr``: row 0's first scale); ``XROWS``: read from
     rows ``x_row`` values apart (a strided view), else from a flat ``x``. A program's row is
-    its pointers' offset: its tile is the flat kernel's, with no division by ``gpr``. The
-    scales go ``scale_off`` elements past ``scale_ptr`` (a wire's words: their word), the
-    riders after them (``store_riders``)."""
+    its pointers' offset: its tile is the flat kernel's, with no division by ``gpr``.
+    ``RUNS``: ``x`` (a row of it) is runs of ``run_len`` values ``run_gap`` apart, each tile
+    inside one (``triton_tiles.spaced_runs``). The scales go ``scale_off`` elements past
+    ``scale_ptr`` (a wire's words: their word), the riders after them (``store_riders``)."""
     pid = tl.program_id(0)
     scale_ptr += scale_off
     n_tile, nbase = n_groups, 0
@@ -246,7 +247,10 @@ def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr
     base, off, mask = _tile(pid, n_tile, GS, BLOCK_G, L, (1 << LOG2V) // VEC, VEC)
     if RAGGED:
         mask = mask & (off < tl.minimum(numel - base, BLOCK_G * GS).to(tl.int32))
-    y = tl.load(x_ptr + base + off, mask=mask, other=0.0).to(tl.float32)
+    xbase = base
+    if RUNS:    # the gaps before this tile's run
+        xbase = base + (base // run_len) * run_gap
+    y = tl.load(x_ptr + xbase + off, mask=mask, other=0.0).to(tl.float32)
     if DIFF:
         y = y - tl.load(ref_ptr + base + off, mask=mask, other=0.0).to(tl.float32)
     _quantize_tile(_per_thread(y), pid, nbase + base, n_tile, noise_ptr, noise_row, packed_ptr,
@@ -285,11 +289,12 @@ def _decode_tile(packed_ptr, scale_ptr, pid, n_groups, GS: tl.constexpr, BLOCK_G
 @triton.jit
 def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, also_ptr,
                            tail_ptr, tail_row, tail_off, tail_n, numel, gpr, row_words,
-                           scale_row, also_row, GS: tl.constexpr,
+                           scale_row, also_row, run_len, run_gap, GS: tl.constexpr,
                            BLOCK_G: tl.constexpr, L: tl.constexpr, LOG2V: tl.constexpr,
                            VEC: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
                            BPU: tl.constexpr, RAGGED: tl.constexpr, OUT_BF16: tl.constexpr,
-                           ROWS: tl.constexpr, ALSO: tl.constexpr, TAIL: tl.constexpr):
+                           ROWS: tl.constexpr, ALSO: tl.constexpr, TAIL: tl.constexpr,
+                           RUNS: tl.constexpr):
     """qWD's update ``w~ + deq(C(w - w~))`` (SDP4Bit Alg. 2): ``ref`` plus the decoded
     values in float32, rounded to ``ref``'s dtype (``OUT_BF16``: ``out_ptr`` is an int16
     view of a bfloat16 output); the payload holds ``numel`` values and then padding, or
@@ -297,7 +302,8 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, a
     ``r * row_words`` and its scales at ``r * scale_row`` (a wire's column views): a 2-D
     grid, axis 1 the rows, each program's pointers offset by its row. ``ALSO``: the result
     stored a second time at ``also_ptr`` (row r at ``r * also_row``: the all-gather's output
-    beside the new w~). The scales start ``scale_off`` elements past ``scale_ptr`` (a wire's
+    beside the new w~; ``RUNS``: a row is runs of ``run_len`` values ``run_gap`` apart, each
+    tile inside one, ``triton_tiles.spaced_runs``). The scales start ``scale_off`` elements past ``scale_ptr`` (a wire's
     words: their word); ``TAIL``: the row's ``tail_n`` riders, from its word ``tail_off`` on,
     copied to ``tail_ptr`` (row r at ``r * tail_row``: the all-gather's exact columns)."""
     pid = tl.program_id(0)
@@ -327,7 +333,10 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, a
     y = _bf16_bits(y) if OUT_BF16 else y.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + base + off, y, mask=mask)
     if ALSO:
-        tl.store(also_ptr + base + off, y, mask=mask)
+        abase = base
+        if RUNS:    # the gaps before this tile's run
+            abase = base + (base // run_len) * run_gap
+        tl.store(also_ptr + abase + off, y, mask=mask)
 
 
 @triton.jit
@@ -445,10 +454,12 @@ def _launch_quantize(x: torch.Tensor, ref: torch.Tensor | None, noise: torch.Ten
 
 def _quantize_plan(x: torch.Tensor, xrows: bool, diff: bool, noise: torch.Tensor | None,
                    scale_off: int, n_groups: int, gpr: int, row_words: int, group_size: int,
-                   bits: int, k: dict, tail: torch.Tensor | None) -> tuple:
+                   bits: int, k: dict, tail: torch.Tensor | None,
+                   runs: tuple[int, int] | None = None) -> tuple:
     """:func:`_launch_quantize`'s launch as :func:`_quantize_launch` takes it, no tensor
     held: ``(grid, float noise, the scalar arguments, the keywords)``; ``xrows``: ``x`` is
-    read as its 2-D rows, ``diff``: a reference is subtracted."""
+    read as its rows (``x.stride(0)`` apart), ``diff``: a reference is subtracted, ``runs``:
+    ``(run_len, run_gap)``, ``x``'s values read as equally spaced runs."""
     numel = x.numel()
     _, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
     _, t_row, t_n, tail_block = tail_operand(tail, x)
@@ -456,11 +467,11 @@ def _quantize_plan(x: torch.Tensor, xrows: bool, diff: bool, noise: torch.Tensor
                               hashed, row)
     kw = dict(GS=group_size, BITS=bits, STOCHASTIC=noise is not None, HASH=hashed, DIFF=diff,
               RAGGED=numel % group_size != 0, ROWS=row_words > 0,
-              XROWS=row_words > 0 and xrows, TAIL=tail_block, **k, num_warps=NUM_WARPS,
-              enable_fp_fusion=False)
+              XROWS=row_words > 0 and xrows, TAIL=tail_block, RUNS=runs is not None, **k,
+              num_warps=NUM_WARPS, enable_fp_fusion=False)
     return grid, noise is not None and noise.dtype != torch.int64, (
         row, scale_off, t_row, t_n, n_groups, numel, gpr, row_words,
-        x.stride(0) if xrows else 0), kw
+        x.stride(0) if xrows else 0, *(runs or (1, 0))), kw
 
 
 def _quantize_launch(plan: tuple, x: torch.Tensor, ref: torch.Tensor | None,
@@ -471,8 +482,8 @@ def _quantize_launch(plan: tuple, x: torch.Tensor, ref: torch.Tensor | None,
     grid, noise_flat, scalars, kw = plan
     u = x if noise is None else flat_contiguous(noise) if noise_flat else noise.contiguous()
     t = x if tail is None else tail if tail.stride(-1) == 1 else tail.contiguous()
-    _quantize_kernel[grid](x, x if ref is None else flat_contiguous(ref), u, scalars[0], words,
-                           scale, scalars[1], t, *scalars[2:], **kw)
+    r = x if ref is None else ref if ref.is_contiguous() else flat_contiguous(ref)
+    _quantize_kernel[grid](x, r, u, scalars[0], words, scale, scalars[1], t, *scalars[2:], **kw)
 
 
 def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int,
@@ -510,10 +521,12 @@ def _row_plan(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, g
     flat and not contiguous, the wire's width, :func:`_quantize_plan`)``; None where the
     twin's join makes the wire (codes in bytes, rows not whole words). One row: the flat
     kernel's layout, its binary (no ``ROWS``). A contiguous ``x`` is read flat as it is
-    (the kernel takes its pointer: no view)."""
-    flat = ref is not None or rows_of_groups(x, rows, group_size) is None
+    (the kernel takes its pointer: no view); runs of one length equally spaced in place
+    (``triton_tiles.spaced_runs``)."""
     n_groups = (x.numel() if ref is None else x.numel() + group_size - 1) // group_size
     k = _tile_consts(bits, group_size, _block(x), x.element_size())
+    runs = spaced_runs(x, rows, k["BLOCK_G"] * group_size)
+    flat = runs is None and (ref is not None or rows_of_groups(x, rows, group_size) is None)
     gpr = n_groups // rows
     code_bytes = packed_nbytes(gpr * group_size, bits)
     width = code_bytes + 4 * gpr + tail_nbytes(tail)
@@ -521,7 +534,7 @@ def _row_plan(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, g
         return None
     return flat and not x.is_contiguous(), width, _quantize_plan(
         x, not flat, ref is not None, noise, code_bytes // 4, n_groups, gpr,
-        width // 4 if rows > 1 else 0, group_size, bits, k, tail)
+        width // 4 if rows > 1 else 0, group_size, bits, k, tail, runs)
 
 
 _row_plans = LaunchPlans(_row_plan)
@@ -723,14 +736,16 @@ def _add_launch_plan(scale_off: int, rows: tuple[int, int, int, int] | None,
     bf16 = flat.dtype == torch.bfloat16
     grid = (cdiv(cdiv(numel, group_size), k["BLOCK_G"]),) if rows is None else \
         (cdiv(rows[1], k["BLOCK_G"]), rows[0])
-    second = _also_rows(also, flat, grid)
+    second = _also_rows(also, flat, grid, k["BLOCK_G"] * group_size)
     _, t_row, t_n, tail_block = tail_operand(None if riders is None else riders[0], flat)
+    runs = None if second is None else second[2]
     kw = dict(GS=group_size, BITS=bits, RAGGED=numel % group_size != 0, OUT_BF16=bf16,
-              ROWS=rows is not None, ALSO=second is not None, TAIL=tail_block, **k,
-              num_warps=NUM_WARPS, enable_fp_fusion=False)
+              ROWS=rows is not None, ALSO=second is not None, TAIL=tail_block,
+              RUNS=runs is not None, **k, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return grid, second is not None, bf16, (
         scale_off, t_row, 0 if riders is None else riders[1], t_n, numel,
-        *((1, 0, 0) if rows is None else rows[1:]), 0 if second is None else second[1]), kw
+        *((1, 0, 0) if rows is None else rows[1:]), 0 if second is None else second[1],
+        *(runs or (1, 0))), kw
 
 
 def _add_launch(plan: tuple, src: torch.Tensor, scale: torch.Tensor, flat: torch.Tensor,
@@ -750,18 +765,24 @@ def _add_launch(plan: tuple, src: torch.Tensor, scale: torch.Tensor, flat: torch
 
 
 def _also_rows(also: torch.Tensor | None, ref: torch.Tensor,
-               grid: tuple[int, ...]) -> tuple[torch.Tensor, int] | None:
-    """``also`` as the kernel's second store: ``(tensor, row stride)`` where it is ``ref``'s
-    dtype and its rows are the launch's (one flat run, or the grid's rows of unit column
-    stride); None where it is copied after."""
+               grid: tuple[int, ...], tile: int
+               ) -> tuple[torch.Tensor, int, tuple[int, int] | None] | None:
+    """``also`` as the kernel's second store: ``(tensor, row stride, runs)`` where it is
+    ``ref``'s dtype and its rows are the launch's (one flat run, or the grid's rows of unit
+    column stride; each row may be runs of one length equally spaced, ``runs`` their
+    ``(run_len, run_gap)``: ``triton_tiles.spaced_runs`` for ``tile``-value programs); None
+    where it is copied after."""
     if also is None or also.dtype != ref.dtype or also.numel() != ref.numel():
         return None
+    rows = 1 if len(grid) == 1 else grid[1]
+    runs = spaced_runs(also, rows, tile)
+    if runs is not None:
+        return also, also.stride(0) if rows > 1 else 0, runs
     if len(grid) == 1:
-        return (also, 0) if also.is_contiguous() else None
-    rows = grid[1]
+        return (also, 0, None) if also.is_contiguous() else None
     if also.dim() != 2 or also.shape[0] != rows or also.stride(1) != 1:
         return None
-    return also, also.stride(0)
+    return also, also.stride(0), None
 
 
 def _row_strides(packed: torch.Tensor, scale: torch.Tensor) -> tuple[int, int, int] | None:

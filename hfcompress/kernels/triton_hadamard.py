@@ -35,7 +35,7 @@ from .packing import flat_contiguous, packed_nbytes, payload_buffers, tail_nbyte
 from .triton_butterfly import fwht, fwht_runs
 from .triton_noise import (ROW_MODES, group_noise_at, noise_operand, row_launch, row_program,
                            store_riders, tail_operand)
-from .triton_tiles import cdiv, per_program, rows_of_groups
+from .triton_tiles import cdiv, per_program, rows_of_groups, spaced_runs
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
 
@@ -97,20 +97,22 @@ def _max_nan(a, b):
 
 @triton.jit
 def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_off, tail_ptr,
-                     tail_row, tail_n, n_groups, gpr, row_words, x_row, GS: tl.constexpr,
+                     tail_row, tail_n, n_groups, gpr, row_words, x_row, run_len, run_gap,
+                     GS: tl.constexpr,
                      BLOCK_G: tl.constexpr, RUN: tl.constexpr, RPG: tl.constexpr,
                      K: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr, SCALE: tl.constexpr,
                      BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr, WORDS: tl.constexpr,
                      STOCHASTIC: tl.constexpr, HASH: tl.constexpr, ROWS: tl.constexpr,
-                     XROWS: tl.constexpr, TAIL: tl.constexpr):
+                     XROWS: tl.constexpr, TAIL: tl.constexpr, RUNS: tl.constexpr):
     """Rotate and group-quantize ``BLOCK_G`` groups (SDP4Bit 3.3 TLq-HS) as a
     (RUN // K, BLOCK_G, RPG, K) tile: value ``j * K + k`` of run ``b`` of group ``g`` at
     ``[j, g, b, k]``. Its first axis outermost, Triton keeps a run in one thread's registers
     (``K`` values per vector load), the lanes and warps over runs (see _consts). ``ROWS``
     (``WORDS``): grid axis 1 is the rows of ``gpr`` groups, a wire of ``row_words`` words per
     row (codes, then scales: ``scale_ptr`` is row 0's first), each program's pointers offset
-    by its row; ``XROWS``: the input rows ``x_row`` values apart, else a flat ``x``. The
-    scales go ``scale_off`` elements past ``scale_ptr``, as its type (float32, or their bits
+    by its row; ``XROWS``: the input rows ``x_row`` values apart, else a flat ``x``;
+    ``RUNS``: a row of ``x`` is runs of ``run_len`` values ``run_gap`` apart, each program
+    inside one (``triton_tiles.spaced_runs``). The scales go ``scale_off`` elements past ``scale_ptr``, as its type (float32, or their bits
     in a wire's int32 words), the riders after them (``store_riders``)."""
     J: tl.constexpr = RUN // K
     scale_ptr += scale_off
@@ -121,6 +123,8 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_o
         x_ptr, packed_ptr, scale_ptr, noise_ptr, nbase = row_program(
             x_ptr, packed_ptr, scale_ptr, noise_ptr, gpr, row_words, x_row, GS, HASH, XROWS)
     store_riders(scale_ptr, n_groups, tail_ptr, tail_row, tail_n, ROWS, TAIL)
+    if RUNS:    # the gaps before this program's run
+        x_ptr += (tl.program_id(0).to(tl.int64) * (BLOCK_G * GS) // run_len) * run_gap
     g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     b = tl.arange(0, RPG)
     gmask = g < n_groups
@@ -222,21 +226,22 @@ def _launch_quantize(x: torch.Tensor, noise: torch.Tensor | None, packed: torch.
 
 def _quantize_plan(x: torch.Tensor, xrows: bool, noise: torch.Tensor | None, scale_off: int,
                    n_groups: int, gpr: int, row_words: int, group_size: int, k: dict,
-                   tail: torch.Tensor | None) -> tuple:
+                   tail: torch.Tensor | None, runs: tuple[int, int] | None = None) -> tuple:
     """:func:`_launch_quantize`'s launch as :func:`_quantize_launch` takes it, no tensor
     held: ``(grid, float noise, the scalar arguments, the keywords)``; ``xrows``: ``x`` is
-    read as its 2-D rows."""
+    read as its rows (``x.stride(0)`` apart), ``runs``: ``(run_len, run_gap)``, its values
+    as equally spaced runs."""
     _, hashed, row = noise_operand(noise, x.numel(), x, group_size)
     _, t_row, t_n, tail_block = tail_operand(tail, x)
     grid, hashed = row_launch(x.numel(), n_groups, gpr, row_words, group_size, k["BLOCK_G"],
                               hashed, row)
     warps = min(NUM_WARPS, max(QUANT_WARPS, k["BLOCK_G"] * k["RPG"] // 32))
     kw = dict(**k, STOCHASTIC=noise is not None, HASH=hashed, ROWS=row_words > 0,
-              XROWS=row_words > 0 and xrows, TAIL=tail_block, num_warps=warps,
-              enable_fp_fusion=False)
+              XROWS=row_words > 0 and xrows, TAIL=tail_block, RUNS=runs is not None,
+              num_warps=warps, enable_fp_fusion=False)
     return grid, noise is not None and noise.dtype != torch.int64, (
         row, scale_off, t_row, t_n, n_groups, gpr, row_words,
-        x.stride(0) if xrows else 0), kw
+        x.stride(0) if xrows else 0, *(runs or (1, 0))), kw
 
 
 def _quantize_launch(plan: tuple, x: torch.Tensor, noise: torch.Tensor | None,
@@ -277,17 +282,20 @@ def _row_plan(x: torch.Tensor, rows: int, bits: int, group_size: int, hadamard_s
     """:func:`quantize_rows`' launch on operands of these signatures: ``(x copied flat
     first: read flat and not contiguous, the wire's width, :func:`_quantize_plan`)``; None
     where the twin's join makes the wire (codes in bytes, rows not whole words). A
-    contiguous ``x`` is read flat as it is (the kernel takes its pointer: no view)."""
-    flat = rows_of_groups(x, rows, group_size) is None
+    contiguous ``x`` is read flat as it is (the kernel takes its pointer: no view); runs of
+    one length equally spaced in place (``triton_tiles.spaced_runs``)."""
     n_groups = x.numel() // group_size
     k = _consts(bits, group_size, hadamard_size, _block(x))
+    runs = spaced_runs(x, rows, k["BLOCK_G"] * group_size)
+    flat = runs is None and rows_of_groups(x, rows, group_size) is None
     gpr = n_groups // rows
     code_bytes = packed_nbytes(gpr * group_size, bits)
     width = code_bytes + 4 * gpr + tail_nbytes(tail)
     if not (k["WORDS"] and n_groups) or width % 4:
         return None
     return flat and not x.is_contiguous(), width, _quantize_plan(
-        x, not flat, noise, code_bytes // 4, n_groups, gpr, width // 4, group_size, k, tail)
+        x, not flat, noise, code_bytes // 4, n_groups, gpr, width // 4, group_size, k, tail,
+        runs)
 
 
 _row_plans = LaunchPlans(_row_plan)
