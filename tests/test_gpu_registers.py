@@ -211,26 +211,31 @@ dsum = [(*d, 0, False) for d in dsum]
 # the riders summed by programs of their own (sdp4bit's last hop: bfloat16 riders, AVG)
 dsum += [(4, 128, 32, 8, True, True, 1, False), (4, 2048, 1, 8, False, True, 2, False),
          (4, 128, 32, 8, True, True, 1, True), (8, 128, 1, 0, False, True, 0, True)]
-for bits, gs, n, peers, bf16, words, post, tail in dsum:
+dsum = [(*d, False) for d in dsum]
+# a root unit's compressed gradient columns written in place (equally spaced runs)
+dsum += [(4, 128, 32, 8, True, True, 1, True, True)]
+for bits, gs, n, peers, bf16, words, post, tail, runs in dsum:
     k = D.row_layout(bits, gs, n)
     v = min(k["UPR"], 4) if words else 0
     unrolled = peers and D._sum_consts(bits, gs, n, n > 1, True, torch.bfloat16 if bf16 else
                                        torch.float32, peers, v)["PEERS"]
     row(f"dequantize_sum._dequantize_sum_kernel bits={bits} gs={gs} n={n} peers={peers} "
         f"bf16={bf16} words={words}{f' post={post}' if post else ''}"
-        f"{' riders' if tail else ''}{'' if unrolled == peers else ' (loop)'}",
+        f"{' riders' if tail else ''}{' RUNS' if runs else ''}"
+        f"{'' if unrolled == peers else ' (loop)'}",
         D._dequantize_sum_kernel,
         dict(src_ptr="*i32" if words else u8, scale_ptr="*i32" if words else f32,
              out_ptr="*u16" if bf16 else f32, n_rows=i32, n_peers=i32, src_stride=i32,
              scale_stride=i32, scale_off=i32, BIG="fp32", post="fp32",
              tail_ptr="*u16" if bf16 else f32, tail_off=i32, tail_stride=i32,
-             tail_out_ptr="*u16" if bf16 else f32, n_tail=i32, n_main=i32, tail_post="fp32"),
+             tail_out_ptr="*u16" if bf16 else f32, n_tail=i32, n_main=i32, tail_post="fp32",
+             run_len=i32, run_gap=i32),
         dict(PEERS=unrolled, GS=gs, BITS=bits, **k,
              V=min(k["UPR"], 4) if words else 1, WORDS=words,
              R=D.GPU_ROWS, N=n, LOG2N=n.bit_length() - 1, SCALE=H.inv_sqrt(n), INVERSE=n > 1,
              CLIP=bf16 and n > 1 and not post, OUT_BF16=bf16, POST=post, TAIL=tail,
              TAIL_BLOCK=4 * 32 * D.NUM_WARPS, TAIL_IN_BF16=bf16, TAIL_OUT_BF16=bf16,
-             TAIL_POST=post), D.NUM_WARPS)
+             TAIL_POST=post, RUNS=runs), D.NUM_WARPS)
 
 # bucketed, buckets of 1024: qsdp (qsgd 8 bits, random shift 8 bits), qsdp_learned (5 / 4)
 block, groups = TT.tile_shape(1024, TT.GPU_TILE)

@@ -10,6 +10,7 @@ import torch
 
 from hfcompress.kernels import group_quant as twin_gq
 from hfcompress.kernels import hadamard as twin_hd
+from hfcompress.kernels import triton_dequantize_sum as tri_dsum
 from hfcompress.kernels import triton_group_quant as tri_gq
 from hfcompress.kernels import triton_hadamard as tri_hd
 from hfcompress.kernels.triton_tiles import spaced_runs
@@ -109,3 +110,30 @@ def test_hadamard_quantize_rows_reads_spaced_runs(rows, stochastic):
     got = tri_hd.quantize_rows(x, rows, 4, GS, 32, noise, tail)
     want = twin_hd.quantize_rows(x.reshape(rows, -1), rows, 4, GS, 32, noise, tail)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("hadamard", [False, True])
+@pytest.mark.parametrize("dtype, post", [(torch.float32, None), (torch.bfloat16, ("div", 2.0))])
+def test_decode_sum_writes_spaced_runs(hadamard, dtype, post):
+    """The reduce-scatter's decode-sum writes a root unit's compressed gradient columns in
+    place (``triton_dequantize_sum.BLOCK_ELEMS``-value programs), riders summed beside;
+    the columns between the runs keep their values."""
+    n = 2 * tri_dsum.BLOCK_ELEMS
+    x = _values(2, n, seed=10)
+    tail = _values(2, E, seed=11, dtype=dtype)
+    wire = twin_hd.quantize_rows(x, 2, 4, GS, 32, None, tail) if hadamard else \
+        twin_gq.quantize_rows(x, 2, 4, GS, None, tail)
+    outs = []
+    for mod in ((tri_hd, twin_hd) if hadamard else (tri_gq, twin_gq)):
+        buf, out = _spaced(1, 2, n // 2, dtype=dtype, fill=-7.0)
+        riders = torch.empty(E, dtype=dtype)
+        args = (wire, n // 2, n // GS, 4, GS) + ((32, True) if hadamard else ())
+        mod.dequantize_sum_wire(*args, out=out[0], post=post, riders=(riders, dtype, post))
+        outs.append((buf, riders))
+    plan = tri_dsum._wire_plan(wire, n // 2, n // GS, 4, GS, dtype, 32 if hadamard else 1,
+                               hadamard, False, _spaced(1, 2, n // 2, dtype=dtype)[1][0], post,
+                               None)
+    assert plan[1][3]["RUNS"]
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    gaps = outs[0][0].view(2, n // 2 + GAP)[:, n // 2:]
+    assert torch.equal(gaps, torch.full_like(gaps, -7.0))

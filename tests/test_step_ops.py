@@ -21,9 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 #: references (no copy of them after); LoCo's error feedback is one kernel for all the rows
 #: a hop sends, which writes the riders too (``kernels/triton_loco.py``; 13.6 as torch ops
 #: per row, 5.6 with a copy of the riders); the root unit's embedding and LM head, around
-#: the final norm, taken out and put back by one strided copy each way (7.2 / 4.6 / 4.6
-#: with a copy per run, session 29)
-BUDGET = {"none": 2.0, "sdp4bit": 6.8, "tlq_hs": 4.4, "loco": 4.4}
+#: the final norm, read and written in place by the kernels as runs of one length equally
+#: spaced (``triton_tiles.spaced_runs``: 6.8 / 4.4 / 4.4 with one strided copy each way,
+#: 7.2 / 4.6 / 4.6 with a copy per run, session 29; LoCo's error feedback still copies its
+#: rows out); qwd: the weights alone. sdp4bit, tlq_hs and qwd now issue their kernels and
+#: collectives only
+BUDGET = {"none": 2.0, "sdp4bit": 6.0, "tlq_hs": 4.0, "qwd": 4.0, "loco": 4.4}
 #: preset -> most Python calls per unit and step, as a multiple of ``none``'s (the host
 #: time's deterministic proxy; measured 2.34 / 1.66 / 1.78 with torch 2.13 once the hot kernel
 #: wrappers planned their launches once per call signature (sdp4bit 481.5 -> 446.5 calls per
@@ -35,7 +38,7 @@ BUDGET = {"none": 2.0, "sdp4bit": 6.8, "tlq_hs": 4.4, "loco": 4.4}
 #: 1.77 before), 2.42 / 1.80 / 1.85 before the kernels read and wrote the wire's fields by
 #: offset, 2.70 / 1.89 / 2.57 before the riders were written in place and the calls' checks
 #: cached, and loco 2.39 before its feedback was one kernel)
-CALLS_BUDGET = {"none": 1.0, "sdp4bit": 2.45, "tlq_hs": 1.75, "loco": 1.9}
+CALLS_BUDGET = {"none": 1.0, "sdp4bit": 2.45, "tlq_hs": 1.75, "qwd": 1.75, "loco": 1.9}
 
 
 #: steps before the counted one: LoCo resets its errors after step 0, and its device table

@@ -283,14 +283,15 @@ for bits, gs, n, words, peers, bf16, post, tail in ((4, 128, 1, True, 8, True, 0
                   WORDS=words, R=ds.GPU_ROWS, N=n,
                   LOG2N=n.bit_length() - 1, SCALE=ds.inv_sqrt(n), INVERSE=n > 1,
                   CLIP=bf16 and not post, OUT_BF16=bf16, POST=post, TAIL=tail,
-                  TAIL_BLOCK=1024, TAIL_IN_BF16=bf16, TAIL_OUT_BF16=bf16, TAIL_POST=post)
+                  TAIL_BLOCK=1024, TAIL_IN_BF16=bf16, TAIL_OUT_BF16=bf16, TAIL_POST=post,
+                  RUNS=tail)
     # a wire's words carry the scales' bits where the codes are words (dequantize_sum_wire)
     sig = dict(src_ptr="*i32" if words else "*u8", scale_ptr="*i32" if words else "*fp32",
                out_ptr="*u16" if bf16 else "*fp32", n_rows="i32", n_peers="i32",
                src_stride="i32", scale_stride="i32", scale_off="i32", BIG="fp32", post="fp32",
                tail_ptr="*u16" if bf16 else "*fp32", tail_off="i32", tail_stride="i32",
                tail_out_ptr="*u16" if bf16 else "*fp32", n_tail="i32", n_main="i32",
-               tail_post="fp32")
+               tail_post="fp32", run_len="i32", run_gap="i32")
     sig.update({c: "constexpr" for c in consts})
     src = ASTSource(fn=ds._dequantize_sum_kernel, signature=sig, constexprs=consts)
     ptx = triton.compile(src, target=GPUTarget("cuda", 80, 32),

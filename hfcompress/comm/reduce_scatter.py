@@ -92,16 +92,22 @@ def write_result(output: torch.Tensor, total: torch.Tensor, op: Any, world: int)
     write_post(total.reshape(output.shape), output, post_of(op, world))
 
 
-def result_target(output: torch.Tensor, op: Any, world: int
+def result_target(output: torch.Tensor, op: Any, world: int, spaced: bool = False
                   ) -> tuple[torch.Tensor | None, tuple[str, float] | None]:
     """``(output flat, post_of(op))`` where the decode-sum may write the result straight
-    into ``output`` (contiguous, a float dtype), ``op``'s last step in its epilogue (no
-    float32 sum in between, no pass of :func:`write_result`); else ``(None, None)``, also
-    for a PREMUL_SUM by a tensor (a kernel argument would read it on the host)."""
+    into ``output`` (contiguous, a float dtype; ``spaced``: the decode-sum writes runs of
+    one length equally spaced too, ``output`` itself then, ``[count, length]``), ``op``'s
+    last step in its epilogue (no float32 sum in between, no pass of :func:`write_result`);
+    else ``(None, None)``, also for a PREMUL_SUM by a tensor (a kernel argument would read
+    it on the host)."""
     post = post_of(op, world)
-    if output.dtype in FLOAT_DTYPES and output.is_contiguous() and \
-            not (post is not None and isinstance(post[1], torch.Tensor)):
+    if output.dtype not in FLOAT_DTYPES or post is not None and isinstance(post[1],
+                                                                           torch.Tensor):
+        return None, None
+    if output.is_contiguous():
         return (output if output.dim() == 1 else output.view(-1)), post
+    if spaced and output.dim() == 2 and output.stride(1) == 1:
+        return output, post
     return None, None
 
 
@@ -147,6 +153,9 @@ def final_sum(values: torch.Tensor, out: torch.Tensor, op: Any, world: int) -> N
 
 class QuantizedReduceScatter(StreamOwner):
     """1-hop all-to-all reduce-scatter through ``compressor`` (None: exact)."""
+
+    #: the input is ``[world, S]`` rows (``TwoHopReduceScatter.spaced_input``: not runs)
+    spaced_input = False
 
     def __init__(self, compressor: Compressor | None = None, topology: Topology | None = None,
                  meter: WireMeter | None = None, tag: str = "reduce_scatter") -> None:

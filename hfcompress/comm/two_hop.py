@@ -63,6 +63,11 @@ def rotated_pair(intra: Compressor | None, inter: Compressor | None) -> bool:
 class TwoHopReduceScatter(StreamOwner):
     """Reduce-scatter over ``topology``'s world: intra-node hop, then inter-node hop."""
 
+    #: the input may be ``[P, count, length]`` runs of one length equally spaced
+    #: (``runs.view(spaced=True)``): read in place where a call is one hop whose scheme reads
+    #: such rows (``Compressor.spaced_rows``), else copied to ``[P, S]`` rows first
+    spaced_input = True
+
     def __init__(self, topology: Topology, intra: Compressor | None = None,
                  inter: Compressor | None = None, chunks: int = 1, meter: WireMeter | None = None,
                  tag: str = "reduce_scatter_2hop") -> None:
@@ -94,8 +99,9 @@ class TwoHopReduceScatter(StreamOwner):
             bounds = self._checked[key] = self._check(output, input, group, exact)
         check_scatter_op(op)
         s = output.numel()
-        rows = input if input.shape == (p, s) else input.reshape(p, s)
         hop = self._one_hop(key, len(bounds), s)
+        spaced = input.dim() == 3 and hop is not None and self._reads_spaced(hop)
+        rows = input if spaced or input.shape == (p, s) else input.reshape(p, s)
         if hop is not None:
             return self._single(hop, output, rows, op, exact)
         # SDP4Bit 3.3: H once per row, in the first hop that compresses (the intra-node hop,
@@ -146,19 +152,25 @@ class TwoHopReduceScatter(StreamOwner):
             self._single_hops[key] = hop
         return self._single_hops[key]
 
+    def _reads_spaced(self, hop: str) -> bool:
+        """Whether ``hop``'s rows may be spaced runs (:attr:`spaced_input`)."""
+        streams = self.streams[hop]
+        return not streams.stateful and streams.compressor.spaced_rows
+
     def _single(self, hop: str, output: torch.Tensor, rows: torch.Tensor, op: Any,
                 exact: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         """The call as :meth:`_one_hop`'s hop alone, in straight-line code (the general
         path's numbers: its first hop rotates and compresses the rows, the decode-sum
         rotates back, divides for an AVG and writes the output; the riders ride and are
-        summed there where the scheme can, else by ``final_sum``)."""
+        summed there where the scheme can, else by ``final_sum``). ``rows``: ``[P, S]``, or
+        spaced runs ``[P, count, length]`` where :meth:`_reads_spaced`."""
         p = self.topology.world_size
-        target, post = result_target(output, op, p)
+        target, post = result_target(output, op, p, self._reads_spaced(hop))
         streams = self.streams[hop]
         rider = None if exact is None else exact[0]
         send = compress_rows(streams, rows, _row_key, False, rider)
         group = self.topology.intra_group if hop == "intra" else self.topology.inter_group
-        total, got = self._exchange(hop, send, 0, group, rows.shape[1], rows.dtype, target,
+        total, got = self._exchange(hop, send, 0, group, output.numel(), rows.dtype, target,
                                     self.rotated, rider, post,
                                     summed_riders(streams.compressor, exact, op, p))()
         if got is not None:

@@ -87,6 +87,10 @@ class Compressor:
     #: True when ``decompress_slots`` takes ``riders=(out, values)``: the exact values that
     #: end each gathered wire row copied into ``out`` by its decode (``comm/riders.py``).
     copies_riders: ClassVar[bool] = False
+    #: True when ``compress_rows`` also takes ``[rows, count, length]`` runs of one length
+    #: equally spaced (``runs.view(spaced=True)``: a root unit's compressed gradient
+    #: columns) as the rows of their values in order, read in place by its kernel.
+    spaced_rows: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         self.params = dict(params)
@@ -296,9 +300,11 @@ def back_to_back(parts: Sequence[torch.Tensor]) -> bool:
 
 def into(total: torch.Tensor, out: torch.Tensor | None,
          post: tuple[str, float] | None = None) -> torch.Tensor:
-    """``total``, or ``out`` holding it (viewed in total's shape) if given, ``post`` applied
-    first (``kernels/post_op.written``)."""
-    return written(total, None if out is None else out.view(total.shape), post)
+    """``total``, or ``out`` holding it (viewed in total's shape where contiguous; else
+    written through its strides, e.g. spaced runs) if given, ``post`` applied first
+    (``kernels/post_op.written``)."""
+    return written(total, out if out is None or not out.is_contiguous()
+                   else out.view(total.shape), post)
 
 
 def summed(decode_sum: Callable[[torch.Tensor | None], torch.Tensor], shape: torch.Size,
@@ -307,8 +313,11 @@ def summed(decode_sum: Callable[[torch.Tensor | None], torch.Tensor], shape: tor
     """One decode-sum of the peers (``decode_sum(flat out or None)``, which applies ``post``
     where it is given ``out``), trimmed to ``shape``: written into ``out`` by the kernel
     where the payloads are ``whole`` groups (no padding to trim), else into a buffer and
-    copied (``post`` applied then)."""
+    copied (``post`` applied then). An ``out`` of spaced runs (``comm/reduce_scatter.
+    result_target``) is handed over, and returned, as it is."""
     if out is not None and whole:
+        if not out.is_contiguous():
+            return decode_sum(out)
         flat = decode_sum(out if out.dim() == 1 else out.view(-1))
         return flat if flat.shape == shape else flat.view(shape)
     return into(decode_sum(None)[:shape.numel()].reshape(shape), out, post)

@@ -26,7 +26,7 @@ class GroupQuantizer(BucketQuantizer):
 
     twin, triton_module = _twin, "triton_group_quant"
     size_param = "group_size"
-    sums_into = decodes_rows_into = sums_riders = copies_riders = True
+    sums_into = decodes_rows_into = sums_riders = copies_riders = spaced_rows = True
 
     def __init__(self, bits: int = 4, group_size: int = 128, rounding: str = "nearest",
                  seed: int = 0, backend: str = "auto") -> None:
@@ -49,12 +49,12 @@ class GroupQuantizer(BucketQuantizer):
     def compress_rows(self, x: torch.Tensor, tail: torch.Tensor | None = None) -> torch.Tensor:
         """Every row in one kernel that writes the ``[rows, nbytes]`` wire itself (no ``cat``
         of the fields on a GPU; ``tail``'s rows copied after them): the numbers of one
-        ``compress`` per row."""
+        ``compress`` per row (``x`` may be spaced runs: ``spaced_rows``)."""
         check_float_input(self.name, x)
         rows, x = x.shape[0], x.detach()
         # padded and flattened unless whole groups (the Triton kernel reads strided rows)
-        if x.shape[1] % self.group_size:
-            x = pad_rows(x, self.group_size)
+        if (x.numel() // rows) % self.group_size:
+            x = pad_rows(x.reshape(rows, -1), self.group_size)
         noise = self._keys(x.device, rows)
         return self._impl(x).quantize_rows(x, rows, self.bits, self.group_size, noise, tail)
 

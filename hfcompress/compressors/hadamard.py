@@ -49,7 +49,7 @@ from .registry import register_compressor
 class HadamardQuantizer(Compressor):
     """Group quantization of Hadamard-rotated values, fused with the transform."""
 
-    sums_riders = True
+    sums_riders = spaced_rows = True
 
     def __init__(self, bits: int = 4, group_size: int = 128, hadamard_size: int = 32,
                  rounding: str = "stochastic", seed: int = 0, backend: str = "auto") -> None:
@@ -124,10 +124,11 @@ class HadamardQuantizer(Compressor):
 
     def compress_rows(self, x: torch.Tensor, tail: torch.Tensor | None = None) -> torch.Tensor:
         """Every row of 2-D x compressed in one kernel, the numbers of one ``compress`` per row
-        (``tail``'s rows after them: ``Compressor.compress_rows``)."""
+        (``tail``'s rows after them: ``Compressor.compress_rows``; ``x`` may be spaced runs:
+        ``spaced_rows``)."""
         check_float_input(self.name, x)
-        if not self._fused(x.shape[1]):
-            return self._quantize_rows(self.rotate_rows(x), 1, tail)
+        if not self._fused(x.numel() // x.shape[0]):
+            return self._quantize_rows(self.rotate_rows(x.reshape(x.shape[0], -1)), 1, tail)
         return self._quantize_rows(x, self.hadamard_size, tail)
 
     def reduce_rows(self, wire: torch.Tensor, shape: torch.Size | Sequence[int],
@@ -191,8 +192,8 @@ class HadamardQuantizer(Compressor):
         nbytes]`` wire (row r its ``Packed.flat()``, then row r of ``tail``) by the kernel
         itself on a GPU."""
         rows = x.shape[0]
-        if x.shape[1] % self.group_size:
-            x = pad_rows(x, self.group_size)
+        if (x.numel() // rows) % self.group_size:
+            x = pad_rows(x.reshape(rows, -1), self.group_size)
         noise = self._q._keys(x.device, rows)
         return self._impl(x).quantize_rows(x, rows, self.bits, self.group_size,
                                            hadamard_size, noise, tail)

@@ -246,14 +246,21 @@ class FSDPReduceScatter(_Alloc, _fsdp2.ReduceScatter):
                 self.compressed(output_tensor, input_tensor, op, group)
                 return None
             world = group.size()
-            comp_in, exact_in = layout.split(input_tensor.view(world, -1))
-            # each column set reduced straight into the output where it is one run (a slice)
+            # spaced runs of compressed columns (a root unit's) read where they lie if it can
+            comp_in, exact_in = layout.split(input_tensor.view(world, -1),
+                                             spaced=self.compressed.spaced_input)
+            # each column set reduced straight into the output where it is one run (a slice;
+            # the compressed ones also as spaced runs where it reads them so)
             flat = output_tensor if output_tensor.dim() == 1 else output_tensor.view(-1)
             outs = []
+            views = layout.views(flat)
+            if views[0] is None and self.compressed.spaced_input:
+                views = (view(flat, layout.compressed_runs, spaced=True), views[1])
             for runs, cols, out in zip((layout.compressed_runs, layout.exact_runs),
-                                       (comp_in, exact_in), layout.views(flat)):
+                                       (comp_in, exact_in), views):
                 outs.append((runs, out, out if out is not None else torch.empty(
-                    cols.shape[1], dtype=output_tensor.dtype, device=output_tensor.device)))
+                    cols.numel() // world, dtype=output_tensor.dtype,
+                    device=output_tensor.device)))
             # the exact columns ride the compressed exchange (comm/riders.py)
             self.compressed(outs[0][2], comp_in, op, group, exact=(exact_in, outs[1][2]))
             for runs, out, buf in outs:

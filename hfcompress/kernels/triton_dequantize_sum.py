@@ -31,7 +31,7 @@ from .launch_plans import LaunchPlans, signature
 from .packing import as_words, wire_fields, wire_words
 from .post_op import launch_args, sum_riders
 from .triton_butterfly import fwht, fwht_runs
-from .triton_tiles import OLDER_TRITON, cdiv, per_program
+from .triton_tiles import OLDER_TRITON, cdiv, per_program, spaced_runs
 
 #: values per program under TRITON_INTERPRET (few large programs: its cost is per program);
 #: on a GPU ``GPU_ROWS`` rows per program, one per thread of ``NUM_WARPS`` warps (<= 128
@@ -148,7 +148,8 @@ def _rider_sum(tail_ptr, tail_off, tail_stride, out_ptr, n_tail, n_peers, pid, p
 @triton.jit
 def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_stride,
                            scale_stride, scale_off, BIG, post, tail_ptr, tail_off, tail_stride,
-                           tail_out_ptr, n_tail, n_main, tail_post, PEERS: tl.constexpr,
+                           tail_out_ptr, n_tail, n_main, tail_post, run_len, run_gap,
+                           PEERS: tl.constexpr,
                            GS: tl.constexpr, BITS: tl.constexpr, ROWV: tl.constexpr,
                            UPR: tl.constexpr, UB: tl.constexpr, UC: tl.constexpr,
                            V: tl.constexpr, WORDS: tl.constexpr,
@@ -156,7 +157,8 @@ def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_str
                            SCALE: tl.constexpr, INVERSE: tl.constexpr, CLIP: tl.constexpr,
                            OUT_BF16: tl.constexpr, POST: tl.constexpr, TAIL: tl.constexpr,
                            TAIL_BLOCK: tl.constexpr, TAIL_IN_BF16: tl.constexpr,
-                           TAIL_OUT_BF16: tl.constexpr, TAIL_POST: tl.constexpr):
+                           TAIL_OUT_BF16: tl.constexpr, TAIL_POST: tl.constexpr,
+                           RUNS: tl.constexpr):
     """Sum over peers 0..n_peers-1 (``PEERS`` of them unrolled, 0: a runtime loop) of ``R``
     rows, then the optional inverse rotation of its ``N``-blocks; ``POST`` 1 / 2: divided
     (IEEE) / multiplied by ``post`` (a reduce op's AVG / PREMUL_SUM, ``post_op.py``);
@@ -164,7 +166,9 @@ def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_str
     NaN). The scales start ``scale_off`` elements past ``scale_ptr``, float32 or their bits
     in int32 words (a wire's, :func:`dequantize_sum_wire`). ``TAIL``: the programs from
     ``n_main`` on (their rows all past ``n_rows``) sum the peers' riders instead
-    (:func:`_rider_sum`, their own reduce op's step ``TAIL_POST`` by ``tail_post``)."""
+    (:func:`_rider_sum`, their own reduce op's step ``TAIL_POST`` by ``tail_post``).
+    ``RUNS``: the output is runs of ``run_len`` values ``run_gap`` apart, each program's rows
+    inside one (``triton_tiles.spaced_runs``)."""
     if TAIL:
         if tl.program_id(0) >= n_main:
             _rider_sum(tail_ptr, tail_off, tail_stride, tail_out_ptr, n_tail, n_peers,
@@ -191,6 +195,8 @@ def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_str
     total = _post(total, post, POST)
     if CLIP:
         total = tl.where(total > BIG, BIG, tl.where(total < -BIG, -BIG, total))
+    if RUNS:    # the gaps before this program's run of the output
+        out_ptr += (tl.program_id(0).to(tl.int64) * (R * ROWV) // run_len) * run_gap
     e = (r[None, :, None] * ROWV + 4 * tl.arange(0, ROWV // 4)[:, None, None]
          + tl.arange(0, 4)[None, None, :])
     ES: tl.constexpr = out_ptr.dtype.element_ty.primitive_bitwidth // 8
@@ -326,17 +332,23 @@ def _wire_plan(wire: torch.Tensor, code_bytes: int, n_groups: int, bits: int,
     """:func:`dequantize_sum_wire`'s launch on operands of these signatures: ``(the values
     out, :func:`_launch_plan`)``, the fields read through the wire's words; None where
     :func:`_sum_wire` goes another way (fields not in words, ``out`` copied after, nothing to
-    sum, ``out`` the wrong size: it raises)."""
+    sum, ``out`` the wrong size: it raises). ``out`` may be runs of one length equally
+    spaced (a root unit's compressed gradient columns), written in place."""
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
     words = wire_words(wire) if code_bytes % 4 == 0 and k["UB"] == 4 else None
     numel, n_peers = n_groups * group_size, wire.shape[0]
-    if words is None or not (numel and n_peers) or out is not None and not (
-            out.numel() == numel and out.dtype == dtype and out.is_contiguous()
-            and out.data_ptr() % 16 == 0):
+    if words is None or not (numel and n_peers):
+        return None
+    runs = None if out is None or out.is_contiguous() else spaced_runs(
+        out, 1, _rows_per_program(words, k, hadamard_size) * k["ROWV"])
+    if out is not None and not (
+            out.numel() == numel and out.dtype == dtype and out.data_ptr() % 16 == 0
+            and (out.is_contiguous() or runs is not None
+                 and runs[1] * out.element_size() % 16 == 0)):
         return None
     return numel, _launch_plan(words, _vector(words, k["UPR"]), code_bytes // 4,
                                words.stride(0), n_peers, n_groups, bits, group_size, dtype,
-                               hadamard_size, inverse, clip, post, riders)
+                               hadamard_size, inverse, clip, post, riders, runs)
 
 
 _wire_plans = LaunchPlans(_wire_plan)
@@ -383,17 +395,22 @@ def _sum(src: torch.Tensor, v: int, scale: torch.Tensor, scale_off: int, scale_s
     return out
 
 
+def _rows_per_program(src: torch.Tensor, k: MappingProxyType, hadamard_size: int) -> int:
+    """``R``: the rows of ``ROWV`` values a program sums (whole Hadamard blocks)."""
+    return max(per_program(src, BLOCK_ELEMS // k["ROWV"], GPU_ROWS), hadamard_size // k["ROWV"])
+
+
 def _launch_plan(src: torch.Tensor, v: int, scale_off: int, scale_stride: int, n_peers: int,
                  n_groups: int, bits: int, group_size: int, dtype: torch.dtype,
                  hadamard_size: int, inverse: bool, clip: bool,
-                 post: tuple[str, float] | None, riders: tuple | None) -> tuple:
+                 post: tuple[str, float] | None, riders: tuple | None,
+                 runs: tuple[int, int] | None = None) -> tuple:
     """:func:`_sum`'s launch as :func:`_launch` takes it, no tensor held: ``(grid, the scalar
     arguments, the riders' view dtypes (values, output; None: as they are) or None, the
-    keywords)``."""
+    keywords)``; ``runs``: ``(run_len, run_gap)`` of an output of equally spaced runs."""
     numel = n_groups * group_size
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
-    rows = max(per_program(src, BLOCK_ELEMS // k["ROWV"], GPU_ROWS),
-               hadamard_size // k["ROWV"])
+    rows = _rows_per_program(src, k, hadamard_size)
     n_rows = numel // k["ROWV"]
     n_main, value, kind = cdiv(n_rows, rows), *launch_args(post)
     t, t_off, t_stride, t_out, n_tail = (src, 0, 0, None, 0) if riders is None else \
@@ -407,10 +424,11 @@ def _launch_plan(src: torch.Tensor, v: int, scale_off: int, scale_stride: int, n
               POST=kind, TAIL=riders is not None, TAIL_BLOCK=t_block,
               TAIL_IN_BF16=t.dtype == torch.uint16,
               TAIL_OUT_BF16=t_out is not None and t_out.dtype == torch.uint16,
-              TAIL_POST=t_kind, num_warps=NUM_WARPS, enable_fp_fusion=False)
+              TAIL_POST=t_kind, RUNS=runs is not None, num_warps=NUM_WARPS,
+              enable_fp_fusion=False)
     return ((n_main + cdiv(n_tail, t_block),), (
         n_rows, n_peers, src.stride(0), scale_stride, scale_off, _largest(dtype), value,
-        t_off, t_stride, n_tail, n_main, t_value), views, kw)
+        t_off, t_stride, n_tail, n_main, t_value, *(runs or (1, 0))), views, kw)
 
 
 def _launch(plan: tuple, src: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
