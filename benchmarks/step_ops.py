@@ -83,19 +83,21 @@ def interleaved_ms(steps: dict, repeats: int) -> dict[str, float]:
     return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 
-def gpu_code_path(launch) -> None:
+def gpu_code_path(launch, package: str = "hfcompress") -> None:
     """On CPU tensors, the code path a GPU takes: every kernel module's ``use_triton``
     answers as for a CUDA tensor (the backend still validated), ``per_program`` gives the
     GPU tile, and Triton's launches call ``launch(self, *args, grid, warmup, **kwargs)``
-    instead (a stub: the host's cost of the launch call, not of Triton's launcher)."""
+    instead (a stub: the host's cost of the launch call, not of Triton's launcher).
+    ``package``: the name ``hfcompress`` is imported as (``host_ab_trees.py``: another
+    tree's beside it)."""
     import importlib
     import pkgutil
 
     from triton.runtime.jit import JITFunction
 
-    import hfcompress.kernels as K
-    from hfcompress.kernels import dispatch
-    from hfcompress.kernels import triton_tiles as TT
+    K = importlib.import_module(f"{package}.kernels")
+    dispatch = importlib.import_module(f"{package}.kernels.dispatch")
+    TT = importlib.import_module(f"{package}.kernels.triton_tiles")
     use_triton = dispatch.use_triton
 
     def as_on_cuda(t, backend="auto"):
@@ -103,7 +105,7 @@ def gpu_code_path(launch) -> None:
         return backend != "torch" and dispatch.triton_available()
 
     gpu_tile = lambda t, interpreted, gpu: gpu  # noqa: E731
-    mods = [importlib.import_module(f"hfcompress.kernels.{i.name}")
+    mods = [importlib.import_module(f"{package}.kernels.{i.name}")
             for i in pkgutil.iter_modules(K.__path__)]
     for mod in [K, dispatch, *mods]:
         if getattr(mod, "use_triton", None) is use_triton:
