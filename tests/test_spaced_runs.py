@@ -137,3 +137,61 @@ def test_decode_sum_writes_spaced_runs(hadamard, dtype, post):
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     gaps = outs[0][0].view(2, n // 2 + GAP)[:, n // 2:]
     assert torch.equal(gaps, torch.full_like(gaps, -7.0))
+
+
+# -- the collectives, over 2 gloo ranks as 2 nodes ---------------------------------------------
+RUNS = ((0, L), (L + GAP, 2 * L + GAP))     # a root unit's compressed columns: S = 2 (L + GAP)
+
+
+def _collectives(rank: int, world: int, backend: str) -> list[torch.Tensor]:
+    """qWD's all-gather of a slot whose compressed columns are ``RUNS`` (three calls: the
+    exact first, then differences) and a Hadamard reduce-scatter of such rows, each fed
+    the spaced views and, beside it, a contiguous copy: the gathered rows and reduced
+    output of each (the spaced ones whole, the other columns included)."""
+    from hfcompress import get_compressor
+    from hfcompress.comm import QuantizedAllGather, Topology, TwoHopReduceScatter
+    from hfcompress.compressors.runs import take, view
+    topo, s = Topology(ranks_per_node=1), 2 * (L + GAP)
+    inner = lambda: get_compressor("int", bits=4, group_size=2048,  # noqa: E731
+                                   rounding="nearest", backend=backend)
+    spaced_ag, plain_ag = (QuantizedAllGather(get_compressor("qwd", inner=inner()), topo)
+                           for _ in range(2))
+    out = []
+    for step in range(3):
+        slot = _values(world, s, seed=20 + step)[rank]
+        rows = torch.full((world, s), -1.0)
+        spaced_ag(rows, view(slot, RUNS, spaced=True), columns=RUNS)
+        plain = torch.empty(world, 2 * L)
+        plain_ag(plain, take(slot.view(1, -1), RUNS)[0])
+        out += [rows, plain]
+    hadamard = get_compressor("hadamard", bits=4, group_size=GS, hadamard_size=32,
+                              rounding="nearest", backend=backend)
+    grads = _values(world, s, seed=30) * (rank + 1)
+    flat = torch.full((s,), -1.0)
+    TwoHopReduceScatter(topo, None, hadamard)(view(flat, RUNS, spaced=True),
+                                              view(grads, RUNS, spaced=True))
+    plain = torch.empty(2 * L)
+    TwoHopReduceScatter(topo, None, hadamard)(plain, take(grads, RUNS))
+    return out + [flat, plain]
+
+
+def spaced_worker(rank: int, world: int) -> list[torch.Tensor]:
+    return [t for backend in ("torch", "triton") for t in _collectives(rank, world, backend)]
+
+
+def test_collectives_read_and_write_spaced_runs_in_place():
+    """The all-gather's slots land in their spaced columns and the reduce-scatter's sum in
+    its spaced output, as from contiguous copies, the Triton kernels (interpreted) bit for
+    bit the torch twins; the columns between the runs keep their values."""
+    from dist_utils import run_distributed
+    from hfcompress.compressors.runs import take
+    for got in run_distributed(spaced_worker, 2):
+        torch_side, triton_side = got[:8], got[8:]
+        for side in (torch_side, triton_side):
+            for spaced, plain in zip(side[0::2], side[1::2]):
+                flat = spaced.view(-1, 2 * (L + GAP))
+                assert torch.equal(take(flat, RUNS).view(plain.shape), plain)
+                gaps = flat.view(-1, 2, L + GAP)[:, :, L:]
+                assert torch.equal(gaps, torch.full_like(gaps, -1.0))
+        for a, b in zip(torch_side, triton_side):
+            assert torch.equal(a, b)
