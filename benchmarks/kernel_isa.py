@@ -50,14 +50,24 @@ ROWS = [
      "GQ.quantize_rows(a[0], 8, 4, 128, a[1])", 1),
     ("hadamard_int4_quantize_strided_rows", "x8, rowkeys",
      "H.quantize_rows(a[0], 8, 4, 128, 32, a[1])", 1),
+    # ... of a root unit: each row's compressed columns two runs 64 values apart (embedding
+    # | final norm | LM head), read in place (RUNS)
+    ("hadamard_int4_quantize_spaced_rows", "x8s, rowkeys",
+     "H.quantize_rows(a[0], 8, 4, 128, 32, a[1])", 1),
     ("hadamard_rotate", "x,", "H.rotate(a[0], 32)", 1),
     ("qwd_difference_quantize", "xb, rb", "GQ.quantize_difference(*a, 4, 2048)", 1),
+    # qWD's wire row of a root unit's slot: its compressed columns two runs, read in place
+    ("qwd_difference_row_spaced", "xbs, rb.view(2, -1)",
+     "GQ.quantize_difference_row(*a, 4, 2048)", 1),
     # qWD's update of w~ (bf16) from one int4 payload
     ("qwd_dequantize_add", "(*peers(4, 1), rb)",
      "GQ.dequantize_add(a[0][0], a[1][0], 4, 2048, a[2])", 1),
     # ... from 8 gathered slots read in place in the wire (8 rider bytes after each payload)
     ("qwd_dequantize_add_wire_rows", "(*wire(4, 2048), rb)",
      "GQ.dequantize_add_wire(a[0], a[1], 4, 2048, a[3])", 1),
+    # ... written into a root unit's output columns too: each row two runs (RUNS)
+    ("qwd_dequantize_add_wire_rows_spaced", "(*wire(4, 2048), rb, spaced_rows(8, True))",
+     "GQ.dequantize_add_wire(a[0], a[1], 4, 2048, a[3], a[4])", 1),
     # zeropp's weight gather: 8 int8 g2048 slots decoded in place from the wire into their
     # rows of a bf16 output (a column block of the all-gather's buffer)
     ("dequantize_rows_int8_wire_rows", "(*wire_rows(8, 2048), torch.empty(8, N // 8 + 64, "
@@ -70,6 +80,9 @@ ROWS = [
      "GQ.dequantize_sum_quantize(*a, 8, 128, 4, 128, keys)", 8),
     ("hadamard_dequantize_sum_int4", "wire(4, 128, per=N)",
      "H.dequantize_sum_wire(*a, 4, 128, 32)", 8),
+    # ... into a root unit's output: two runs (RUNS)
+    ("hadamard_dequantize_sum_int4_spaced", "(*wire(4, 128, per=N), spaced_rows(1)[0])",
+     "H.dequantize_sum_wire(*a[:3], 4, 128, 32, out=a[3])", 8),
     # the preset's launch: int8 wire, one scale per tensor, 127 levels (one peer)
     # LoCo's error feedback of one int4 g128 gradient row (the loco preset's reduce-scatter, one
     # launch per destination row): bf16 gradients and the 8-bit error read, payload and new
@@ -128,6 +141,11 @@ xb, rb = torch.randn(N).bfloat16(), torch.randn(N).bfloat16()
 keys = torch.tensor([123, 456], dtype=torch.int64)
 x8 = torch.randn(8, N // 8 + 128)[:, :N // 8]
 rowkeys = torch.arange(16, dtype=torch.int64).view(8, 2)
+
+def spaced_rows(n, bf16=False):   # n rows of N // n values as two runs, 64 values apart
+    per = N // n // 2
+    return torch.randn(n, 2, per + 64, dtype=torch.bfloat16 if bf16 else None)[:, :, :per]
+x8s, xbs = spaced_rows(8), spaced_rows(1, True)[0]
 
 def peers(bits, n=8):
     packed = torch.randint(0, 255, (n, packed_nbytes(N, bits)), dtype=torch.uint8)

@@ -82,7 +82,7 @@ for h in (N.ONE_KEY, RK):
 # the scales as float32, or (a wire of rows) their bits in the wire's int32 words
 quant = dict(ref_ptr=f32, noise_row=i32, scale_ptr=f32, scale_off=i32, tail_ptr=f32,
              tail_row=i32, tail_n=i32, n_groups=i32, numel=i32, gpr=i32, row_words=i32,
-             x_row=i32, run_len=i32, run_gap=i32)
+             x_row=i32, run_tiles=i32, run_gap=i32)
 TAIL = N.TAIL_BLOCK   # a wire's rows copy their riders (norms: bf16 values)
 for bits, gs, h in [(b, 128, h) for b in (2, 4, 8) for h in (0, 1, RG)] + [(4, 2048, 0),
                                                                              (8, 2048, 0)]:
@@ -121,7 +121,7 @@ for bits, gs, out, rows, also, runs in [
                                        scale_off=i32, ref_ptr=out, out_ptr=o, also_ptr=o,
                                        tail_ptr=out, tail_row=i32, tail_off=i32, tail_n=i32,
                                        numel=i32, gpr=i32, row_words=i32, scale_row=i32,
-                                       also_row=i32, run_len=i32, run_gap=i32),
+                                       also_row=i32, run_tiles=i32, run_gap=i32),
         dict(GS=gs, BITS=bits, RAGGED=not rows and not runs, OUT_BF16=out != f32, ROWS=rows,
              ALSO=also, TAIL=TAIL if rows else 0, RUNS=runs, **k), T.NUM_WARPS)
 # the slots of a gathered wire decoded in place (zeropp's int8 weights; int4 for qw-style),
@@ -192,7 +192,7 @@ for bits, n, h, xrows, runs in [(b, n, h, False, False) for b in (4, 8) for n in
         dict(x_ptr=f32, noise_ptr=i64 if h else f32, noise_row=i32, packed_ptr="*i32",
              scale_ptr="*i32" if h == RG else f32, scale_off=i32,
              tail_ptr="*bf16" if h == RG else f32, tail_row=i32, tail_n=i32, n_groups=i32,
-             gpr=i32, row_words=i32, x_row=i32, run_len=i32, run_gap=i32),
+             gpr=i32, row_words=i32, x_row=i32, run_tiles=i32, run_gap=i32),
         dict(**H._consts(bits, 128, n, H.GPU_BLOCK_ELEMS), STOCHASTIC=h != 0, HASH=h,
              ROWS=h == RG, XROWS=xrows, TAIL=TAIL if h == RG else 0, RUNS=runs),
         H.QUANT_WARPS)
@@ -229,7 +229,7 @@ for bits, gs, n, peers, bf16, words, post, tail, runs in dsum:
              scale_stride=i32, scale_off=i32, BIG="fp32", post="fp32",
              tail_ptr="*u16" if bf16 else f32, tail_off=i32, tail_stride=i32,
              tail_out_ptr="*u16" if bf16 else f32, n_tail=i32, n_main=i32, tail_post="fp32",
-             run_len=i32, run_gap=i32),
+             run_tiles=i32, run_gap=i32),
         dict(PEERS=unrolled, GS=gs, BITS=bits, **k,
              V=min(k["UPR"], 4) if words else 1, WORDS=words,
              R=D.GPU_ROWS, N=n, LOG2N=n.bit_length() - 1, SCALE=H.inv_sqrt(n), INVERSE=n > 1,

@@ -419,7 +419,7 @@ for bits, gs, n, hashed in ((4, 128, 32, 1), (6, 96, 32, 0), (2, 256, 2, 4), (8,
              "scale_ptr": "*i32" if hashed == 4 else "*fp32", "scale_off": "i32",
              "tail_ptr": "*bf16", "tail_row": "i32", "tail_n": "i32",
              "n_groups": "i32", "gpr": "i32", "row_words": "i32",
-             "x_row": "i32", "run_len": "i32", "run_gap": "i32"},
+             "x_row": "i32", "run_tiles": "i32", "run_gap": "i32"},
              {**k, "STOCHASTIC": True, "HASH": hashed, "ROWS": hashed == 4,
               "XROWS": hashed == 4, "TAIL": 1024 if hashed == 4 else 0, "RUNS": hashed == 4})
     # (the decode-sum kernel: tests/test_triton_dequantize_sum.py)

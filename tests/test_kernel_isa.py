@@ -20,6 +20,9 @@ BUDGET = {
     "hadamard_int4_quantize": 45, "qwd_difference_quantize": 35,
     # the launches of a reduce-scatter's compressed columns at world size > 1: the same
     "quantize_int4_stochastic_strided_rows": 40, "hadamard_int4_quantize_strided_rows": 45,
+    # ... and of a root unit's, its compressed columns runs read and written in place
+    "hadamard_int4_quantize_spaced_rows": 45, "qwd_difference_row_spaced": 35,
+    "hadamard_dequantize_sum_int4_spaced": 10,
     "dequantize_sum_int4": 10, "dequantize_sum_int8": 10, "hadamard_dequantize_sum_int4": 10,
     "global_qsgd_quantize": 30,
     # LoCo's feedback: an 8-bit decode and two quantizations (int4 payload, 8-bit error) in one
@@ -34,13 +37,16 @@ BUDGET = {
 #: 163.3 at 16 bf16 values per thread))
 OLDER_TRITON = {**BUDGET, "quantize_int4_stochastic": 48, "quantize_int8_stochastic": 48,
                 "quantize_int4_stochastic_strided_rows": 48, "hadamard_int4_quantize": 60,
-                "hadamard_int4_quantize_strided_rows": 60, "global_qsgd_quantize": 32,
+                "hadamard_int4_quantize_strided_rows": 60,
+                "hadamard_int4_quantize_spaced_rows": 60, "global_qsgd_quantize": 32,
                 "loco_feedback_int4": 88, "loco_feedback_rows_int4": 88}
 #: rows that must run as one kernel with no tensor op of torch around it
 ONE_PASS = ("qwd_difference_quantize", "global_qsgd_quantize", "dequantize_sum_int4",
             "dequantize_sum_int8", "quantize_int4_stochastic_strided_rows",
             "hadamard_int4_quantize_strided_rows", "loco_feedback_int4",
-            "loco_feedback_rows_int4")
+            "loco_feedback_rows_int4", "hadamard_int4_quantize_spaced_rows",
+            "qwd_difference_row_spaced", "qwd_dequantize_add_wire_rows_spaced",
+            "hadamard_dequantize_sum_int4_spaced")
 
 
 @pytest.fixture(scope="module")

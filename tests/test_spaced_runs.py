@@ -41,8 +41,8 @@ def _keys(rows: int) -> torch.Tensor:
 
 def test_spaced_runs_reads_the_view():
     buf, runs = _spaced(2, 3, 256)
-    assert spaced_runs(runs, 2, 128) == (256, GAP)
-    assert spaced_runs(runs[:1], 1, 128) == (256, GAP) and spaced_runs(runs[0], 1, 128)
+    assert spaced_runs(runs, 2, 128) == (2, GAP)          # programs a run, values between
+    assert spaced_runs(runs[:1], 1, 256) == (1, GAP) and spaced_runs(runs[0], 1, 128)
     assert spaced_runs(runs, 2, 512) is None              # a program would straddle two runs
     assert spaced_runs(runs, 1, 128) is None               # two rows are not one
     assert spaced_runs(buf, 2, 128) is None                # plain rows

@@ -291,7 +291,7 @@ for bits, gs, n, words, peers, bf16, post, tail in ((4, 128, 1, True, 8, True, 0
                src_stride="i32", scale_stride="i32", scale_off="i32", BIG="fp32", post="fp32",
                tail_ptr="*u16" if bf16 else "*fp32", tail_off="i32", tail_stride="i32",
                tail_out_ptr="*u16" if bf16 else "*fp32", n_tail="i32", n_main="i32",
-               tail_post="fp32", run_len="i32", run_gap="i32")
+               tail_post="fp32", run_tiles="i32", run_gap="i32")
     sig.update({c: "constexpr" for c in consts})
     src = ASTSource(fn=ds._dequantize_sum_kernel, signature=sig, constexprs=consts)
     ptx = triton.compile(src, target=GPUTarget("cuda", 80, 32),

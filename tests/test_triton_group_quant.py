@@ -264,7 +264,7 @@ def ptx(fn, sig, consts):
 u8, f32, i32 = "*u8", "*fp32", "i32"
 quant = dict(ref_ptr=f32, noise_row="i64", scale_ptr=f32, scale_off=i32, tail_ptr="*bf16",
              tail_row=i32, tail_n=i32, n_groups=i32, numel="i64", gpr=i32, row_words=i32,
-             x_row=i32, run_len=i32, run_gap=i32)
+             x_row=i32, run_tiles=i32, run_gap=i32)
 q = ptx(T._quantize_kernel, dict(x_ptr="*bf16", noise_ptr=f32, packed_ptr=u8, **quant),
         dict(GS=96, BITS=6, STOCHASTIC=True, HASH=0, DIFF=False, RAGGED=False, ROWS=False,
              XROWS=False, TAIL=0, RUNS=False, **T._tile_consts(6, 96, 1024, itemsize=2)))
@@ -285,7 +285,7 @@ a = "".join(ptx(T._dequantize_add_kernel, dict(packed_ptr="*i32",
                 scale_ptr="*i32" if rows else f32, scale_off=i32, ref_ptr="*bf16",
                 out_ptr="*i16", also_ptr="*i16", tail_ptr="*bf16", tail_row=i32,
                 tail_off=i32, tail_n=i32, numel="i64", gpr=i32,
-                row_words=i32, scale_row=i32, also_row=i32, run_len=i32, run_gap=i32),
+                row_words=i32, scale_row=i32, also_row=i32, run_tiles=i32, run_gap=i32),
                 dict(GS=128, BITS=4, OUT_BF16=True, RAGGED=not rows, ROWS=rows, ALSO=rows,
                      TAIL=N.TAIL_BLOCK if rows else 0, RUNS=rows,
                      **T._tile_consts(4, 128, 1024, itemsize=2)))

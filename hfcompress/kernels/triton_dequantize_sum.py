@@ -148,7 +148,7 @@ def _rider_sum(tail_ptr, tail_off, tail_stride, out_ptr, n_tail, n_peers, pid, p
 @triton.jit
 def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_stride,
                            scale_stride, scale_off, BIG, post, tail_ptr, tail_off, tail_stride,
-                           tail_out_ptr, n_tail, n_main, tail_post, run_len, run_gap,
+                           tail_out_ptr, n_tail, n_main, tail_post, run_tiles, run_gap,
                            PEERS: tl.constexpr,
                            GS: tl.constexpr, BITS: tl.constexpr, ROWV: tl.constexpr,
                            UPR: tl.constexpr, UB: tl.constexpr, UC: tl.constexpr,
@@ -167,8 +167,7 @@ def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_str
     in int32 words (a wire's, :func:`dequantize_sum_wire`). ``TAIL``: the programs from
     ``n_main`` on (their rows all past ``n_rows``) sum the peers' riders instead
     (:func:`_rider_sum`, their own reduce op's step ``TAIL_POST`` by ``tail_post``).
-    ``RUNS``: the output is runs of ``run_len`` values ``run_gap`` apart, each program's rows
-    inside one (``triton_tiles.spaced_runs``)."""
+    ``RUNS``: the output is runs of ``run_tiles`` programs' values ``run_gap`` apart (``triton_tiles.spaced_runs``)."""
     if TAIL:
         if tl.program_id(0) >= n_main:
             _rider_sum(tail_ptr, tail_off, tail_stride, tail_out_ptr, n_tail, n_peers,
@@ -196,7 +195,7 @@ def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_str
     if CLIP:
         total = tl.where(total > BIG, BIG, tl.where(total < -BIG, -BIG, total))
     if RUNS:    # the gaps before this program's run of the output
-        out_ptr += (tl.program_id(0).to(tl.int64) * (R * ROWV) // run_len) * run_gap
+        out_ptr += (tl.program_id(0) // run_tiles).to(tl.int64) * run_gap
     e = (r[None, :, None] * ROWV + 4 * tl.arange(0, ROWV // 4)[:, None, None]
          + tl.arange(0, 4)[None, None, :])
     ES: tl.constexpr = out_ptr.dtype.element_ty.primitive_bitwidth // 8
@@ -407,7 +406,7 @@ def _launch_plan(src: torch.Tensor, v: int, scale_off: int, scale_stride: int, n
                  runs: tuple[int, int] | None = None) -> tuple:
     """:func:`_sum`'s launch as :func:`_launch` takes it, no tensor held: ``(grid, the scalar
     arguments, the riders' view dtypes (values, output; None: as they are) or None, the
-    keywords)``; ``runs``: ``(run_len, run_gap)`` of an output of equally spaced runs."""
+    keywords)``; ``runs``: ``(run_tiles, run_gap)`` of an output of equally spaced runs."""
     numel = n_groups * group_size
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
     rows = _rows_per_program(src, k, hadamard_size)

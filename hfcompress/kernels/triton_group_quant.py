@@ -221,7 +221,7 @@ def _dequantize_at(packed_ptr, scale_ptr, e, mask, GS: tl.constexpr, BITS: tl.co
 @triton.jit
 def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_off,
                      tail_ptr, tail_row, tail_n, n_groups, numel, gpr, row_words, x_row,
-                     run_len, run_gap, GS: tl.constexpr, BLOCK_G: tl.constexpr,
+                     run_tiles, run_gap, GS: tl.constexpr, BLOCK_G: tl.constexpr,
                      L: tl.constexpr, LOG2V: tl.constexpr, VEC: tl.constexpr,
                      BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr,
                      STOCHASTIC: tl.constexpr, HASH: tl.constexpr, DIFF: tl.constexpr,
@@ -233,8 +233,7 @@ def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr
     each, the codes then the scales (``scale_ptr``: row 0's first scale); ``XROWS``: read from
     rows ``x_row`` values apart (a strided view), else from a flat ``x``. A program's row is
     its pointers' offset: its tile is the flat kernel's, with no division by ``gpr``.
-    ``RUNS``: ``x`` (a row of it) is runs of ``run_len`` values ``run_gap`` apart, each tile
-    inside one (``triton_tiles.spaced_runs``). The scales go ``scale_off`` elements past
+    ``RUNS``: ``x`` (a row of it) is runs of ``run_tiles`` tiles ``run_gap`` values apart (``triton_tiles.spaced_runs``). The scales go ``scale_off`` elements past
     ``scale_ptr`` (a wire's words: their word), the riders after them (``store_riders``)."""
     pid = tl.program_id(0)
     scale_ptr += scale_off
@@ -249,7 +248,7 @@ def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr
         mask = mask & (off < tl.minimum(numel - base, BLOCK_G * GS).to(tl.int32))
     xbase = base
     if RUNS:    # the gaps before this tile's run
-        xbase = base + (base // run_len) * run_gap
+        xbase = base + (pid // run_tiles).to(tl.int64) * run_gap
     y = tl.load(x_ptr + xbase + off, mask=mask, other=0.0).to(tl.float32)
     if DIFF:
         y = y - tl.load(ref_ptr + base + off, mask=mask, other=0.0).to(tl.float32)
@@ -289,7 +288,7 @@ def _decode_tile(packed_ptr, scale_ptr, pid, n_groups, GS: tl.constexpr, BLOCK_G
 @triton.jit
 def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, also_ptr,
                            tail_ptr, tail_row, tail_off, tail_n, numel, gpr, row_words,
-                           scale_row, also_row, run_len, run_gap, GS: tl.constexpr,
+                           scale_row, also_row, run_tiles, run_gap, GS: tl.constexpr,
                            BLOCK_G: tl.constexpr, L: tl.constexpr, LOG2V: tl.constexpr,
                            VEC: tl.constexpr, BITS: tl.constexpr, CPU: tl.constexpr,
                            BPU: tl.constexpr, RAGGED: tl.constexpr, OUT_BF16: tl.constexpr,
@@ -302,8 +301,8 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, a
     ``r * row_words`` and its scales at ``r * scale_row`` (a wire's column views): a 2-D
     grid, axis 1 the rows, each program's pointers offset by its row. ``ALSO``: the result
     stored a second time at ``also_ptr`` (row r at ``r * also_row``: the all-gather's output
-    beside the new w~; ``RUNS``: a row is runs of ``run_len`` values ``run_gap`` apart, each
-    tile inside one, ``triton_tiles.spaced_runs``). The scales start ``scale_off`` elements past ``scale_ptr`` (a wire's
+    beside the new w~; ``RUNS``: a row is runs of ``run_tiles`` tiles ``run_gap`` values
+    apart, ``triton_tiles.spaced_runs``). The scales start ``scale_off`` elements past ``scale_ptr`` (a wire's
     words: their word); ``TAIL``: the row's ``tail_n`` riders, from its word ``tail_off`` on,
     copied to ``tail_ptr`` (row r at ``r * tail_row``: the all-gather's exact columns)."""
     pid = tl.program_id(0)
@@ -335,7 +334,7 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, a
     if ALSO:
         abase = base
         if RUNS:    # the gaps before this tile's run
-            abase = base + (base // run_len) * run_gap
+            abase = base + (pid // run_tiles).to(tl.int64) * run_gap
         tl.store(also_ptr + abase + off, y, mask=mask)
 
 
@@ -459,7 +458,7 @@ def _quantize_plan(x: torch.Tensor, xrows: bool, diff: bool, noise: torch.Tensor
     """:func:`_launch_quantize`'s launch as :func:`_quantize_launch` takes it, no tensor
     held: ``(grid, float noise, the scalar arguments, the keywords)``; ``xrows``: ``x`` is
     read as its rows (``x.stride(0)`` apart), ``diff``: a reference is subtracted, ``runs``:
-    ``(run_len, run_gap)``, ``x``'s values read as equally spaced runs."""
+    ``(run_tiles, run_gap)``, ``x``'s values read as equally spaced runs."""
     numel = x.numel()
     _, hashed, row = noise_operand(noise, n_groups * group_size, x, group_size)
     _, t_row, t_n, tail_block = tail_operand(tail, x)
@@ -770,7 +769,7 @@ def _also_rows(also: torch.Tensor | None, ref: torch.Tensor,
     """``also`` as the kernel's second store: ``(tensor, row stride, runs)`` where it is
     ``ref``'s dtype and its rows are the launch's (one flat run, or the grid's rows of unit
     column stride; each row may be runs of one length equally spaced, ``runs`` their
-    ``(run_len, run_gap)``: ``triton_tiles.spaced_runs`` for ``tile``-value programs); None
+    ``(run_tiles, run_gap)``: ``triton_tiles.spaced_runs`` for ``tile``-value programs); None
     where it is copied after."""
     if also is None or also.dtype != ref.dtype or also.numel() != ref.numel():
         return None

@@ -97,7 +97,7 @@ def _max_nan(a, b):
 
 @triton.jit
 def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_off, tail_ptr,
-                     tail_row, tail_n, n_groups, gpr, row_words, x_row, run_len, run_gap,
+                     tail_row, tail_n, n_groups, gpr, row_words, x_row, run_tiles, run_gap,
                      GS: tl.constexpr,
                      BLOCK_G: tl.constexpr, RUN: tl.constexpr, RPG: tl.constexpr,
                      K: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr, SCALE: tl.constexpr,
@@ -111,8 +111,7 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_o
     (``WORDS``): grid axis 1 is the rows of ``gpr`` groups, a wire of ``row_words`` words per
     row (codes, then scales: ``scale_ptr`` is row 0's first), each program's pointers offset
     by its row; ``XROWS``: the input rows ``x_row`` values apart, else a flat ``x``;
-    ``RUNS``: a row of ``x`` is runs of ``run_len`` values ``run_gap`` apart, each program
-    inside one (``triton_tiles.spaced_runs``). The scales go ``scale_off`` elements past ``scale_ptr``, as its type (float32, or their bits
+    ``RUNS``: a row of ``x`` is runs of ``run_tiles`` programs' values ``run_gap`` apart (``triton_tiles.spaced_runs``). The scales go ``scale_off`` elements past ``scale_ptr``, as its type (float32, or their bits
     in a wire's int32 words), the riders after them (``store_riders``)."""
     J: tl.constexpr = RUN // K
     scale_ptr += scale_off
@@ -124,7 +123,7 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_o
             x_ptr, packed_ptr, scale_ptr, noise_ptr, gpr, row_words, x_row, GS, HASH, XROWS)
     store_riders(scale_ptr, n_groups, tail_ptr, tail_row, tail_n, ROWS, TAIL)
     if RUNS:    # the gaps before this program's run
-        x_ptr += (tl.program_id(0).to(tl.int64) * (BLOCK_G * GS) // run_len) * run_gap
+        x_ptr += (tl.program_id(0) // run_tiles).to(tl.int64) * run_gap
     g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     b = tl.arange(0, RPG)
     gmask = g < n_groups
@@ -229,7 +228,7 @@ def _quantize_plan(x: torch.Tensor, xrows: bool, noise: torch.Tensor | None, sca
                    tail: torch.Tensor | None, runs: tuple[int, int] | None = None) -> tuple:
     """:func:`_launch_quantize`'s launch as :func:`_quantize_launch` takes it, no tensor
     held: ``(grid, float noise, the scalar arguments, the keywords)``; ``xrows``: ``x`` is
-    read as its rows (``x.stride(0)`` apart), ``runs``: ``(run_len, run_gap)``, its values
+    read as its rows (``x.stride(0)`` apart), ``runs``: ``(run_tiles, run_gap)``, its values
     as equally spaced runs."""
     _, hashed, row = noise_operand(noise, x.numel(), x, group_size)
     _, t_row, t_n, tail_block = tail_operand(tail, x)

@@ -49,19 +49,23 @@ def rows_of_groups(x: torch.Tensor, rows: int, group_size: int) -> int | None:
 
 
 def spaced_runs(x: torch.Tensor, rows: int, tile: int) -> tuple[int, int] | None:
-    """``(run_len, run_gap)`` where ``x`` is ``[..., count, length]`` runs of one length
+    """``(run_tiles, run_gap)`` where ``x`` is ``[..., count, length]`` runs of one length
     equally spaced (``runs.view(spaced=True)``: a root unit's embedding and LM head around its
     final norm) that a kernel of ``tile``-value programs reads or writes in place, each
-    program inside one run (``length`` a multiple of ``tile``): the values of row ``r``
-    (its leading index, ``rows`` of them ``x.stride(0)`` apart) at flat index ``f`` lie at
-    ``f + (f // run_len) * run_gap``. None where ``x`` is not such a view."""
+    program inside one run (``length`` a multiple of ``tile``, ``run_tiles`` programs a
+    run): program ``p`` of a row (its leading index, ``rows`` of them ``x.stride(0)``
+    apart) starts ``(p // run_tiles) * run_gap`` values past its flat start (an int32
+    division per program: 64-bit costs ~4 SASS per value). None where ``x`` is not such a
+    view (or a row spans 2^31 values)."""
     if x.dim() < 2 or x.shape[-2] < 2 or x.stride(-1) != 1 or x.shape[-1] % tile:
         return None
     lead = x.shape[:-2]
     if not (rows == 1 and all(n == 1 for n in lead) or len(lead) == 1 and lead[0] == rows):
         return None
     length, period = x.shape[-1], x.stride(-2)
-    return (length, period - length) if period > length else None
+    if period <= length or x.shape[-2] * period >= 1 << 31:
+        return None
+    return length // tile, period - length
 
 
 def per_program(t: torch.Tensor, interpreted: int, gpu: int) -> int:
