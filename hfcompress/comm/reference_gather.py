@@ -168,12 +168,10 @@ class ShardedReferences:
                  async_op: bool = False, sent: SentBytes | None = None,
                  exact: tuple[torch.Tensor, torch.Tensor] | None = None,
                  columns: Runs | None = None) -> torch.futures.Future | None:
-        """``slot``: this rank's S values, flat or a view of runs of one length equally spaced
-        (``runs.view(spaced=True)``: read in place by the difference kernel). ``sent``: only
-        those payload bytes cross nodes (frozen parameters, ``frozen.py``).
-        ``exact``: ``(values [E], out [world, E])``, columns gathered exactly in steps 1 and
-        3 (``riders.py``; only where :meth:`sends_differences`). ``columns``: ``out`` is the
-        ``[world, S]`` rows of a larger buffer, the slots go to these column runs."""
+        """``slot``: this rank's S values (flat, or equally spaced runs read in place); ``sent``:
+        only those payload bytes cross nodes (``frozen.py``); ``exact``: ``(values [E], out
+        [world, E])``, gathered exactly in steps 1 and 3 (where :meth:`sends_differences`);
+        ``columns``: ``out`` is ``[world, S]`` rows of a larger buffer, slots to these runs."""
         route = self._used = self.route(group)
         s, y, x = slot.numel(), route.rows, route.ranks_per_node
         self._check_layout((route.world, x, s))

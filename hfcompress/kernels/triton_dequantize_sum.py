@@ -167,7 +167,8 @@ def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_str
     in int32 words (a wire's, :func:`dequantize_sum_wire`). ``TAIL``: the programs from
     ``n_main`` on (their rows all past ``n_rows``) sum the peers' riders instead
     (:func:`_rider_sum`, their own reduce op's step ``TAIL_POST`` by ``tail_post``).
-    ``RUNS``: the output is runs of ``run_tiles`` programs' values ``run_gap`` apart (``triton_tiles.spaced_runs``)."""
+    ``RUNS``: the output is runs of ``run_tiles`` programs' values ``run_gap`` apart
+    (``triton_tiles.spaced_runs``)."""
     if TAIL:
         if tl.program_id(0) >= n_main:
             _rider_sum(tail_ptr, tail_off, tail_stride, tail_out_ptr, n_tail, n_peers,

@@ -233,8 +233,9 @@ def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr
     each, the codes then the scales (``scale_ptr``: row 0's first scale); ``XROWS``: read from
     rows ``x_row`` values apart (a strided view), else from a flat ``x``. A program's row is
     its pointers' offset: its tile is the flat kernel's, with no division by ``gpr``.
-    ``RUNS``: ``x`` (a row of it) is runs of ``run_tiles`` tiles ``run_gap`` values apart (``triton_tiles.spaced_runs``). The scales go ``scale_off`` elements past
-    ``scale_ptr`` (a wire's words: their word), the riders after them (``store_riders``)."""
+    ``RUNS``: ``x`` (a row of it) is runs of ``run_tiles`` tiles ``run_gap`` values apart
+    (``triton_tiles.spaced_runs``). The scales go ``scale_off`` elements past ``scale_ptr``
+    (a wire's words: their word), the riders after them (``store_riders``)."""
     pid = tl.program_id(0)
     scale_ptr += scale_off
     n_tile, nbase = n_groups, 0
@@ -302,9 +303,10 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, a
     grid, axis 1 the rows, each program's pointers offset by its row. ``ALSO``: the result
     stored a second time at ``also_ptr`` (row r at ``r * also_row``: the all-gather's output
     beside the new w~; ``RUNS``: a row is runs of ``run_tiles`` tiles ``run_gap`` values
-    apart, ``triton_tiles.spaced_runs``). The scales start ``scale_off`` elements past ``scale_ptr`` (a wire's
-    words: their word); ``TAIL``: the row's ``tail_n`` riders, from its word ``tail_off`` on,
-    copied to ``tail_ptr`` (row r at ``r * tail_row``: the all-gather's exact columns)."""
+    apart, ``triton_tiles.spaced_runs``). The scales start ``scale_off`` elements past
+    ``scale_ptr`` (a wire's words: their word); ``TAIL``: the row's ``tail_n`` riders, from
+    its word ``tail_off`` on, copied to ``tail_ptr`` (row r at ``r * tail_row``: the
+    all-gather's exact columns)."""
     pid = tl.program_id(0)
     K: tl.constexpr = (1 << LOG2V) // VEC
     scale_ptr += scale_off

@@ -98,21 +98,18 @@ def _max_nan(a, b):
 @triton.jit
 def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_off, tail_ptr,
                      tail_row, tail_n, n_groups, gpr, row_words, x_row, run_tiles, run_gap,
-                     GS: tl.constexpr,
-                     BLOCK_G: tl.constexpr, RUN: tl.constexpr, RPG: tl.constexpr,
+                     GS: tl.constexpr, BLOCK_G: tl.constexpr, RUN: tl.constexpr, RPG: tl.constexpr,
                      K: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr, SCALE: tl.constexpr,
                      BITS: tl.constexpr, CPU: tl.constexpr, BPU: tl.constexpr, WORDS: tl.constexpr,
                      STOCHASTIC: tl.constexpr, HASH: tl.constexpr, ROWS: tl.constexpr,
                      XROWS: tl.constexpr, TAIL: tl.constexpr, RUNS: tl.constexpr):
-    """Rotate and group-quantize ``BLOCK_G`` groups (SDP4Bit 3.3 TLq-HS) as a
-    (RUN // K, BLOCK_G, RPG, K) tile: value ``j * K + k`` of run ``b`` of group ``g`` at
-    ``[j, g, b, k]``. Its first axis outermost, Triton keeps a run in one thread's registers
-    (``K`` values per vector load), the lanes and warps over runs (see _consts). ``ROWS``
-    (``WORDS``): grid axis 1 is the rows of ``gpr`` groups, a wire of ``row_words`` words per
-    row (codes, then scales: ``scale_ptr`` is row 0's first), each program's pointers offset
-    by its row; ``XROWS``: the input rows ``x_row`` values apart, else a flat ``x``;
-    ``RUNS``: a row of ``x`` is runs of ``run_tiles`` programs' values ``run_gap`` apart (``triton_tiles.spaced_runs``). The scales go ``scale_off`` elements past ``scale_ptr``, as its type (float32, or their bits
-    in a wire's int32 words), the riders after them (``store_riders``)."""
+    """Rotate and group-quantize ``BLOCK_G`` groups (SDP4Bit 3.3 TLq-HS) as a (RUN // K,
+    BLOCK_G, RPG, K) tile: value ``j * K + k`` of run ``b`` of group ``g`` at ``[j, g, b, k]``,
+    a run in a thread's registers (``K`` values a load), lanes and warps over runs. ``ROWS``
+    (``WORDS``): grid axis 1 the rows of ``gpr`` groups, a wire of ``row_words`` words a row
+    (codes, scales: ``scale_ptr`` row 0's first), pointers offset by the row; ``XROWS``: input
+    rows ``x_row`` apart; ``RUNS``: a row is runs of ``run_tiles`` programs ``run_gap`` apart
+    (``triton_tiles.spaced_runs``). Scales ``scale_off`` past ``scale_ptr``, riders after."""
     J: tl.constexpr = RUN // K
     scale_ptr += scale_off
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
@@ -144,8 +141,8 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_o
     # as group_quant.group_scales: absmax / qmax (IEEE division), (1 / absmax) * qmax
     scale = tl.where(bad, float("nan"),
                      tl.math.div_rn(absmax, tl.full(absmax.shape, QMAX, tl.float32)))
-    one = tl.full(absmax.shape, 1.0, tl.float32)
-    inv = tl.where(ok, tl.math.div_rn(one, tl.where(ok, absmax, 1.0)) * QMAX, 0.0)
+    inv = tl.where(ok, tl.math.div_rn(tl.full(absmax.shape, 1.0, tl.float32),
+                                      tl.where(ok, absmax, 1.0)) * QMAX, 0.0)
     t = y * inv[None, :, None, None]
     if STOCHASTIC:
         q = tl.floor(t + group_noise_at(
