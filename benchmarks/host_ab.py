@@ -42,11 +42,11 @@ def _start() -> contextlib.ExitStack:
     return ctx
 
 
-def make_step(preset: str, warmup: int = 3) -> Callable[[], None]:
+def make_step(preset: str, warmup: int = 3, package=hfcompress) -> Callable[[], None]:
     """One step of ``preset``'s collectives (``step_ops.unit_step``), warmed up ``warmup``
-    times."""
+    times; installed by ``package`` (``host_ab_trees.py``: another tree's)."""
     model = tiny_llama(seed=0, **DIMS["cpu"])
-    handle = hfcompress.apply(model, preset, shard=True, ranks_per_node=1)
+    handle = package.apply(model, preset, shard=True, ranks_per_node=1)
     jobs = jobs_of(handle, model, 1, 0)
 
     def step() -> None:

@@ -28,9 +28,8 @@ import torch
 import torch.distributed as dist
 
 import hfcompress
-from gpu_check import DIMS
-from step_ops import gpu_code_path, interleaved_ms, jobs_of, unit_step
-from hfcompress.testing import tiny_llama
+from host_ab import make_step
+from step_ops import gpu_code_path, interleaved_ms
 
 
 def import_tree(root: str, name: str = "hfcompress_base"):
@@ -42,19 +41,6 @@ def import_tree(root: str, name: str = "hfcompress_base"):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
-
-
-def make_step(package, preset: str, warmup: int = 3):
-    """One step of ``preset``'s collectives installed by ``package``, warmed up."""
-    model = tiny_llama(seed=0, **DIMS["cpu"])
-    handle = package.apply(model, preset, shard=True, ranks_per_node=1)
-    jobs = jobs_of(handle, model, 1, 0)
-
-    def step() -> None:
-        unit_step(handle, jobs, dist.ReduceOp.SUM)
-    for _ in range(warmup):
-        step()
-    return step
 
 
 def main() -> None:
@@ -76,8 +62,8 @@ def main() -> None:
             comm = f"{package.__name__}.comm"
             ctx.enter_context(importlib.import_module(f"{comm}.one_rank").compress_one_rank())
             ctx.enter_context(importlib.import_module(f"{comm}.futures").inline_on_cpu())
-        steps = {"none": make_step(hfcompress, "none"), "base": make_step(base, args.preset),
-                 "this": make_step(hfcompress, args.preset)}
+        steps = {"none": make_step("none"), "base": make_step(args.preset, package=base),
+                 "this": make_step(args.preset)}
         res: dict[str, list[float]] = {name: [] for name in steps}
         for _ in range(args.rounds):
             for name, ms in interleaved_ms(steps, args.repeats).items():
