@@ -80,6 +80,10 @@ class TwoHopReduceScatter(StreamOwner):
         self.raw_inter = inter is None
         self._checked: dict = {}     # call signature -> its chunks' bounds (checked once)
         self._single_hops: dict = {}   # call signature -> :meth:`_one_hop`
+        # the hops whose rows may be spaced runs (:attr:`spaced_input`): stateless schemes
+        # that read them (``Compressor.spaced_rows``)
+        self._spaced_hops = frozenset(hop for hop, s in self.streams.items()
+                                      if not s.stateful and s.compressor.spaced_rows)
         self._remote = {hop: peer_is_remote(g, topology) for hop, g in
                         (("intra", topology.intra_group), ("inter", topology.inter_group))
                         if g is not None}       # None: this rank alone, that hop never runs
@@ -100,7 +104,7 @@ class TwoHopReduceScatter(StreamOwner):
         check_scatter_op(op)
         s = output.numel()
         hop = self._one_hop(key, len(bounds), s)
-        spaced = input.dim() == 3 and hop is not None and self._reads_spaced(hop)
+        spaced = input.dim() == 3 and hop in self._spaced_hops
         rows = input if spaced or input.shape == (p, s) else input.reshape(p, s)
         if hop is not None:
             return self._single(hop, output, rows, op, exact)
@@ -152,20 +156,15 @@ class TwoHopReduceScatter(StreamOwner):
             self._single_hops[key] = hop
         return self._single_hops[key]
 
-    def _reads_spaced(self, hop: str) -> bool:
-        """Whether ``hop``'s rows may be spaced runs (:attr:`spaced_input`)."""
-        streams = self.streams[hop]
-        return not streams.stateful and streams.compressor.spaced_rows
-
     def _single(self, hop: str, output: torch.Tensor, rows: torch.Tensor, op: Any,
                 exact: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         """The call as :meth:`_one_hop`'s hop alone, in straight-line code (the general
         path's numbers: its first hop rotates and compresses the rows, the decode-sum
         rotates back, divides for an AVG and writes the output; the riders ride and are
         summed there where the scheme can, else by ``final_sum``). ``rows``: ``[P, S]``, or
-        spaced runs ``[P, count, length]`` where :meth:`_reads_spaced`."""
+        spaced runs ``[P, count, length]`` where ``hop`` reads them."""
         p = self.topology.world_size
-        target, post = result_target(output, op, p, self._reads_spaced(hop))
+        target, post = result_target(output, op, p, hop in self._spaced_hops)
         streams = self.streams[hop]
         rider = None if exact is None else exact[0]
         send = compress_rows(streams, rows, _row_key, False, rider)

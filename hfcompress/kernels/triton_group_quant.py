@@ -739,13 +739,13 @@ def _add_launch_plan(scale_off: int, rows: tuple[int, int, int, int] | None,
         (cdiv(rows[1], k["BLOCK_G"]), rows[0])
     second = _also_rows(also, flat, grid, k["BLOCK_G"] * group_size)
     _, t_row, t_n, tail_block = tail_operand(None if riders is None else riders[0], flat)
-    runs = None if second is None else second[2]
+    runs = None if second is None else second[1]
     kw = dict(GS=group_size, BITS=bits, RAGGED=numel % group_size != 0, OUT_BF16=bf16,
               ROWS=rows is not None, ALSO=second is not None, TAIL=tail_block,
               RUNS=runs is not None, **k, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return grid, second is not None, bf16, (
         scale_off, t_row, 0 if riders is None else riders[1], t_n, numel,
-        *((1, 0, 0) if rows is None else rows[1:]), 0 if second is None else second[1],
+        *((1, 0, 0) if rows is None else rows[1:]), 0 if second is None else second[0],
         *(runs or (1, 0))), kw
 
 
@@ -767,23 +767,23 @@ def _add_launch(plan: tuple, src: torch.Tensor, scale: torch.Tensor, flat: torch
 
 def _also_rows(also: torch.Tensor | None, ref: torch.Tensor,
                grid: tuple[int, ...], tile: int
-               ) -> tuple[torch.Tensor, int, tuple[int, int] | None] | None:
-    """``also`` as the kernel's second store: ``(tensor, row stride, runs)`` where it is
-    ``ref``'s dtype and its rows are the launch's (one flat run, or the grid's rows of unit
-    column stride; each row may be runs of one length equally spaced, ``runs`` their
-    ``(run_tiles, run_gap)``: ``triton_tiles.spaced_runs`` for ``tile``-value programs); None
-    where it is copied after."""
+               ) -> tuple[int, tuple[int, int] | None] | None:
+    """``also`` as the kernel's second store: ``(row stride, runs)`` where it is ``ref``'s
+    dtype and its rows are the launch's (one flat run, or the grid's rows of unit column
+    stride; each row may be runs of one length equally spaced, ``runs`` their ``(run_tiles,
+    run_gap)``: ``triton_tiles.spaced_runs`` for ``tile``-value programs); None where it is
+    copied after."""
     if also is None or also.dtype != ref.dtype or also.numel() != ref.numel():
         return None
     rows = 1 if len(grid) == 1 else grid[1]
     runs = spaced_runs(also, rows, tile)
     if runs is not None:
-        return also, also.stride(0) if rows > 1 else 0, runs
+        return also.stride(0) if rows > 1 else 0, runs
     if len(grid) == 1:
-        return (also, 0, None) if also.is_contiguous() else None
+        return (0, None) if also.is_contiguous() else None
     if also.dim() != 2 or also.shape[0] != rows or also.stride(1) != 1:
         return None
-    return also, also.stride(0), None
+    return also.stride(0), None
 
 
 def _row_strides(packed: torch.Tensor, scale: torch.Tensor) -> tuple[int, int, int] | None:
