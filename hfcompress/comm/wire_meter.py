@@ -19,11 +19,10 @@ uncompressed baseline, and the time spent in the collectives, per step.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import time
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -79,6 +78,27 @@ def sends(per_peer: int, remote: tuple[bool, ...], me: int) -> tuple[int, int]:
     return intra * per_peer, inter * per_peer
 
 
+def uncompressed_sends(per_peer: int, group: dist.ProcessGroup | None,
+                       topology: Topology | None) -> tuple[int, int]:
+    """:func:`sends` of ``per_peer`` bytes to every other rank of ``group``, worked out once
+    per (group, topology, bytes) where a topology places the nodes (an FSDP unit's calls
+    repeat it every step); without one, as :func:`peer_is_remote` reads it now."""
+    key = (id(group), id(topology), per_peer)
+    hit = _UNCOMPRESSED.get(key) if topology is not None else None
+    if hit is None:
+        group = group if group is not None else dist.group.WORLD
+        hit = (group, topology, sends(per_peer, peer_is_remote(group, topology),
+                                      rank_size(group)[0]))
+        if topology is not None:
+            if len(_UNCOMPRESSED) >= 4096:
+                _UNCOMPRESSED.clear()
+            _UNCOMPRESSED[key] = hit
+    return hit[2]
+
+
+_UNCOMPRESSED: dict[tuple[int, int, int], tuple] = {}
+
+
 class Timer:
     """Seconds inside ``with timer(device):`` blocks (CUDA: events on the current stream,
     resolved when read). Pairs of events whose end the GPU has passed are folded into the
@@ -89,20 +109,8 @@ class Timer:
         self.seconds = 0.0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
-    @contextlib.contextmanager
-    def __call__(self, device: torch.device) -> Iterator[None]:
-        if device.type == "cuda":
-            self._fold(block=False)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            stream = torch.cuda.current_stream(device)   # device's, not the current device's
-            start.record(stream)
-            yield
-            end.record(stream)
-            self._events.append((start, end))
-            return
-        t0 = time.perf_counter()
-        yield
-        self.seconds += time.perf_counter() - t0
+    def __call__(self, device: torch.device) -> _Timed:
+        return _Timed(self, device)
 
     def _fold(self, block: bool) -> None:
         """Add the finished pairs (all of them, waiting for each, with ``block``)."""
@@ -121,6 +129,32 @@ class Timer:
         self._fold(block=True)
         seconds, self.seconds = self.seconds, 0.0
         return seconds
+
+
+class _Timed:
+    """One ``with timer(device):`` block (a class, not a generator: entered twice per FSDP
+    unit and step)."""
+
+    __slots__ = ("timer", "device", "start")
+
+    def __init__(self, timer: Timer, device: torch.device) -> None:
+        self.timer, self.device = timer, device
+
+    def __enter__(self) -> None:
+        if self.device.type == "cuda":
+            self.timer._fold(block=False)
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.start.record(torch.cuda.current_stream(self.device))  # device's, not the current
+        else:
+            self.start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            end = torch.cuda.Event(enable_timing=True)
+            end.record(torch.cuda.current_stream(self.device))
+            self.timer._events.append((self.start, end))
+        else:
+            self.timer.seconds += time.perf_counter() - self.start
 
 
 class WireMeter:
@@ -151,12 +185,12 @@ class WireMeter:
                             group: dist.ProcessGroup, topology: Topology | None) -> None:
         """Count what an exact collective over ``group`` sends to each of its peers (an int:
         the same to every peer); this rank's own slot is not sent."""
-        remote, me = peer_is_remote(group, topology), rank_size(group)[0]
         if isinstance(per_peer_bytes, int):    # the peers of each kind, counted once
-            intra, inter = sends(per_peer_bytes, remote, me)
+            intra, inter = uncompressed_sends(per_peer_bytes, group, topology)
             self._current["uncompressed_intra_bytes"] += intra
             self._current["uncompressed_inter_bytes"] += inter
             return
+        remote, me = peer_is_remote(group, topology), rank_size(group)[0]
         for k, (b, r) in enumerate(zip(per_peer_bytes, remote)):
             if k != me:
                 self._current["uncompressed_inter_bytes" if r else

@@ -105,12 +105,15 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
         backward = _fsdp2.in_backward(self.param_group)
         what = f"{'backward' if backward else 'forward'} all-gather"
 
+        device = input_tensor.device
+        on_side = inline(device)
+
         def gather(async_: bool):
-            with meter.timed(input_tensor.device):    # on the stream the stages run on
+            with meter.timed(device):    # on the stream the stages run on
                 return self._gather(output_tensor, input_tensor, group, backward, async_)
 
         with comm_guard(what, self.name, group):
-            if async_op and inline(input_tensor.device):    # CUDA: the side stream
+            if async_op and on_side:    # CUDA: the side stream
                 fut = side_stream_call(lambda: gather(False), output_tensor,
                                        keep=[input_tensor])
             else:
@@ -118,7 +121,7 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
         if not async_op:
             return None
         return FutureWork(fut, lambda err: communication_error(what, self.name, group, err),
-                          input_tensor.device if inline(input_tensor.device) else None)
+                          device if on_side else None)
 
     def _gather(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                 group: dist.ProcessGroup, backward: bool, async_op: bool):

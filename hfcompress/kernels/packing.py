@@ -111,11 +111,6 @@ def wire_words(wire: torch.Tensor) -> torch.Tensor | None:
     if wire.stride(-1) != 1 or wire.shape[-1] % 4 or wire.storage_offset() % 4 \
             or (wire.shape[0] > 1 and wire.stride(0) % 4):
         return None
-    return as_words(wire)
-
-
-def as_words(wire: torch.Tensor) -> torch.Tensor:
-    """:func:`wire_words` of a wire known to qualify (a launch planned on its signature)."""
     if wire.stride(0) % 4:    # one row sliced from wider ones: its stride is never stepped
         wire = wire.as_strided(wire.shape, (wire.shape[1], 1))
     return wire.view(torch.int32)

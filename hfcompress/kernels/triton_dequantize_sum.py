@@ -28,9 +28,10 @@ import triton.language as tl
 
 from .hadamard import inv_sqrt
 from .launch_plans import LaunchPlans, signature
-from .packing import as_words, wire_fields, wire_words
+from .packing import wire_fields, wire_words
 from .post_op import launch_args, sum_riders
 from .triton_butterfly import fwht, fwht_runs
+from .triton_noise import words_of
 from .triton_tiles import OLDER_TRITON, cdiv, per_program, spaced_runs
 
 #: values per program under TRITON_INTERPRET (few large programs: its cost is per program);
@@ -174,7 +175,9 @@ def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_str
             _rider_sum(tail_ptr, tail_off, tail_stride, tail_out_ptr, n_tail, n_peers,
                        tl.program_id(0) - n_main, tail_post, TAIL_POST, TAIL_BLOCK,
                        TAIL_IN_BF16, TAIL_OUT_BF16)
-    scale_ptr += scale_off
+    if WORDS:   # a wire comes as its bytes, read as its words
+        src_ptr = words_of(src_ptr)
+    scale_ptr = words_of(scale_ptr) + scale_off
     r = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     rmask = r < n_rows
     total = _peer(src_ptr, scale_ptr, r, rmask, GS, BITS, ROWV, UPR, UB, UC, V, WORDS)
@@ -300,10 +303,9 @@ def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits
     if plan is None:
         return _sum_wire(*args)
     numel, launch = plan
-    words = as_words(wire)
     if out is None:
         out = torch.empty(numel, dtype=dtype, device=wire.device)
-    _launch(launch, words, words, out, dtype, riders)
+    _launch(launch, wire, wire, out, dtype, riders)   # its words, in the kernel
     return out
 
 

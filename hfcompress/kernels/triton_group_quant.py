@@ -33,10 +33,10 @@ import triton.language as tl
 from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
 from .launch_plans import LaunchPlans, signature
-from .packing import (_UNIT, as_words, flat_contiguous, packed_nbytes, payload_buffers,
+from .packing import (_UNIT, flat_contiguous, packed_nbytes, payload_buffers,
                       tail_nbytes, take_tail, wire_fields, wire_words)
 from .triton_noise import (ROW_MODES, copy_values, group_noise_at, noise_operand, row_launch,
-                           row_program, store_riders, tail_operand)
+                           row_program, store_riders, tail_operand, words_of)
 from .triton_tiles import cdiv, per_program, rows_of_groups, spaced_runs
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
@@ -235,9 +235,12 @@ def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr
     its pointers' offset: its tile is the flat kernel's, with no division by ``gpr``.
     ``RUNS``: ``x`` (a row of it) is runs of ``run_tiles`` tiles ``run_gap`` values apart
     (``triton_tiles.spaced_runs``). The scales go ``scale_off`` elements past ``scale_ptr``
-    (a wire's words: their word), the riders after them (``store_riders``)."""
+    (a wire's words: their word), the riders after them (``store_riders``). A wire comes as
+    its bytes, read as its words (``words_of``)."""
     pid = tl.program_id(0)
-    scale_ptr += scale_off
+    if BPU == 4:
+        packed_ptr = words_of(packed_ptr)
+    scale_ptr = words_of(scale_ptr) + scale_off
     n_tile, nbase = n_groups, 0
     if ROWS:
         n_tile = gpr
@@ -306,10 +309,13 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, a
     apart, ``triton_tiles.spaced_runs``). The scales start ``scale_off`` elements past
     ``scale_ptr`` (a wire's words: their word); ``TAIL``: the row's ``tail_n`` riders, from
     its word ``tail_off`` on, copied to ``tail_ptr`` (row r at ``r * tail_row``: the
-    all-gather's exact columns)."""
+    all-gather's exact columns). A wire comes as its bytes, read as its words
+    (``words_of``)."""
     pid = tl.program_id(0)
     K: tl.constexpr = (1 << LOG2V) // VEC
-    scale_ptr += scale_off
+    if BPU == 4:
+        packed_ptr = words_of(packed_ptr)
+    scale_ptr = words_of(scale_ptr) + scale_off
     n_groups = tl.cdiv(numel, GS)
     if ROWS:
         row = tl.program_id(1).to(tl.int64)
@@ -511,8 +517,7 @@ def _rows(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, group
     if copy:
         x = flat_contiguous(x)
     wire = torch.empty(rows, width, dtype=torch.uint8, device=x.device)
-    words = wire.view(torch.int32)
-    _quantize_launch(launch, x, ref, noise, words, words, tail)
+    _quantize_launch(launch, x, ref, noise, wire, wire, tail)   # its words, in the kernel
     return wire
 
 
@@ -663,8 +668,7 @@ def dequantize_add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_si
     if plan is None:
         return _add_wire(wire, code_bytes, bits, group_size, ref, also, riders)
     flat = ref if ref.is_contiguous() else ref.contiguous()
-    words = as_words(wire)
-    return _add_launch(plan, words, words, flat, also, riders)
+    return _add_launch(plan, wire, wire, flat, also, riders)   # its words, in the kernel
 
 
 def _add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_size: int,

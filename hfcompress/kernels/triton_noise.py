@@ -180,6 +180,16 @@ def row_program(x_ptr, packed_ptr, scale_ptr, noise_ptr, gpr, row_words, x_row,
     return x_ptr, packed_ptr + row * row_words, scale_ptr + row * row_words, noise_ptr, nbase
 
 
+@triton.jit
+def words_of(ptr):
+    """A uint8 wire's pointer as its int32 words' (the launches pass the wire itself, planned
+    on its 4-byte aligned start and whole-word row stride and fields: no dtype view per
+    call on the host); any other pointer as it is."""
+    if ptr.dtype.element_ty == tl.uint8:
+        ptr = ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    return ptr
+
+
 #: rider values a kernel's program copies per step (``copy_values``)
 TAIL_BLOCK = 1024
 
