@@ -44,6 +44,30 @@ def test_slot_layout_split_merge_round_trip():
     assert SlotLayout([]).numel == 0
 
 
+@pytest.mark.parametrize("segs, spaced", [
+    ([("q", 8, False), ("n", 4, True)], False),                    # a decoder layer (a cut)
+    ([("e", 6, False), ("n", 2, True), ("h", 6, False)], True),      # a root unit: spaced
+    ([("e", 6, False), ("n", 2, True), ("h", 6, False)], False),     # ... copied
+    ([("w", 4, False), ("n", 2, True), ("v", 3, False), ("b", 1, True)], False)])  # 2 + 2 runs
+def test_slot_layout_split_slot_is_split_of_one_row(segs, spaced):
+    """An all-gather's slot split in one go: the values of ``split`` of its ``[1, S]`` row
+    (compressed flat, or ``[count, length]`` spaced; exact one row), views where a set is
+    one run, of a contiguous slot and of a strided one alike."""
+    layout = SlotLayout([Segment(*s) for s in segs])
+    base = torch.arange(2 * layout.numel, dtype=torch.float32)
+    for slot in (base[layout.numel:], base.view(layout.numel, 2)[:, 0]):
+        comp, exact = layout.split_slot(slot, spaced)
+        ref_comp, ref_exact = layout.split(slot.reshape(1, -1), spaced)
+        assert torch.equal(comp, ref_comp[0]) and torch.equal(exact, ref_exact)
+        assert exact.shape == (1, layout.exact_numel)
+        if slot.is_contiguous() and len(layout.exact_runs) == 1:
+            assert exact.data_ptr() == slot[layout.exact_runs[0][0]:].data_ptr()
+        if slot.is_contiguous() and (len(layout.compressed_runs) == 1 or spaced):
+            assert comp.data_ptr() == slot.data_ptr()
+    if spaced:
+        assert comp.shape == (2, 6)
+
+
 def test_slot_layout_adjacent_segments_form_one_run_split_as_views():
     # a decoder layer: projections first, norms last -> one compressed run, one exact run
     segs = [Segment("q", 4, False), Segment("k", 4, False), Segment("norm1", 2, True),

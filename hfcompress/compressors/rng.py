@@ -68,8 +68,7 @@ class SeededRNG:
                 and self.calls + n <= table.first + table.keys.shape[0]:
             return table
         count = max(n, KEY_BLOCK)
-        keys = torch.tensor([call_keys(self.seed, self.calls + r) for r in range(count)],
-                            dtype=torch.int64)
+        keys = torch.tensor(calls_keys(self.seed, self.calls, count), dtype=torch.int64)
         table = self._tables[device] = KeyTable(self.calls, keys, torch.device(device))
         return table
 
@@ -139,5 +138,15 @@ class KeyTable:
 def call_keys(seed: int, call: int) -> tuple[int, int]:
     """The 32-bit hash keys ``(k1, k2)`` of ``uniform_like`` call number ``call``: output
     ``call`` of the splitmix64 stream whose state starts at ``_mix(seed)``."""
-    z = _splitmix64(_mix(seed) + call * GOLDEN)
-    return z & 0xFFFFFFFF, z >> 32
+    return calls_keys(seed, call, 1)[0]
+
+
+def calls_keys(seed: int, first: int, count: int) -> list[tuple[int, int]]:
+    """:func:`call_keys` of calls ``first .. first + count - 1`` (the seed mixed once: a key
+    table's refill)."""
+    state = _mix(seed)
+    keys = []
+    for call in range(first, first + count):
+        z = _splitmix64(state + call * GOLDEN)
+        keys.append((z & 0xFFFFFFFF, z >> 32))
+    return keys

@@ -67,6 +67,24 @@ class SlotLayout:
         return take(rows, self.compressed_runs) if comp is None else comp, \
             take(rows, self.exact_runs)
 
+    def split_slot(self, slot: torch.Tensor, spaced: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A rank's slot ``[S]`` -> (its compressed values ``[S_c]``, its exact values as one
+        row ``[1, S_e]``): views where a set is one run (``spaced``: compressed runs of one
+        length equally spaced as the view ``[count, length]``), else copies. What an
+        all-gather sends: two torch calls on a contiguous slot, where :meth:`split` of
+        ``[1, S]`` and a row of each set took four."""
+        if not slot.is_contiguous():
+            comp, exact = self.split(slot.reshape(1, -1), spaced)
+            return comp[0] if comp.dim() == 3 else comp.reshape(-1), exact
+        runs = self.exact_runs
+        if self._cut is not None:
+            return slot[:self._cut[0]], _row(slot, *runs[0])
+        comp = view(slot, self.compressed_runs, spaced)
+        if comp is None:
+            comp = take(slot.view(1, -1), self.compressed_runs).view(-1)
+        return comp, _row(slot, *runs[0]) if len(runs) == 1 else take(slot.view(1, -1), runs)
+
     def views(self, t: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The compressed and the exact columns of ``t`` (``[k, S]`` rows or 1-D ``S``
         values) as writable views, None for a set that is not one run
@@ -83,6 +101,12 @@ class SlotLayout:
     def __repr__(self) -> str:
         return (f"SlotLayout({len(self.segments)} params, {self.numel} values per slot, "
                 f"{self.exact_numel} exact)")
+
+
+def _row(slot: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """The values ``[start, stop)`` of a contiguous slot as one row ``[1, stop - start]`` (one
+    torch call)."""
+    return slot.as_strided((1, stop - start), (stop - start, 1), slot.storage_offset() + start)
 
 
 def param_names(model: nn.Module, param_group) -> list[str]:

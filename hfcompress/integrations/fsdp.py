@@ -158,13 +158,13 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
         refs = self.compressed.references
         qwd = refs is not None and refs.sends_differences(unchanged)
         # qWD reads its columns where they lie (equally spaced runs too: a root unit's)
-        comp_in, exact_in = layout.split(input_tensor.reshape(1, -1), spaced=qwd)
+        comp_in, exact_in = layout.split_slot(input_tensor, spaced=qwd)
         rows, puts = output_tensor.view(world, -1), []
 
         def into_columns(runs, out: torch.Tensor | None, cols: torch.Tensor,
                          contiguous: bool = False) -> torch.Tensor:
             if out is None or (contiguous and not out.is_contiguous()):
-                out = torch.empty(world, cols.shape[1], dtype=input_tensor.dtype,
+                out = torch.empty(world, cols.shape[-1], dtype=input_tensor.dtype,
                                   device=input_tensor.device)
                 puts.append((runs, out))
             return out
@@ -172,15 +172,14 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
             comp_out = rows if qwd else into_columns(
                 layout.compressed_runs, view(rows, layout.compressed_runs), comp_in)
             exact_out = into_columns(layout.exact_runs, view(rows, layout.exact_runs), exact_in)
-            futures = [self.compressed(comp_out, comp_in[0] if qwd else comp_in.reshape(-1),
-                                       group, unchanged=unchanged, async_op=async_op,
-                                       exact=(exact_in, exact_out),
+            futures = [self.compressed(comp_out, comp_in, group, unchanged=unchanged,
+                                       async_op=async_op, exact=(exact_in, exact_out),
                                        columns=layout.compressed_runs if qwd else None)]
         else:
             comp_view, exact_view = layout.views(rows)
             comp_out = into_columns(layout.compressed_runs, comp_view, comp_in)
             exact_out = into_columns(layout.exact_runs, exact_view, exact_in, contiguous=True)
-            futures = [self.compressed(comp_out, comp_in.reshape(-1), group,
+            futures = [self.compressed(comp_out, comp_in, group,
                                        unchanged=unchanged, async_op=async_op),
                        self.exact(exact_out, exact_in.reshape(-1), group, async_op=async_op)]
 
