@@ -132,7 +132,10 @@ def _rider_sum(tail_ptr, tail_off, tail_stride, out_ptr, n_tail, n_peers, pid, p
                OUT_BF16: tl.constexpr):
     """Riders (``comm/riders.py``): ``BLOCK`` of the ``n_tail`` values that end each peer's
     row (``tail_off`` elements into row 0, rows ``tail_stride`` apart) summed in float32 in
-    peer order 0..n_peers-1, the reduce op's last step applied, written to ``out_ptr``."""
+    peer order 0..n_peers-1, the reduce op's last step applied, written to ``out_ptr``. A
+    uint8 ``tail_ptr`` is the wire itself: riders of ``out_ptr``'s type."""
+    if tail_ptr.dtype.element_ty == tl.uint8:
+        tail_ptr = tail_ptr.to(out_ptr.dtype, bitcast=True)
     e = pid * BLOCK + tl.arange(0, BLOCK)
     mask = e < n_tail
     src = tail_ptr + tail_off + e
@@ -408,8 +411,8 @@ def _launch_plan(src: torch.Tensor, v: int, scale_off: int, scale_stride: int, n
                  post: tuple[str, float] | None, riders: tuple | None,
                  runs: tuple[int, int] | None = None) -> tuple:
     """:func:`_sum`'s launch as :func:`_launch` takes it, no tensor held: ``(grid, the scalar
-    arguments, the riders' view dtypes (values, output; None: as they are) or None, the
-    keywords)``; ``runs``: ``(run_tiles, run_gap)`` of an output of equally spaced runs."""
+    arguments, the riders' view dtypes (values, output: None as it is; whether they are one)
+    or None, the keywords)``; ``runs``: ``(run_tiles, run_gap)`` of an output of equally spaced runs."""
     numel = n_groups * group_size
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
     rows = _rows_per_program(src, k, hadamard_size)
@@ -420,7 +423,7 @@ def _launch_plan(src: torch.Tensor, v: int, scale_off: int, scale_stride: int, n
     t_value, t_kind = launch_args(None if riders is None else riders[2])
     t_block = per_program(src, TAIL_BLOCK, 4 * 32 * NUM_WARPS)
     views = None if riders is None else (
-        t.dtype, None if t_out.dtype == riders[0].dtype else t_out.dtype)
+        t.dtype, None if t_out.dtype == riders[0].dtype else t_out.dtype, t.dtype == t_out.dtype)
     kw = dict(R=rows, **_sum_consts(bits, group_size, hadamard_size, inverse, clip, dtype,
                                     n_peers, v),
               POST=kind, TAIL=riders is not None, TAIL_BLOCK=t_block,
@@ -440,7 +443,9 @@ def _launch(plan: tuple, src: torch.Tensor, scale: torch.Tensor, out: torch.Tens
     grid, scalars, views, kw = plan
     t, t_out = src, out
     if riders is not None:
-        t, t_out = src.view(views[0]), riders[0] if riders[0].dim() == 1 else riders[0].view(-1)
+        # read off a uint8 wire itself where they are the output's type (no view)
+        t = src if views[2] and src.dtype == torch.uint8 else src.view(views[0])
+        t_out = riders[0] if riders[0].dim() == 1 else riders[0].view(-1)
         t_out = t_out if views[1] is None else t_out.view(views[1])
     _dequantize_sum_kernel[grid](
         src, scale, out.view(torch.uint16) if dtype == torch.bfloat16 else out, *scalars[:7],
