@@ -135,13 +135,13 @@ class _Timed:
     """One ``with timer(device):`` block (a class, not a generator: entered twice per FSDP
     unit and step)."""
 
-    __slots__ = ("timer", "device", "start")
+    __slots__ = ("timer", "device", "cuda", "start")
 
     def __init__(self, timer: Timer, device: torch.device) -> None:
-        self.timer, self.device = timer, device
+        self.timer, self.device, self.cuda = timer, device, device.type == "cuda"
 
     def __enter__(self) -> None:
-        if self.device.type == "cuda":
+        if self.cuda:
             self.timer._fold(block=False)
             self.start = torch.cuda.Event(enable_timing=True)
             self.start.record(torch.cuda.current_stream(self.device))  # device's, not the current
@@ -149,7 +149,7 @@ class _Timed:
             self.start = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
-        if self.device.type == "cuda":
+        if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record(torch.cuda.current_stream(self.device))
             self.timer._events.append((self.start, end))
@@ -291,7 +291,9 @@ def _report_entry(where: dict, key) -> dict:
 
 
 def _add(step: dict, collective: str, intra: int, inter: int, calls: int) -> None:
-    entry = step["collectives"].setdefault(collective, _empty_entry())
+    entry = step["collectives"].get(collective)
+    if entry is None:
+        entry = step["collectives"][collective] = _empty_entry()
     entry["intra_bytes"] += intra
     entry["inter_bytes"] += inter
     entry["calls"] += calls
