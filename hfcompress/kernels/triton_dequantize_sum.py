@@ -32,7 +32,7 @@ from .packing import wire_fields, wire_words
 from .post_op import launch_args, sum_riders
 from .triton_butterfly import fwht, fwht_runs
 from .triton_noise import words_of
-from .triton_tiles import OLDER_TRITON, cdiv, per_program, spaced_runs
+from .triton_tiles import OLDER_TRITON, cdiv, per_program, run_offset, spaced_runs
 
 #: values per program under TRITON_INTERPRET (few large programs: its cost is per program);
 #: on a GPU ``GPU_ROWS`` rows per program, one per thread of ``NUM_WARPS`` warps (<= 128
@@ -202,7 +202,7 @@ def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_str
     if CLIP:
         total = tl.where(total > BIG, BIG, tl.where(total < -BIG, -BIG, total))
     if RUNS:    # the gaps before this program's run of the output
-        out_ptr += (tl.program_id(0) // run_tiles).to(tl.int64) * run_gap
+        out_ptr += run_offset(tl.program_id(0), run_tiles, run_gap)
     e = (r[None, :, None] * ROWV + 4 * tl.arange(0, ROWV // 4)[:, None, None]
          + tl.arange(0, 4)[None, None, :])
     ES: tl.constexpr = out_ptr.dtype.element_ty.primitive_bitwidth // 8

@@ -37,7 +37,7 @@ from .packing import (_UNIT, flat_contiguous, packed_nbytes, payload_buffers,
                       tail_nbytes, take_tail, wire_fields, wire_words)
 from .triton_noise import (ROW_MODES, copy_values, group_noise_at, noise_operand, row_launch,
                            row_program, store_riders, tail_operand, words_of)
-from .triton_tiles import cdiv, per_program, rows_of_groups, spaced_runs
+from .triton_tiles import cdiv, per_program, rows_of_groups, run_offset, spaced_runs
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
 
@@ -252,7 +252,7 @@ def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr
         mask = mask & (off < tl.minimum(numel - base, BLOCK_G * GS).to(tl.int32))
     xbase = base
     if RUNS:    # the gaps before this tile's run
-        xbase = base + (pid // run_tiles).to(tl.int64) * run_gap
+        xbase = base + run_offset(pid, run_tiles, run_gap)
     y = tl.load(x_ptr + xbase + off, mask=mask, other=0.0).to(tl.float32)
     if DIFF:
         y = y - tl.load(ref_ptr + base + off, mask=mask, other=0.0).to(tl.float32)
@@ -342,7 +342,7 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, a
     if ALSO:
         abase = base
         if RUNS:    # the gaps before this tile's run
-            abase = base + (pid // run_tiles).to(tl.int64) * run_gap
+            abase = base + run_offset(pid, run_tiles, run_gap)
         tl.store(also_ptr + abase + off, y, mask=mask)
 
 

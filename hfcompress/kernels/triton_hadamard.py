@@ -35,7 +35,7 @@ from .packing import flat_contiguous, packed_nbytes, payload_buffers, tail_nbyte
 from .triton_butterfly import fwht, fwht_runs
 from .triton_noise import (ROW_MODES, group_noise_at, noise_operand, row_launch, row_program,
                            store_riders, tail_operand, words_of)
-from .triton_tiles import cdiv, per_program, rows_of_groups, spaced_runs
+from .triton_tiles import cdiv, per_program, rows_of_groups, run_offset, spaced_runs
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
 
@@ -123,7 +123,7 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_o
             x_ptr, packed_ptr, scale_ptr, noise_ptr, gpr, row_words, x_row, GS, HASH, XROWS)
     store_riders(scale_ptr, n_groups, tail_ptr, tail_row, tail_n, ROWS, TAIL)
     if RUNS:    # the gaps before this program's run
-        x_ptr += (tl.program_id(0) // run_tiles).to(tl.int64) * run_gap
+        x_ptr += run_offset(tl.program_id(0), run_tiles, run_gap)
     g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     b = tl.arange(0, RPG)
     gmask = g < n_groups

@@ -7,7 +7,9 @@ host packs and unpacks them), or the codes densely packed (``store_packed`` /
 ``load_packed``: the little-endian bit stream of ``packing.py`` and of odd bits in
 ``learned_levels.py``, code i in bits [i * bits, (i + 1) * bits)), and launch with
 ``enable_fp_fusion=False``, so no multiply-add is contracted into an FMA the torch twins do not
-do. Imported only by Triton modules.
+do. Also what every Triton module shares: the tile sizes, host-side ``cdiv``, the strided
+rows and equally spaced runs the kernels read and write in place (``rows_of_groups``,
+``spaced_runs`` and its device-side ``run_offset``). Imported only by Triton modules.
 """
 
 from __future__ import annotations
@@ -66,6 +68,14 @@ def spaced_runs(x: torch.Tensor, rows: int, tile: int) -> tuple[int, int] | None
     if period <= length or x.shape[-2] * period >= 1 << 31:
         return None
     return length // tile, period - length
+
+
+@triton.jit
+def run_offset(pid, run_tiles, run_gap):
+    """Where program ``pid`` of :func:`spaced_runs`' ``(run_tiles, run_gap)`` starts past its
+    flat start: the gaps before its run, ``(pid // run_tiles) * run_gap`` values (the
+    division in int32, the product in int64)."""
+    return (pid // run_tiles).to(tl.int64) * run_gap
 
 
 def per_program(t: torch.Tensor, interpreted: int, gpu: int) -> int:
