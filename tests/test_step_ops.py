@@ -39,8 +39,8 @@ BUDGET = {"none": 2.0, "sdp4bit": 6.0, "tlq_hs": 4.0, "qwd": 4.0, "loco": 4.4}
 #: offset, 2.70 / 1.89 / 2.57 before the riders were written in place and the calls' checks
 #: cached, and loco 2.39 before its feedback was one kernel; 2.59 / 1.80 / 1.79, loco 1.97
 #: once the communication guard and the meter's timer were classes, not generators: every
-#: preset's calls fell (sdp4bit 453.8 -> 413.2 per unit), ``none``'s the most in proportion
-#: (190.7 -> 159.5))
+#: preset's calls fell (sdp4bit 451.2 -> 413.2 per unit), ``none``'s the most in proportion
+#: (190.5 -> 159.5))
 CALLS_BUDGET = {"none": 1.0, "sdp4bit": 2.65, "tlq_hs": 1.85, "qwd": 1.85, "loco": 2.05}
 
 
