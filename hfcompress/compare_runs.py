@@ -104,8 +104,8 @@ def notes(summaries: list[dict[str, Any]]) -> list[str]:
             at = s.get("diverged_at_step")
             out.append(f"note: {s['run']} diverged (NaN / Inf"
                        + (f" from step {at}" if at is not None else "") + "): its losses "
-                       f"are not comparable; Hugging Face logs such steps' loss as 0.0 "
-                       f"(logging_nan_inf_filter)")
+                       "are not comparable; Hugging Face logs such steps' loss as 0.0 "
+                       "(logging_nan_inf_filter)")
     layout = ("engine", "world_size", "ranks_per_node")
     for base in (s for s in summaries if s.get("comm_compressor") == "none"):
         t0 = base.get("comm_steady_s_per_step")

@@ -31,7 +31,7 @@ from .launch_plans import LaunchPlans, signature
 from .packing import wire_fields, wire_words
 from .post_op import launch_args, sum_riders
 from .triton_butterfly import fwht, fwht_runs
-from .triton_noise import words_of
+from .triton_noise import wire_pointers
 from .triton_tiles import OLDER_TRITON, cdiv, per_program, run_offset, spaced_runs
 
 #: values per program under TRITON_INTERPRET (few large programs: its cost is per program);
@@ -178,9 +178,7 @@ def _dequantize_sum_kernel(src_ptr, scale_ptr, out_ptr, n_rows, n_peers, src_str
             _rider_sum(tail_ptr, tail_off, tail_stride, tail_out_ptr, n_tail, n_peers,
                        tl.program_id(0) - n_main, tail_post, TAIL_POST, TAIL_BLOCK,
                        TAIL_IN_BF16, TAIL_OUT_BF16)
-    if WORDS:   # a wire comes as its bytes, read as its words
-        src_ptr = words_of(src_ptr)
-    scale_ptr = words_of(scale_ptr) + scale_off
+    src_ptr, scale_ptr = wire_pointers(src_ptr, scale_ptr, scale_off, WORDS)  # a wire's bytes
     r = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     rmask = r < n_rows
     total = _peer(src_ptr, scale_ptr, r, rmask, GS, BITS, ROWV, UPR, UB, UC, V, WORDS)
@@ -412,7 +410,8 @@ def _launch_plan(src: torch.Tensor, v: int, scale_off: int, scale_stride: int, n
                  runs: tuple[int, int] | None = None) -> tuple:
     """:func:`_sum`'s launch as :func:`_launch` takes it, no tensor held: ``(grid, the scalar
     arguments, the riders' view dtypes (values, output: None as it is; whether they are one)
-    or None, the keywords)``; ``runs``: ``(run_tiles, run_gap)`` of an output of equally spaced runs."""
+    or None, the keywords)``; ``runs``: ``(run_tiles, run_gap)`` of an output of equally
+    spaced runs."""
     numel = n_groups * group_size
     k = row_layout(bits, group_size, hadamard_size if inverse else 1)
     rows = _rows_per_program(src, k, hadamard_size)

@@ -36,7 +36,7 @@ from .launch_plans import LaunchPlans, signature
 from .packing import (_UNIT, flat_contiguous, packed_nbytes, payload_buffers,
                       tail_nbytes, take_tail, wire_fields, wire_words)
 from .triton_noise import (ROW_MODES, copy_values, group_noise_at, noise_operand, row_launch,
-                           row_program, store_riders, tail_operand, words_of)
+                           row_program, store_riders, tail_operand, wire_pointers)
 from .triton_tiles import cdiv, per_program, rows_of_groups, run_offset, spaced_runs
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
@@ -236,11 +236,9 @@ def _quantize_kernel(x_ptr, ref_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr
     ``RUNS``: ``x`` (a row of it) is runs of ``run_tiles`` tiles ``run_gap`` values apart
     (``triton_tiles.spaced_runs``). The scales go ``scale_off`` elements past ``scale_ptr``
     (a wire's words: their word), the riders after them (``store_riders``). A wire comes as
-    its bytes, read as its words (``words_of``)."""
+    its bytes, read as its words (``triton_noise.wire_pointers``)."""
     pid = tl.program_id(0)
-    if BPU == 4:
-        packed_ptr = words_of(packed_ptr)
-    scale_ptr = words_of(scale_ptr) + scale_off
+    packed_ptr, scale_ptr = wire_pointers(packed_ptr, scale_ptr, scale_off, BPU == 4)
     n_tile, nbase = n_groups, 0
     if ROWS:
         n_tile = gpr
@@ -310,12 +308,10 @@ def _dequantize_add_kernel(packed_ptr, scale_ptr, scale_off, ref_ptr, out_ptr, a
     ``scale_ptr`` (a wire's words: their word); ``TAIL``: the row's ``tail_n`` riders, from
     its word ``tail_off`` on, copied to ``tail_ptr`` (row r at ``r * tail_row``: the
     all-gather's exact columns). A wire comes as its bytes, read as its words
-    (``words_of``)."""
+    (``triton_noise.wire_pointers``)."""
     pid = tl.program_id(0)
     K: tl.constexpr = (1 << LOG2V) // VEC
-    if BPU == 4:
-        packed_ptr = words_of(packed_ptr)
-    scale_ptr = words_of(scale_ptr) + scale_off
+    packed_ptr, scale_ptr = wire_pointers(packed_ptr, scale_ptr, scale_off, BPU == 4)
     n_groups = tl.cdiv(numel, GS)
     if ROWS:
         row = tl.program_id(1).to(tl.int64)

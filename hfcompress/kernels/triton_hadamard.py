@@ -34,7 +34,7 @@ from .launch_plans import LaunchPlans, signature
 from .packing import flat_contiguous, packed_nbytes, payload_buffers, tail_nbytes
 from .triton_butterfly import fwht, fwht_runs
 from .triton_noise import (ROW_MODES, group_noise_at, noise_operand, row_launch, row_program,
-                           store_riders, tail_operand, words_of)
+                           store_riders, tail_operand, wire_pointers)
 from .triton_tiles import cdiv, per_program, rows_of_groups, run_offset, spaced_runs
 
 _ROW_GROUPS, _ROW_ONE = ROW_MODES
@@ -109,12 +109,9 @@ def _quantize_kernel(x_ptr, noise_ptr, noise_row, packed_ptr, scale_ptr, scale_o
     (``WORDS``): grid axis 1 the rows of ``gpr`` groups, a wire of ``row_words`` words a row
     (codes, scales: ``scale_ptr`` row 0's first), pointers offset by the row; ``XROWS``: input
     rows ``x_row`` apart; ``RUNS``: a row is runs of ``run_tiles`` programs ``run_gap`` apart
-    (``triton_tiles.spaced_runs``). Scales ``scale_off`` past ``scale_ptr``, riders after. A
-    wire comes as its bytes, read as its words (``words_of``)."""
+    (``triton_tiles.spaced_runs``). Scales ``scale_off`` past ``scale_ptr``, riders after."""
     J: tl.constexpr = RUN // K
-    if WORDS:
-        packed_ptr = words_of(packed_ptr)
-    scale_ptr = words_of(scale_ptr) + scale_off
+    packed_ptr, scale_ptr = wire_pointers(packed_ptr, scale_ptr, scale_off, WORDS)  # or bytes
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     nbase = 0
     if ROWS:

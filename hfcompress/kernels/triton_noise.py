@@ -190,6 +190,16 @@ def words_of(ptr):
     return ptr
 
 
+@triton.jit
+def wire_pointers(codes_ptr, scale_ptr, scale_off, WORDS: tl.constexpr):
+    """A kernel's codes and scales pointers: read as int32 words where they are a wire's
+    bytes (:func:`words_of`; the codes only with ``WORDS``, else bytes they are), the scales
+    ``scale_off`` elements on."""
+    if WORDS:
+        codes_ptr = words_of(codes_ptr)
+    return codes_ptr, words_of(scale_ptr) + scale_off
+
+
 #: rider values a kernel's program copies per step (``copy_values``)
 TAIL_BLOCK = 1024
 
