@@ -37,10 +37,11 @@ import torch
 import torch.distributed as dist
 
 from ..compressors.base import Compressor, RotatedDomain, into
+from ..kernels.launch_plans import LaunchPlans, signature
 from ..kernels.packing import split_tail
 from .hop import Exchange, RawCodec, compress_rows
 from .one_rank import skips
-from .reduce_scatter import (check_scatter_op, check_sizes, final_sum, post_kwargs,
+from .reduce_scatter import (check_scatter_op, check_sizes, final_sum, post_kwargs, post_of,
                              result_target, summed_riders, write_result)
 from .riders import check_exact, forwarded, rider_nbytes
 from .streams import StreamOwner, Streams, stateless_only
@@ -80,6 +81,7 @@ class TwoHopReduceScatter(StreamOwner):
         self.raw_inter = inter is None
         self._checked: dict = {}     # call signature -> its chunks' bounds (checked once)
         self._single_hops: dict = {}   # call signature -> :meth:`_one_hop`
+        self._plans = LaunchPlans(self._plan)   # operand signatures -> :meth:`_plan`
         # the hops whose rows may be spaced runs (:attr:`spaced_input`): stateless schemes
         # that read them (``Compressor.spaced_rows``)
         self._spaced_hops = frozenset(hop for hop, s in self.streams.items()
@@ -107,7 +109,13 @@ class TwoHopReduceScatter(StreamOwner):
         spaced = input.dim() == 3 and hop in self._spaced_hops
         rows = input if spaced or input.shape == (p, s) else input.reshape(p, s)
         if hop is not None:
-            return self._single(hop, output, rows, op, exact)
+            plan = self._plans((key, hop, signature(output), signature(rows), post_of(op, p),
+                                None if exact is None else (signature(exact[0]),
+                                                            signature(exact[1]))),
+                               hop, output, rows, op, exact)
+            if plan is None:
+                return self._single(hop, output, rows, op, exact)
+            return plan(output, rows, exact)
         # SDP4Bit 3.3: H once per row, in the first hop that compresses (the intra-node hop,
         # else the inter-node one); the sums stay in the rotated domain. Pipeline chunks cut
         # the rows: then the whole rows are rotated first, so that every Hadamard block is
@@ -176,6 +184,43 @@ class TwoHopReduceScatter(StreamOwner):
             final_sum(got, exact[1], op, p)
         if target is None:
             write_result(output, total, op, p)
+
+    def _plan(self, hop: str, output: torch.Tensor, rows: torch.Tensor, op: Any,
+              exact: tuple[torch.Tensor, torch.Tensor] | None):
+        """:meth:`_single` for operands of these signatures, decided once (issue 35: a
+        unit's host time): ``(output, rows, exact) -> None`` running the compressor's
+        planned row compression (``Compressor.planned_compress_rows``: its row keys and
+        kernel launch), the all-to-all, the meter's record and the planned decode-sum into
+        the output (riders summed by it); None where :meth:`_single` decides more (a
+        stateful scheme, an output no kernel writes, riders summed after)."""
+        p, streams = self.topology.world_size, self.streams[hop]
+        c = streams.compressor
+        target, post = result_target(output, op, p, hop in self._spaced_hops)
+        riders = summed_riders(c, exact, op, p)
+        if streams.stateful or target is None or (exact is not None and not riders):
+            return None
+        rider_sum = riders["riders"][1:] if riders else None
+        encode = c.planned_compress_rows(rows, None if exact is None else exact[0])
+        decode = c.planned_reduce_rows((output.numel(),), rows.dtype, target, post, rider_sum)
+        # the kernels write the output (and the riders' output) flat, as result_target viewed it
+        flat = target is not output
+        flat_riders = bool(riders) and riders["riders"][0] is not exact[1]
+        group = self.topology.intra_group if hop == "intra" else self.topology.inter_group
+        remote, me, meter = self._remote[hop], rank_size(group)[0], self.meter
+
+        def run(output: torch.Tensor, rows: torch.Tensor,
+                exact: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+            send = encode(rows, None if exact is None else exact[0])
+            if not send.is_contiguous():
+                send = send.contiguous()
+            recv = torch.empty_like(send)
+            work = dist.all_to_all_single(recv, send, group=group, async_op=True)
+            if meter is not None:
+                meter.record_sends(self.tag, send.shape[1], remote, me)
+            work.wait()
+            decode(recv, output.view(-1) if flat else output, None if exact is None else
+                   exact[1].view(-1) if flat_riders else exact[1])
+        return run
 
     def _last_hop(self, output: torch.Tensor, op: Any,
                   exact: tuple[torch.Tensor, torch.Tensor] | None, chunks: int,

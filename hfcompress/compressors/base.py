@@ -144,6 +144,30 @@ class Compressor:
         write ``out``)."""
         return into(self.reduce([self.unflatten(w, shape, dtype) for w in wire]), out, post)
 
+    # -- a hop's calls planned per operand signature (``comm/two_hop``'s one-hop plans) ----
+    def planned_compress_rows(self, x: torch.Tensor, tail: torch.Tensor | None = None
+                              ) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
+        """:meth:`compress_rows` as ``(x, tail) -> wire`` for operands of the signatures of
+        ``x`` and ``tail`` (``kernels/launch_plans.signature``; the caller keys its plans by
+        them), its decisions made once where the scheme can (its kernel's plan bound: no
+        checks or lookups per call). This default: :meth:`compress_rows` itself."""
+        return self.compress_rows
+
+    def planned_reduce_rows(self, shape: torch.Size | Sequence[int], dtype: torch.dtype,
+                            out: torch.Tensor, post: tuple[str, float] | None = None,
+                            rider_sum: tuple | None = None
+                            ) -> Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]:
+        """:meth:`reduce_rows` into an ``out`` of ``out``'s signature as ``(wire, out,
+        riders_out) -> result`` (``riders_out`` summed into where ``rider_sum``, the riders'
+        ``(dtype, post)``, is given: ``sums_riders`` schemes), for wires of one signature,
+        decided once where the scheme can. This default: :meth:`reduce_rows` itself."""
+        reduce, size = self.reduce_rows, torch.Size(shape)
+        posted = {} if post is None else {"post": post}
+        if rider_sum is None:
+            return lambda wire, out, _: reduce(wire, size, dtype, out=out, **posted)
+        return lambda wire, out, riders_out: reduce(wire, size, dtype, out=out, **posted,
+                                                    riders=(riders_out, *rider_sum))
+
     def payload_rows(self, wire: torch.Tensor, numel: int) -> list[torch.Tensor]:
         """The payload fields of every row of ``wire`` (uint8 ``[rows, nbytes]``, rows made by
         :meth:`Packed.flat` for ``numel`` values), each ``[rows, count]`` of its dtype, in

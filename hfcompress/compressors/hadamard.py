@@ -144,6 +144,34 @@ class HadamardQuantizer(Compressor):
                         post)
         return self._sum_rows(wire, shape, True, out, post, riders)
 
+    def planned_compress_rows(self, x: torch.Tensor, tail: torch.Tensor | None = None):
+        """``compress_rows`` for operands of these signatures (``Compressor``): where the
+        kernel reads the rows as they are (whole groups, whole Hadamard blocks) and plans
+        its launch (``planned_quantize_rows``: Triton), the row keys drawn and the bound
+        launch, nothing else per call."""
+        rows = x.shape[0]
+        n = x.numel() // rows if rows else 0
+        planned = getattr(self._impl(x), "planned_quantize_rows", None)
+        if planned is None or not n or n % self.group_size or not self._fused(n):
+            return self.compress_rows
+        check_float_input(self.name, x)       # the dtype is the signature's: checked once
+        quantize, keys = planned(rows, self.bits, self.group_size, self.hadamard_size), \
+            self._q._keys
+        device = x.device
+        return lambda x, tail: quantize(x, keys(device, rows), tail)
+
+    def planned_reduce_rows(self, shape, dtype, out, post=None, rider_sum=None):
+        """``reduce_rows`` for operands of these signatures (``Compressor``): where the
+        decode-sum writes ``out`` itself (whole groups, whole Hadamard blocks; Triton's
+        ``planned_sum_wire``), the bound launch, nothing else per call."""
+        n = torch.Size(shape).numel()
+        planned = getattr(self._impl(out), "planned_sum_wire", None)
+        if planned is None or not n or n % self.group_size or not self._fused(n):
+            return super().planned_reduce_rows(shape, dtype, out, post, rider_sum)
+        spec = self.payload_spec(n)
+        return planned(spec["codes"][1], spec["scales"][1], self.bits, self.group_size,
+                       self.hadamard_size, True, out.dtype, post, rider_sum)
+
     # -- rotated-domain steps of the 2-hop all-to-all (SDP4Bit 3.3) -----------------------
     def compress_rotated(self, y: torch.Tensor) -> Packed:
         """Quantize values already in the Hadamard domain (no transform)."""

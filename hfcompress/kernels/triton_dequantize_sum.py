@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import functools
 from types import MappingProxyType
+from typing import Callable
 
 import torch
 import triton
 import triton.language as tl
 
 from .hadamard import inv_sqrt
-from .launch_plans import LaunchPlans, signature
+from .launch_plans import LaunchPlans, planned_once, signature
 from .packing import wire_fields, wire_words
 from .post_op import launch_args, sum_riders
 from .triton_butterfly import fwht, fwht_runs
@@ -301,8 +302,32 @@ def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits
     plan = _wire_plans((signature(wire), wire.storage_offset() % 4, *args[1:9], signature(out),
                         post, None if riders is None else (signature(riders[0]), *riders[1:])),
                        *args)
+    return _sum_by_plan(plan, *args)
+
+
+def planned_sum_wire(code_bytes: int, n_groups: int, bits: int, group_size: int,
+                     dtype: torch.dtype, hadamard_size: int, inverse: bool, clip: bool,
+                     post: tuple[str, float] | None, rider_sum: tuple | None
+                     ) -> Callable[..., torch.Tensor]:
+    """:func:`dequantize_sum_wire` as ``(wire, out, riders_out) -> out`` for operands of one
+    signature (``launch_plans.planned_once``: no plan lookup per call); ``rider_sum``: the
+    riders' ``(dtype, post)``, None without riders."""
+    def args(wire: torch.Tensor, out: torch.Tensor | None,
+             riders_out: torch.Tensor | None) -> tuple:
+        return (wire, code_bytes, n_groups, bits, group_size, dtype, hadamard_size, inverse,
+                clip, out, post, None if rider_sum is None else (riders_out, *rider_sum))
+    return planned_once(lambda *a: _wire_plan(*args(*a)),
+                        lambda plan, *a: _sum_by_plan(plan, *args(*a)))
+
+
+def _sum_by_plan(plan: tuple | None, wire: torch.Tensor, code_bytes: int, n_groups: int,
+                 bits: int, group_size: int, dtype: torch.dtype, hadamard_size: int,
+                 inverse: bool, clip: bool, out: torch.Tensor | None,
+                 post: tuple[str, float] | None, riders: tuple | None) -> torch.Tensor:
+    """:func:`dequantize_sum_wire` with its :func:`_wire_plan` (None: :func:`_sum_wire`)."""
     if plan is None:
-        return _sum_wire(*args)
+        return _sum_wire(wire, code_bytes, n_groups, bits, group_size, dtype, hadamard_size,
+                         inverse, clip, out, post, riders)
     numel, launch = plan
     if out is None:
         out = torch.empty(numel, dtype=dtype, device=wire.device)

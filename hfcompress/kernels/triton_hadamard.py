@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from types import MappingProxyType
+from typing import Callable
 
 import torch
 import triton
@@ -30,7 +31,7 @@ import triton.language as tl
 from . import triton_dequantize_sum as _dsum
 from .group_quant import join_rows
 from .hadamard import inv_sqrt
-from .launch_plans import LaunchPlans, signature
+from .launch_plans import LaunchPlans, planned_once, signature
 from .packing import flat_contiguous, packed_nbytes, payload_buffers, tail_nbytes
 from .triton_butterfly import fwht, fwht_runs
 from .triton_noise import (ROW_MODES, group_noise_at, noise_operand, row_launch, row_program,
@@ -262,6 +263,23 @@ def quantize_rows(x: torch.Tensor, rows: int, bits: int, group_size: int, hadama
     (``launch_plans.py``)."""
     plan = _row_plans((signature(x), rows, bits, group_size, hadamard_size, signature(noise),
                        signature(tail)), x, rows, bits, group_size, hadamard_size, noise, tail)
+    return _rows_by_plan(plan, x, rows, bits, group_size, hadamard_size, noise, tail)
+
+
+def planned_quantize_rows(rows: int, bits: int, group_size: int, hadamard_size: int
+                          ) -> Callable[..., torch.Tensor]:
+    """:func:`quantize_rows` as ``(x, noise, tail) -> wire`` for operands of one signature
+    (``launch_plans.planned_once``): no plan lookup per call."""
+    return planned_once(
+        lambda x, noise, tail: _row_plan(x, rows, bits, group_size, hadamard_size, noise, tail),
+        lambda plan, x, noise, tail: _rows_by_plan(plan, x, rows, bits, group_size,
+                                                   hadamard_size, noise, tail))
+
+
+def _rows_by_plan(plan: tuple | None, x: torch.Tensor, rows: int, bits: int, group_size: int,
+                  hadamard_size: int, noise: torch.Tensor | None,
+                  tail: torch.Tensor | None) -> torch.Tensor:
+    """:func:`quantize_rows` with its :func:`_row_plan` (None: the twin's join)."""
     if plan is None:
         return join_rows(*quantize(x, bits, group_size, hadamard_size, noise), rows, tail)
     copy, width, launch = plan
@@ -335,3 +353,13 @@ def dequantize_sum_wire(wire: torch.Tensor, code_bytes: int, n_groups: int, bits
                                      torch.float32 if out is None else out.dtype,
                                      hadamard_size, inverse, clip=False, out=out, post=post,
                                      riders=riders)
+
+
+def planned_sum_wire(code_bytes: int, n_groups: int, bits: int, group_size: int,
+                     hadamard_size: int, inverse: bool, dtype: torch.dtype,
+                     post: tuple[str, float] | None, rider_sum: tuple | None
+                     ) -> Callable[..., torch.Tensor]:
+    """:func:`dequantize_sum_wire` into an ``out`` of ``dtype`` as ``(wire, out, riders_out)
+    -> out`` for operands of one signature (``triton_dequantize_sum.planned_sum_wire``)."""
+    return _dsum.planned_sum_wire(code_bytes, n_groups, bits, group_size, dtype,
+                                  hadamard_size, inverse, False, post, rider_sum)
