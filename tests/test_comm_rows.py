@@ -97,36 +97,54 @@ def worker(rank, world):
 
 
 def single_hop_worker(rank, world):
-    """The 2-hop reduce-scatter's straight-line path for one hop alone (one node of 4, or
-    4 nodes of 1: ``TwoHopReduceScatter._single``) against its general path (``_one_hop``
-    answering None), bitwise: SUM / AVG / PREMUL_SUM, exact columns riding (the decode-sum
-    sums them) or none, a contiguous output or a strided one (no kernel writes it)."""
+    """The 2-hop reduce-scatter's one hop alone (one node of 4, or 4 nodes of 1), planned per
+    operand signature (``TwoHopReduceScatter._plan``: built at a signature's first call,
+    reused at its second) and in straight-line code (``_single``, plans off) against its
+    general path (``_one_hop`` answering None), bitwise: SUM / AVG / PREMUL_SUM, exact
+    columns riding (the decode-sum sums them) or none, a contiguous output or a strided one
+    (no kernel writes it: no plan); the Hadamard schemes also with their Triton kernels
+    (interpreted: the kernels' planned launches)."""
     import torch.distributed as dist
     os.environ["HFCOMPRESS_COMPILE"] = "0"
     make = schemes()
+    make["hs8t"], make["hs4t"] = (
+        lambda bits=bits, seed=seed: get_compressor("hadamard", bits=bits, group_size=128,
+                                                    hadamard_size=32, seed=seed,
+                                                    backend="triton")
+        for bits, seed in ((8, 5), (4, 4)))
     ops = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PREMUL_SUM(0.25))
+    every = [(op, r, st) for op in ops for r in (False, True) for st in (False, True)]
+    # interpreted kernels are slow: two cases, the planned path against the general one
+    interpreted = [(dist.ReduceOp.SUM, False, False), (dist.ReduceOp.AVG, True, False)]
     checked = 0
     for x in (world, 1):
         topo = Topology(ranks_per_node=x)
-        for intra, inter in (("int8", "int4"), ("hs8", "hs4")):
-            single, general = (TwoHopReduceScatter(topo, make[intra](), make[inter]())
-                               for _ in range(2))
+        for intra, inter in (("int8", "int4"), ("hs8", "hs4"), ("hs8t", "hs4t")):
+            planned, single, general = (TwoHopReduceScatter(topo, make[intra](), make[inter]())
+                                        for _ in range(3))
+            single._plans = lambda key, *args: None
             general._one_hop = lambda *args: None
-            for step, (op, riders, strided) in enumerate(
-                    [(op, r, st) for op in ops for r in (False, True) for st in (False, True)]):
-                s, e = 320, 7   # Hadamard blocks of 32 within the rows; groups padded
-                xs = inputs(world, world * (s + e), seed=step)[rank].view(world, s + e)
-                outs = []
-                for coll in (single, general):
-                    out = torch.empty(s, 2)[:, 0] if strided else torch.empty(s)
-                    exact = (xs[:, s:], torch.empty(e)) if riders else None
-                    coll(out, xs[:, :s], op, exact=exact)
-                    outs.append((out, exact))
-                (a, ea), (b, eb) = outs
-                assert set(single._single_hops.values()) == {"intra" if x > 1 else "inter"}
-                assert torch.equal(a, b), (x, intra, op, riders, strided)
-                assert not riders or torch.equal(ea[1], eb[1]), (x, intra, op, strided)
-                checked += 1
+            cases = interpreted if intra == "hs8t" else every
+            for step, (op, riders, strided) in enumerate(cases):
+                for again in range(2):
+                    s, e = 320, 7   # Hadamard blocks of 32 within the rows; groups padded
+                    xs = inputs(world, world * (s + e), seed=2 * step + again)[rank]
+                    xs = xs.view(world, s + e)
+                    outs = []
+                    for coll in (planned, single, general) if cases is every else \
+                            (planned, general):
+                        out = torch.empty(s, 2)[:, 0] if strided else torch.empty(s)
+                        exact = (xs[:, s:], torch.empty(e)) if riders else None
+                        coll(out, xs[:, :s], op, exact=exact)
+                        outs.append((out, exact))
+                    for out, ex in outs[:-1]:
+                        assert torch.equal(out, outs[-1][0]), (x, intra, op, riders, strided)
+                        assert not riders or torch.equal(ex[1], outs[-1][1][1]), (x, intra, op)
+                    checked += 1
+            # a plan for each contiguous output's (op, riders); none for a strided output
+            plans = list(planned._plans._plans.values())
+            assert sum(p is not None for p in plans) == len(plans) - sum(
+                strided for _, _, strided in cases) > 0, (x, intra)
     return checked
 
 
@@ -145,7 +163,7 @@ def test_one_compress_per_hop_is_the_per_destination_path(four_ranks):
 
 
 def test_one_hop_alone_is_the_general_path(four_ranks):
-    assert four_ranks["single"] == [2 * 2 * 12] * 4
+    assert four_ranks["single"] == [2 * (2 * 12 + 2) * 2] * 4
 
 
 class _CountOps(TorchDispatchMode):

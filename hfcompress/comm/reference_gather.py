@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from ..compressors.base import ReferenceCoded
 from ..compressors.runs import Runs, put, view
+from ..kernels.launch_plans import LaunchPlans, signature
 from ..kernels.packing import split_tail
 from .hop import all_gather_single
 from .futures import finish, overlaps
@@ -50,7 +51,7 @@ from .one_rank import skips
 from .riders import as_row, put_values, rider_nbytes
 from .topology import Topology
 from .traffic import Phase, gather, payload_bytes
-from .wire_meter import WireMeter, peer_is_remote, sends
+from .wire_meter import WireMeter, peer_counts, peer_is_remote, sends
 
 if TYPE_CHECKING:
     from .frozen import SentBytes
@@ -136,6 +137,7 @@ class ShardedReferences:
         self.layout: tuple[int, int, int] | None = None      # (world, ranks_per_node, numel)
         self._routes: dict[Any, Route] = {}
         self._used: Route | None = None
+        self._plans = LaunchPlans(self._plan)   # operand signatures -> :meth:`_plan`
 
     # -- routing --------------------------------------------------------------------------
     def route(self, group: dist.ProcessGroup) -> Route:
@@ -172,6 +174,14 @@ class ShardedReferences:
         only those payload bytes cross nodes (``frozen.py``); ``exact``: ``(values [E], out
         [world, E])``, gathered exactly in steps 1 and 3 (where :meth:`sends_differences`);
         ``columns``: ``out`` is ``[world, S]`` rows of a larger buffer, slots to these runs."""
+        if sent is None and not unchanged and self.qwd.reference is not None:
+            plan = self._plans((signature(out), signature(slot), group, columns,
+                                None if exact is None else (signature(exact[0]),
+                                                            signature(exact[1])),
+                                signature(self.qwd.reference), async_op),
+                               out, slot, group, async_op, exact, columns)
+            if plan is not None:
+                return plan(out, slot, meter, tag, exact)
         route = self._used = self.route(group)
         s, y, x = slot.numel(), route.rows, route.ranks_per_node
         self._check_layout((route.world, x, s))
@@ -223,6 +233,40 @@ class ShardedReferences:
         if rebuild is not None:   # step 3 gathers the rebuilt references: rebuild first
             rebuild(*_row_targets(mine, s, exact))
         return self._in_node(route, out, s, values, exact, columns, async_op, record, rows, mine)
+
+    def _plan(self, out: torch.Tensor, slot: torch.Tensor, group: dist.ProcessGroup,
+              async_op: bool, exact: tuple[torch.Tensor, torch.Tensor] | None,
+              columns: Runs | None):
+        """A call that sends differences (a reference held, nothing unchanged, no frozen
+        columns, not ``async_op``) for operands of these signatures, decided once (issue 35:
+        a unit's host time): ``(out, slot, meter, tag, exact) -> None`` running qWD's
+        planned wire row (``planned_wire_slot``: its noise keys and kernel launch, the
+        exact values riding), the all-gather, the meter's record and the planned decode into
+        the output's slots (``planned_decompress_rows``: riders copied by it). None where
+        :meth:`__call__` decides more: several ranks per node (step 3), this rank alone
+        (nothing sent), ``async_op`` (a future to make, or an error: ``futures.finish``),
+        slots that are not one view of the output."""
+        route = self.route(group)
+        s, y = slot.numel(), route.rows
+        self._check_layout((route.world, route.ranks_per_node, s))
+        if route.ranks_per_node != 1 or (y == 1 and skips(y)) or async_op \
+                or _placed_view(out, columns, y, s) is None:
+            return None
+        riding = None if exact is None else as_row(exact[0])
+        wire_slot = self.qwd.planned_wire_slot(slot, route.row, y, riding)
+        decode = self.qwd.planned_decompress_rows(s, slot.dtype)
+        counts = peer_counts(route.inter_remote, route.row)
+
+        def run(out: torch.Tensor, slot: torch.Tensor, meter: WireMeter | None, tag: str,
+                exact: tuple[torch.Tensor, torch.Tensor] | None):
+            self._used = route
+            row = wire_slot(slot, None if exact is None else as_row(exact[0]))
+            wire = torch.empty(y, row.shape[1], dtype=torch.uint8, device=row.device)
+            all_gather_single(wire, row, group=route.inter)
+            if meter is not None:
+                meter.record(tag, counts[0] * row.shape[1], counts[1] * row.shape[1])
+            decode(wire, _placed_view(out, columns, y, s), None if exact is None else exact[1])
+        return run
 
     def _step1(self, unchanged: bool, sent: SentBytes | None,
                exact: tuple[torch.Tensor, torch.Tensor] | None) -> bool:

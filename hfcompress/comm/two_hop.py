@@ -80,7 +80,6 @@ class TwoHopReduceScatter(StreamOwner):
                         "inter": Streams(inter or RawCodec())}
         self.raw_inter = inter is None
         self._checked: dict = {}     # call signature -> its chunks' bounds (checked once)
-        self._single_hops: dict = {}   # call signature -> :meth:`_one_hop`
         self._plans = LaunchPlans(self._plan)   # operand signatures -> :meth:`_plan`
         # the hops whose rows may be spaced runs (:attr:`spaced_input`): stateless schemes
         # that read them (``Compressor.spaced_rows``)
@@ -96,26 +95,21 @@ class TwoHopReduceScatter(StreamOwner):
         """``group`` (optional, e.g. FSDP's) must span the topology's world. ``exact``:
         ``(values [P, E], out [E])``, columns reduced exactly on the same two hops (in the
         first pipeline chunk's exchanges, ``riders.py``)."""
-        topo = self.topology
-        p, x = topo.world_size, topo.ranks_per_node
-        key = (output.numel(), input.numel(), group,
-               None if exact is None else (*exact[0].shape, exact[1].numel()))
-        bounds = self._checked.get(key)
-        if bounds is None:   # a new call signature: checked once
-            bounds = self._checked[key] = self._check(output, input, group, exact)
         check_scatter_op(op)
+        p, x = self.topology.world_size, self.topology.ranks_per_node
+        plan = self._plans((signature(output), signature(input), group, post_of(op, p),
+                            None if exact is None else (signature(exact[0]),
+                                                        signature(exact[1]))),
+                           output, input, op, group, exact)
+        if plan is not None:
+            return plan(output, input, exact)
+        bounds = self._bounds(output, input, group, exact)
         s = output.numel()
-        hop = self._one_hop(key, len(bounds), s)
+        hop = self._one_hop(len(bounds), s)
         spaced = input.dim() == 3 and hop in self._spaced_hops
         rows = input if spaced or input.shape == (p, s) else input.reshape(p, s)
         if hop is not None:
-            plan = self._plans((key, hop, signature(output), signature(rows), post_of(op, p),
-                                None if exact is None else (signature(exact[0]),
-                                                            signature(exact[1]))),
-                               hop, output, rows, op, exact)
-            if plan is None:
-                return self._single(hop, output, rows, op, exact)
-            return plan(output, rows, exact)
+            return self._single(hop, output, rows, op, exact)
         # SDP4Bit 3.3: H once per row, in the first hop that compresses (the intra-node hop,
         # else the inter-node one); the sums stay in the rotated domain. Pipeline chunks cut
         # the rows: then the whole rows are rotated first, so that every Hadamard block is
@@ -150,19 +144,27 @@ class TwoHopReduceScatter(StreamOwner):
         if last.get("out") is None:
             write_result(output, total, op, p)
 
-    def _one_hop(self, key: tuple, chunks: int, s: int) -> str | None:
+    def _bounds(self, output: torch.Tensor, input: torch.Tensor,
+                group: dist.ProcessGroup | None,
+                exact: tuple[torch.Tensor, torch.Tensor] | None) -> list[tuple[int, int]]:
+        """The call's pipeline chunks' column bounds, its sizes checked once per signature."""
+        key = (output.numel(), input.numel(), group,
+               None if exact is None else (*exact[0].shape, exact[1].numel()))
+        bounds = self._checked.get(key)
+        if bounds is None:   # a new call signature: checked once
+            bounds = self._checked[key] = self._check(output, input, group, exact)
+        return bounds
+
+    def _one_hop(self, chunks: int, s: int) -> str | None:
         """The one hop that sends (``"intra"``: one node of several ranks; ``"inter"``: one
-        rank per node, or a one-rank world run by ``one_rank.py``) where a call of this
-        signature is that hop alone in one chunk, else None (two hops, pipeline chunks, or
-        Hadamard blocks that straddle rows: the general path). Cached per signature."""
-        if key not in self._single_hops:
-            x, alone = self.topology.ranks_per_node, self._alone()
-            hop = "intra" if x > 1 and alone else "inter" if x == 1 and not alone else None
-            if chunks != 1 or (self.rotated
-                               and s % self.streams["intra"].compressor.hadamard_size):
-                hop = None
-            self._single_hops[key] = hop
-        return self._single_hops[key]
+        rank per node, or a one-rank world run by ``one_rank.py``) where a call of ``chunks``
+        chunks of ``s`` values is that hop alone in one chunk, else None (two hops, pipeline
+        chunks, or Hadamard blocks that straddle rows: the general path)."""
+        x, alone = self.topology.ranks_per_node, self._alone()
+        hop = "intra" if x > 1 and alone else "inter" if x == 1 and not alone else None
+        if chunks != 1 or (self.rotated and s % self.streams["intra"].compressor.hadamard_size):
+            return None
+        return hop
 
     def _single(self, hop: str, output: torch.Tensor, rows: torch.Tensor, op: Any,
                 exact: tuple[torch.Tensor, torch.Tensor] | None) -> None:
@@ -185,16 +187,26 @@ class TwoHopReduceScatter(StreamOwner):
         if target is None:
             write_result(output, total, op, p)
 
-    def _plan(self, hop: str, output: torch.Tensor, rows: torch.Tensor, op: Any,
+    def _plan(self, output: torch.Tensor, input: torch.Tensor, op: Any,
+              group: dist.ProcessGroup | None,
               exact: tuple[torch.Tensor, torch.Tensor] | None):
-        """:meth:`_single` for operands of these signatures, decided once (issue 35: a
-        unit's host time): ``(output, rows, exact) -> None`` running the compressor's
-        planned row compression (``Compressor.planned_compress_rows``: its row keys and
-        kernel launch), the all-to-all, the meter's record and the planned decode-sum into
-        the output (riders summed by it); None where :meth:`_single` decides more (a
-        stateful scheme, an output no kernel writes, riders summed after)."""
-        p, streams = self.topology.world_size, self.streams[hop]
+        """A call that is :meth:`_one_hop`'s hop alone, for operands of these signatures,
+        checked and decided once (issue 35: a unit's host time): ``(output, input, exact) ->
+        None`` running the compressor's planned row compression
+        (``Compressor.planned_compress_rows``: its row keys and kernel launch), the
+        all-to-all, the meter's record and the planned decode-sum into the output (riders
+        summed by it), :meth:`_single`'s numbers; None where the call decides more (two
+        hops or chunks, a stateful scheme, an output no kernel writes, riders summed
+        after)."""
+        p, s = self.topology.world_size, output.numel()
+        hop = self._one_hop(len(self._bounds(output, input, group, exact)), s)
+        if hop is None:
+            return None
+        streams = self.streams[hop]
         c = streams.compressor
+        # rows as the call takes them (spaced runs where the hop reads them, else [P, S])
+        reshape = not (input.dim() == 3 and hop in self._spaced_hops or input.shape == (p, s))
+        rows = input.reshape(p, s) if reshape else input
         target, post = result_target(output, op, p, hop in self._spaced_hops)
         riders = summed_riders(c, exact, op, p)
         if streams.stateful or target is None or (exact is not None and not riders):
@@ -208,9 +220,10 @@ class TwoHopReduceScatter(StreamOwner):
         group = self.topology.intra_group if hop == "intra" else self.topology.inter_group
         remote, me, meter = self._remote[hop], rank_size(group)[0], self.meter
 
-        def run(output: torch.Tensor, rows: torch.Tensor,
+        def run(output: torch.Tensor, input: torch.Tensor,
                 exact: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-            send = encode(rows, None if exact is None else exact[0])
+            send = encode(input.reshape(p, s) if reshape else input,
+                          None if exact is None else exact[0])
             if not send.is_contiguous():
                 send = send.contiguous()
             recv = torch.empty_like(send)

@@ -89,6 +89,19 @@ class GroupQuantizer(BucketQuantizer):
         return self._impl(x).quantize_difference_row(x, ref, self.bits, self.group_size,
                                                      noise, tail)
 
+    def planned_compress_difference_row(self, x: torch.Tensor,
+                                        tail: torch.Tensor | None = None):
+        """:meth:`compress_difference_row` as ``(x, ref, tail) -> wire`` for operands of
+        these signatures (``Compressor.planned_compress_rows``): where the kernel plans its
+        launch (Triton's ``planned_quantize_difference_row``), the noise keys drawn and the
+        bound launch, nothing else per call."""
+        planned = getattr(self._impl(x), "planned_quantize_difference_row", None)
+        if planned is None:
+            return self.compress_difference_row
+        check_float_input(self.name, x)       # the dtype is the signature's: checked once
+        quantize, keys, device = planned(self.bits, self.group_size), self._keys, x.device
+        return lambda x, ref, tail: quantize(x, ref, keys(device), tail)
+
     def decompress_add(self, packed: Packed, ref: torch.Tensor) -> torch.Tensor:
         """``ref + decompress(packed)`` rounded to ref's dtype, fused into the kernel."""
         codes, scales = packed.payload["codes"], packed.payload["scales"]

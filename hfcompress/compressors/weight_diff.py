@@ -177,13 +177,7 @@ class WeightDifferenceQuantizer(Compressor):
                                  f"expected {rows} x {numel}")
             return _twin.also_into(self.reference, also)
         if fused:
-            self._check_rows(rows, numel)
-            spec, inner = self.inner.payload_spec(numel), self.inner
-            (_, ncodes), (_, ngroups) = spec["codes"], spec["scales"]
-            if wire.shape[1] != ncodes + 4 * ngroups + tail_nbytes(riders):
-                raise ValueError(f"qwd: payload rows of {wire.shape[1]} bytes, expected "
-                                 f"{ncodes + 4 * ngroups} for {numel} values and "
-                                 f"{tail_nbytes(riders)} of riders")
+            ncodes, inner = self._check_wire(wire, numel, riders), self.inner
             # the fields read where they lie in the wire's rows (no view per field)
             self._replace(inner._impl(wire).dequantize_add_wire(
                 wire, ncodes, inner.bits, inner.group_size, self.reference, also, riders))
@@ -211,6 +205,62 @@ class WeightDifferenceQuantizer(Compressor):
         fields = ((0, g * bits // 8), (spec["codes"][1], 4))       # codes, scales
         return merged((offset + k * width, offset + (k + 1) * width)
                       for offset, width in fields for k in groups)
+
+    def _check_wire(self, wire: torch.Tensor, numel: int, riders: torch.Tensor | None) -> int:
+        """The fused decode's checks of the ``[rows, width]`` wire of ``numel`` values a row
+        (and ``riders``' bytes); returns the codes' bytes a row."""
+        self._check_rows(wire.shape[0], numel)
+        spec = self.inner.payload_spec(numel)
+        (_, ncodes), (_, ngroups) = spec["codes"], spec["scales"]
+        if wire.shape[1] != ncodes + 4 * ngroups + tail_nbytes(riders):
+            raise ValueError(f"qwd: payload rows of {wire.shape[1]} bytes, expected "
+                             f"{ncodes + 4 * ngroups} for {numel} values and "
+                             f"{tail_nbytes(riders)} of riders")
+        return ncodes
+
+    # -- one slot's calls planned per operand signature (``comm/reference_gather``) -------
+    def planned_wire_slot(self, x: torch.Tensor, row: int, rows: int,
+                          tail: torch.Tensor | None = None):
+        """:meth:`wire_slot` of ``row`` of ``rows`` as ``(x, tail) -> wire row`` for operands
+        of the signatures of ``x``, ``tail`` and the reference (the caller keys its plans
+        by them), the inner's difference row planned (a ``GroupQuantizer``:
+        ``planned_compress_difference_row``)."""
+        if self.reference is None or not isinstance(self.inner, GroupQuantizer):
+            return lambda x, tail: self.wire_slot(x, row, rows, tail)
+        n, shape = x.numel(), None if x.dim() == 1 else x.shape
+        self._check_rows(rows, n)
+        compress = self.inner.planned_compress_difference_row(x, tail)
+
+        def wire_slot(x: torch.Tensor, tail: torch.Tensor | None) -> torch.Tensor:
+            ref = self.reference if rows == 1 else self.reference[row * n:(row + 1) * n]
+            return compress(x.detach() if x.requires_grad else x,
+                            ref if shape is None else ref.view(shape), tail)
+        return wire_slot
+
+    def planned_decompress_rows(self, numel: int, dtype: torch.dtype):
+        """:meth:`decompress_rows` as ``(wire, also, riders) -> w~`` for operands of one
+        signature each (the reference's too), the fused decode (a ``GroupQuantizer`` inner,
+        a reference of ``dtype``) checked at the first call and its launch bound
+        (``planned_dequantize_add_wire``: Triton)."""
+        ref, inner = self.reference, self.inner
+        planned = None if ref is None or not isinstance(inner, GroupQuantizer) or \
+            ref.dtype != dtype else getattr(inner._impl(ref), "planned_dequantize_add_wire",
+                                            None)
+        if planned is None:
+            return lambda wire, also, riders: self.decompress_rows(wire, numel, dtype, also,
+                                                                   riders)
+        add, checked = planned(inner.payload_spec(numel)["codes"][1], inner.bits,
+                               inner.group_size), False
+
+        def decompress_rows(wire: torch.Tensor, also: torch.Tensor | None,
+                            riders: torch.Tensor | None) -> torch.Tensor:
+            nonlocal checked
+            if not checked:
+                self._check_wire(wire, numel, riders)
+                checked = True
+            self._replace(add(wire, self.reference, also, riders))
+            return self.reference
+        return decompress_rows
 
     def _rows(self, rows: int, numel: int) -> torch.Tensor:
         self._check_rows(rows, numel)

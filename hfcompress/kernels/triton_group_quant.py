@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 from types import MappingProxyType
+from typing import Callable
 
 import torch
 import triton
@@ -32,7 +33,7 @@ import triton.language as tl
 
 from . import group_quant as _twin
 from . import triton_dequantize_sum as _dsum
-from .launch_plans import LaunchPlans, signature
+from .launch_plans import LaunchPlans, planned_once, signature
 from .packing import (_UNIT, flat_contiguous, packed_nbytes, payload_buffers,
                       tail_nbytes, take_tail, wire_fields, wire_words)
 from .triton_noise import (ROW_MODES, copy_values, group_noise_at, noise_operand, row_launch,
@@ -506,6 +507,13 @@ def _rows(x: torch.Tensor, ref: torch.Tensor | None, rows: int, bits: int, group
     launch is planned once per signature (``launch_plans.py``)."""
     plan = _row_plans((signature(x), signature(ref), rows, bits, group_size, signature(noise),
                        signature(tail)), x, ref, rows, bits, group_size, noise, tail)
+    return _rows_by_plan(plan, x, ref, rows, bits, group_size, noise, tail)
+
+
+def _rows_by_plan(plan: tuple | None, x: torch.Tensor, ref: torch.Tensor | None, rows: int,
+                  bits: int, group_size: int, noise: torch.Tensor | None,
+                  tail: torch.Tensor | None) -> torch.Tensor:
+    """:func:`_rows` with its :func:`_row_plan` (None: the twin's join)."""
     if plan is None:
         x = flat_contiguous(x)
         return _twin.join_rows(*_quantize(x, ref, bits, group_size, noise), rows, tail)
@@ -622,6 +630,15 @@ def quantize_difference_row(x: torch.Tensor, ref: torch.Tensor, bits: int, group
     return _rows(x, ref, 1, bits, group_size, noise, tail)
 
 
+def planned_quantize_difference_row(bits: int, group_size: int) -> Callable[..., torch.Tensor]:
+    """:func:`quantize_difference_row` as ``(x, ref, noise, tail) -> wire`` for operands of
+    one signature (``launch_plans.planned_once``: no plan lookup per call)."""
+    return planned_once(
+        lambda x, ref, noise, tail: _row_plan(x, ref, 1, bits, group_size, noise, tail),
+        lambda plan, x, ref, noise, tail: _rows_by_plan(plan, x, ref, 1, bits, group_size,
+                                                        noise, tail))
+
+
 def dequantize_add(packed: torch.Tensor, scale: torch.Tensor, bits: int, group_size: int,
                    ref: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
     """The twin's ``add_to(ref, dequantize(...))`` in one kernel: qWD's update (SDP4Bit
@@ -661,6 +678,24 @@ def dequantize_add_wire(wire: torch.Tensor, code_bytes: int, bits: int, group_si
     plan = _add_plans((signature(wire), wire.storage_offset() % 4, code_bytes, bits,
                        group_size, signature(ref), signature(also), signature(riders)),
                       wire, code_bytes, bits, group_size, ref, also, riders)
+    return _add_by_plan(plan, wire, code_bytes, bits, group_size, ref, also, riders)
+
+
+def planned_dequantize_add_wire(code_bytes: int, bits: int, group_size: int
+                                ) -> Callable[..., torch.Tensor]:
+    """:func:`dequantize_add_wire` as ``(wire, ref, also, riders) -> sum`` for operands of
+    one signature (``launch_plans.planned_once``: no plan lookup per call)."""
+    return planned_once(
+        lambda wire, ref, also, riders: _add_plan(wire, code_bytes, bits, group_size, ref,
+                                                  also, riders),
+        lambda plan, wire, ref, also, riders: _add_by_plan(plan, wire, code_bytes, bits,
+                                                           group_size, ref, also, riders))
+
+
+def _add_by_plan(plan: tuple | None, wire: torch.Tensor, code_bytes: int, bits: int,
+                 group_size: int, ref: torch.Tensor, also: torch.Tensor | None,
+                 riders: torch.Tensor | None) -> torch.Tensor:
+    """:func:`dequantize_add_wire` with its :func:`_add_plan` (None: :func:`_add_wire`)."""
     if plan is None:
         return _add_wire(wire, code_bytes, bits, group_size, ref, also, riders)
     flat = ref if ref.is_contiguous() else ref.contiguous()
