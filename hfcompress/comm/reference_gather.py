@@ -178,10 +178,19 @@ class ShardedReferences:
             plan = self._plans((signature(out), signature(slot), group, columns,
                                 None if exact is None else (signature(exact[0]),
                                                             signature(exact[1])),
-                                signature(self.qwd.reference), async_op),
+                                signature(self.qwd.reference), async_op,
+                                skips(1)),     # the one-rank switch (one_rank.py)
                                out, slot, group, async_op, exact, columns)
             if plan is not None:
                 return plan(out, slot, meter, tag, exact)
+        return self._gather(out, slot, group, unchanged, meter, tag, async_op, sent, exact,
+                            columns)
+
+    def _gather(self, out: torch.Tensor, slot: torch.Tensor, group: dist.ProcessGroup,
+                unchanged: bool, meter: WireMeter | None, tag: str, async_op: bool,
+                sent: SentBytes | None, exact: tuple[torch.Tensor, torch.Tensor] | None,
+                columns: Runs | None) -> torch.futures.Future | None:
+        """:meth:`__call__` deciding at the call (steps 1-3 as the call needs them)."""
         route = self._used = self.route(group)
         s, y, x = slot.numel(), route.rows, route.ranks_per_node
         self._check_layout((route.world, x, s))
@@ -243,7 +252,7 @@ class ShardedReferences:
         planned wire row (``planned_wire_slot``: its noise keys and kernel launch, the
         exact values riding), the all-gather, the meter's record and the planned decode into
         the output's slots (``planned_decompress_rows``: riders copied by it). None where
-        :meth:`__call__` decides more: several ranks per node (step 3), this rank alone
+        :meth:`_gather` decides more: several ranks per node (step 3), this rank alone
         (nothing sent), ``async_op`` (a future to make, or an error: ``futures.finish``),
         slots that are not one view of the output."""
         route = self.route(group)

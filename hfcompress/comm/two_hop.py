@@ -85,6 +85,9 @@ class TwoHopReduceScatter(StreamOwner):
         # that read them (``Compressor.spaced_rows``)
         self._spaced_hops = frozenset(hop for hop, s in self.streams.items()
                                       if not s.stateful and s.compressor.spaced_rows)
+        # the hops whose one-hop calls are planned (:meth:`_plan`): stateless schemes
+        self._stateless_hops = frozenset(hop for hop, s in self.streams.items()
+                                         if not s.stateful)
         self._remote = {hop: peer_is_remote(g, topology) for hop, g in
                         (("intra", topology.intra_group), ("inter", topology.inter_group))
                         if g is not None}       # None: this rank alone, that hop never runs
@@ -97,15 +100,17 @@ class TwoHopReduceScatter(StreamOwner):
         first pipeline chunk's exchanges, ``riders.py``)."""
         check_scatter_op(op)
         p, x = self.topology.world_size, self.topology.ranks_per_node
-        plan = self._plans((signature(output), signature(input), group, post_of(op, p),
-                            None if exact is None else (signature(exact[0]),
-                                                        signature(exact[1]))),
-                           output, input, op, group, exact)
-        if plan is not None:
-            return plan(output, input, exact)
+        alone = self._sending_hop()
+        if alone in self._stateless_hops:
+            plan = self._plans((alone, signature(output), signature(input), group,
+                                post_of(op, p), None if exact is None else (
+                                    signature(exact[0]), signature(exact[1]))),
+                               alone, output, input, op, group, exact)
+            if plan is not None:
+                return plan(output, input, exact)
         bounds = self._bounds(output, input, group, exact)
         s = output.numel()
-        hop = self._one_hop(len(bounds), s)
+        hop = self._one_hop(alone, len(bounds), s)
         spaced = input.dim() == 3 and hop in self._spaced_hops
         rows = input if spaced or input.shape == (p, s) else input.reshape(p, s)
         if hop is not None:
@@ -155,16 +160,20 @@ class TwoHopReduceScatter(StreamOwner):
             bounds = self._checked[key] = self._check(output, input, group, exact)
         return bounds
 
-    def _one_hop(self, chunks: int, s: int) -> str | None:
-        """The one hop that sends (``"intra"``: one node of several ranks; ``"inter"``: one
-        rank per node, or a one-rank world run by ``one_rank.py``) where a call of ``chunks``
-        chunks of ``s`` values is that hop alone in one chunk, else None (two hops, pipeline
-        chunks, or Hadamard blocks that straddle rows: the general path)."""
+    def _sending_hop(self) -> str | None:
+        """The one hop that sends where only one does (``"intra"``: one node of several
+        ranks; ``"inter"``: one rank per node, or a one-rank world run by ``one_rank.py``),
+        else None."""
         x, alone = self.topology.ranks_per_node, self._alone()
-        hop = "intra" if x > 1 and alone else "inter" if x == 1 and not alone else None
+        return "intra" if x > 1 and alone else "inter" if x == 1 and not alone else None
+
+    def _one_hop(self, alone: str | None, chunks: int, s: int) -> str | None:
+        """``alone`` (:meth:`_sending_hop`) where a call of ``chunks`` chunks of ``s`` values
+        is that hop alone in one chunk, else None (two hops, pipeline chunks, or Hadamard
+        blocks that straddle rows: the general path)."""
         if chunks != 1 or (self.rotated and s % self.streams["intra"].compressor.hadamard_size):
             return None
-        return hop
+        return alone
 
     def _single(self, hop: str, output: torch.Tensor, rows: torch.Tensor, op: Any,
                 exact: tuple[torch.Tensor, torch.Tensor] | None) -> None:
@@ -187,29 +196,26 @@ class TwoHopReduceScatter(StreamOwner):
         if target is None:
             write_result(output, total, op, p)
 
-    def _plan(self, output: torch.Tensor, input: torch.Tensor, op: Any,
+    def _plan(self, hop: str, output: torch.Tensor, input: torch.Tensor, op: Any,
               group: dist.ProcessGroup | None,
               exact: tuple[torch.Tensor, torch.Tensor] | None):
-        """A call that is :meth:`_one_hop`'s hop alone, for operands of these signatures,
-        checked and decided once (issue 35: a unit's host time): ``(output, input, exact) ->
-        None`` running the compressor's planned row compression
+        """A call that is ``hop`` alone (:meth:`_one_hop`) of a stateless scheme, for operands
+        of these signatures, checked and decided once (issue 35: a unit's host time):
+        ``(output, input, exact) -> None`` running the compressor's planned row compression
         (``Compressor.planned_compress_rows``: its row keys and kernel launch), the
         all-to-all, the meter's record and the planned decode-sum into the output (riders
-        summed by it), :meth:`_single`'s numbers; None where the call decides more (two
-        hops or chunks, a stateful scheme, an output no kernel writes, riders summed
-        after)."""
+        summed by it), :meth:`_single`'s numbers; None where the call decides more (pipeline
+        chunks, blocks across rows, an output no kernel writes, riders summed after)."""
         p, s = self.topology.world_size, output.numel()
-        hop = self._one_hop(len(self._bounds(output, input, group, exact)), s)
-        if hop is None:
+        if self._one_hop(hop, len(self._bounds(output, input, group, exact)), s) is None:
             return None
-        streams = self.streams[hop]
-        c = streams.compressor
+        c = self.streams[hop].compressor
         # rows as the call takes them (spaced runs where the hop reads them, else [P, S])
         reshape = not (input.dim() == 3 and hop in self._spaced_hops or input.shape == (p, s))
         rows = input.reshape(p, s) if reshape else input
         target, post = result_target(output, op, p, hop in self._spaced_hops)
         riders = summed_riders(c, exact, op, p)
-        if streams.stateful or target is None or (exact is not None and not riders):
+        if target is None or (exact is not None and not riders):
             return None
         rider_sum = riders["riders"][1:] if riders else None
         encode = c.planned_compress_rows(rows, None if exact is None else exact[0])
