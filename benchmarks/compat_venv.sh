@@ -35,4 +35,4 @@ PYTHONPATH=$PWD "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider \
     tests/test_handle.py tests/test_stream_contract.py tests/test_one_rank.py \
     tests/test_ddp_async.py tests/test_all_reduce.py tests/test_fsdp_tp.py \
     tests/test_trainer_tp.py tests/test_auto_submesh.py tests/test_auto.py tests/test_riders.py \
-    tests/test_kernel_isa.py tests/test_gpu_registers.py
+    tests/test_gather_plans.py tests/test_kernel_isa.py tests/test_gpu_registers.py

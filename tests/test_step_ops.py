@@ -40,8 +40,9 @@ BUDGET = {"none": 2.0, "sdp4bit": 6.0, "tlq_hs": 4.0, "qwd": 4.0, "loco": 4.4}
 #: cached, and loco 2.39 before its feedback was one kernel; 2.59 / 1.80 / 1.79, loco 1.97
 #: once the communication guard and the meter's timer were classes, not generators: every
 #: preset's calls fell (sdp4bit 451.2 -> 413.2 per unit), ``none``'s the most in proportion
-#: (190.5 -> 159.5))
-CALLS_BUDGET = {"none": 1.0, "sdp4bit": 2.65, "tlq_hs": 1.85, "qwd": 1.85, "loco": 2.05}
+#: (190.5 -> 159.5); 1.94 / 1.41 / 1.54, loco 2.00 once the one-hop reduce-scatter and qWD's
+#: one-node all-gather were planned per operand signature (sdp4bit 413.2 -> 310.2 per unit))
+CALLS_BUDGET = {"none": 1.0, "sdp4bit": 2.05, "tlq_hs": 1.5, "qwd": 1.65, "loco": 2.05}
 
 
 #: steps before the counted one: LoCo resets its errors after step 0, and its device table

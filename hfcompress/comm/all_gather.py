@@ -118,6 +118,23 @@ class QuantizedAllGather(StreamOwner):
                 exact[1].copy_(values)
         return finish(work, decode, async_op, input.device)
 
+    def planned(self, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup,
+                exact: tuple[torch.Tensor, torch.Tensor] | None = None,
+                columns: Runs | None = None):
+        """The plan of a qWD call that sends differences (not ``unchanged``: the caller's)
+        and is not ``async_op``, with operands of these signatures, ``output`` its ``[world,
+        S]`` rows: ``(output, input, exact) -> None`` (``ShardedReferences.planned``; the
+        meter and tag read at each call), or None (the call decides)."""
+        world = rank_size(group)[1]
+        if self.references is None or not input.numel() or output.dim() != 2 \
+                or output.shape[0] != world \
+                or (columns is None and output.shape[1] != input.numel()):
+            return None
+        run = self.references.planned(output, input, group, False, exact, columns)
+        if run is None:
+            return None
+        return lambda output, input, exact: run(output, input, self.meter, self.tag, exact)
+
     @staticmethod
     def traffic(numel: int, ranks_per_node: int, nodes: int, compressor: Compressor | None,
                 itemsize: int, unchanged: bool = False, exact: int = 0) -> list[Phase]:

@@ -174,17 +174,29 @@ class ShardedReferences:
         only those payload bytes cross nodes (``frozen.py``); ``exact``: ``(values [E], out
         [world, E])``, gathered exactly in steps 1 and 3 (where :meth:`sends_differences`);
         ``columns``: ``out`` is ``[world, S]`` rows of a larger buffer, slots to these runs."""
-        if sent is None and not unchanged and self.qwd.reference is not None:
-            plan = self._plans((signature(out), signature(slot), group, columns,
-                                None if exact is None else (signature(exact[0]),
-                                                            signature(exact[1])),
-                                signature(self.qwd.reference), async_op,
-                                skips(1)),     # the one-rank switch (one_rank.py)
-                               out, slot, group, async_op, exact, columns)
-            if plan is not None:
-                return plan(out, slot, meter, tag, exact)
+        plan = None if sent is not None or unchanged else \
+            self.planned(out, slot, group, async_op, exact, columns)
+        if plan is not None:
+            return plan(out, slot, meter, tag, exact)
         return self._gather(out, slot, group, unchanged, meter, tag, async_op, sent, exact,
                             columns)
+
+    def planned(self, out: torch.Tensor, slot: torch.Tensor, group: dist.ProcessGroup,
+                async_op: bool = False,
+                exact: tuple[torch.Tensor, torch.Tensor] | None = None,
+                columns: Runs | None = None):
+        """The plan (:meth:`_plan`) of a call that sends differences (``unchanged`` False, no
+        ``sent``: the caller's) with operands of these signatures, ``(out, slot, meter, tag,
+        exact) -> None`` for every such call while the reference keeps its signature; None
+        (the call decides)."""
+        if self.qwd.reference is None:    # the first, exact, gather
+            return None
+        return self._plans((signature(out), signature(slot), group, columns,
+                            None if exact is None else (signature(exact[0]),
+                                                        signature(exact[1])),
+                            signature(self.qwd.reference), async_op,
+                            skips(1)),     # the one-rank switch (one_rank.py)
+                           out, slot, group, async_op, exact, columns)
 
     def _gather(self, out: torch.Tensor, slot: torch.Tensor, group: dist.ProcessGroup,
                 unchanged: bool, meter: WireMeter | None, tag: str, async_op: bool,
@@ -247,11 +259,11 @@ class ShardedReferences:
               async_op: bool, exact: tuple[torch.Tensor, torch.Tensor] | None,
               columns: Runs | None):
         """A call that sends differences (a reference held, nothing unchanged, no frozen
-        columns, not ``async_op``) for operands of these signatures, decided once (issue 35:
-        a unit's host time): ``(out, slot, meter, tag, exact) -> None`` running qWD's
-        planned wire row (``planned_wire_slot``: its noise keys and kernel launch, the
-        exact values riding), the all-gather, the meter's record and the planned decode into
-        the output's slots (``planned_decompress_rows``: riders copied by it). None where
+        columns, not ``async_op``) for operands of these signatures, decided once (a unit's
+        host time): ``(out, slot, meter, tag, exact) -> None`` running qWD's planned wire
+        row (``planned_wire_slot``: its noise keys and kernel launch, the exact values
+        riding), the all-gather, the meter's record and the planned decode into the
+        output's slots (``planned_decompress_rows``: riders copied by it). None where
         :meth:`_gather` decides more: several ranks per node (step 3), this rank alone
         (nothing sent), ``async_op`` (a future to make, or an error: ``futures.finish``),
         slots that are not one view of the output."""

@@ -85,9 +85,12 @@ class TwoHopReduceScatter(StreamOwner):
         # that read them (``Compressor.spaced_rows``)
         self._spaced_hops = frozenset(hop for hop, s in self.streams.items()
                                       if not s.stateful and s.compressor.spaced_rows)
-        # the hops whose one-hop calls are planned (:meth:`_plan`): stateless schemes
+        # the hops whose one-hop calls are planned (:meth:`_plan`): stateless schemes;
+        # plannable: the hop that may send alone (by the node layout) is one of them
         self._stateless_hops = frozenset(hop for hop, s in self.streams.items()
                                          if not s.stateful)
+        self.plannable = ("intra" if topology.ranks_per_node > 1 else "inter") \
+            in self._stateless_hops
         self._remote = {hop: peer_is_remote(g, topology) for hop, g in
                         (("intra", topology.intra_group), ("inter", topology.inter_group))
                         if g is not None}       # None: this rank alone, that hop never runs
@@ -99,18 +102,13 @@ class TwoHopReduceScatter(StreamOwner):
         ``(values [P, E], out [E])``, columns reduced exactly on the same two hops (in the
         first pipeline chunk's exchanges, ``riders.py``)."""
         check_scatter_op(op)
+        plan = self.planned(output, input, op, group, exact) if self.plannable else None
+        if plan is not None:
+            return plan(output, input, exact)
         p, x = self.topology.world_size, self.topology.ranks_per_node
-        alone = self._sending_hop()
-        if alone in self._stateless_hops:
-            plan = self._plans((alone, signature(output), signature(input), group,
-                                post_of(op, p), None if exact is None else (
-                                    signature(exact[0]), signature(exact[1]))),
-                               alone, output, input, op, group, exact)
-            if plan is not None:
-                return plan(output, input, exact)
         bounds = self._bounds(output, input, group, exact)
         s = output.numel()
-        hop = self._one_hop(alone, len(bounds), s)
+        hop = self._one_hop(self._sending_hop(), len(bounds), s)
         spaced = input.dim() == 3 and hop in self._spaced_hops
         rows = input if spaced or input.shape == (p, s) else input.reshape(p, s)
         if hop is not None:
@@ -148,6 +146,21 @@ class TwoHopReduceScatter(StreamOwner):
                 total = self.streams["inter"].compressor.rotate(total)
         if last.get("out") is None:
             write_result(output, total, op, p)
+
+    def planned(self, output: torch.Tensor, input: torch.Tensor, op: Any,
+                group: dist.ProcessGroup | None = None,
+                exact: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """This call's plan (:meth:`_plan`), ``(output, input, exact) -> None`` for every call
+        with operands of these signatures and ``op``'s step after the sum (``op`` checked
+        by the caller: ``check_scatter_op``), or None (the call decides)."""
+        alone = self._sending_hop()
+        if alone not in self._stateless_hops:
+            return None
+        return self._plans((alone, signature(output), signature(input), group,
+                            post_of(op, self.topology.world_size),
+                            None if exact is None else (signature(exact[0]),
+                                                        signature(exact[1]))),
+                           alone, output, input, op, group, exact)
 
     def _bounds(self, output: torch.Tensor, input: torch.Tensor,
                 group: dist.ProcessGroup | None,
@@ -200,7 +213,7 @@ class TwoHopReduceScatter(StreamOwner):
               group: dist.ProcessGroup | None,
               exact: tuple[torch.Tensor, torch.Tensor] | None):
         """A call that is ``hop`` alone (:meth:`_one_hop`) of a stateless scheme, for operands
-        of these signatures, checked and decided once (issue 35: a unit's host time):
+        of these signatures, checked and decided once (a unit's host time):
         ``(output, input, exact) -> None`` running the compressor's planned row compression
         (``Compressor.planned_compress_rows``: its row keys and kernel launch), the
         all-to-all, the meter's record and the planned decode-sum into the output (riders

@@ -32,6 +32,8 @@ from ..comm import (QuantizedAllGather, QuantizedReduceScatter, Topology, TwoHop
                     WireMeter)
 from ..comm.all_gather import VersionWatch
 from ..comm.frozen import FrozenParams
+from ..comm.one_rank import skips
+from ..comm.reduce_scatter import check_scatter_op, post_of
 from ..comm.futures import FutureWork, finish_all, inline, side_stream_call
 from ..compressors.base import FLOAT_DTYPES
 from ..compressors.registry import build_compressor
@@ -39,6 +41,7 @@ from ..compressors.runs import put, view
 from ..config import CompressionConfig, upgrade_dict
 from ..cost.hops import gradient_hops
 from ..cost.units import Unit, hpz_reshard
+from ..kernels.launch_plans import LaunchPlans, signature
 from . import _fsdp2
 from .consistency import differences
 from .exact_params import GroupLayouts, SlotLayout
@@ -77,6 +80,7 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
         self.compressed, self.exact = compressed, exact
         self.frozen = frozen_columns(layouts, compressed)
         self._warned = False
+        self._plans = LaunchPlans(self._plan)    # buffers' signatures -> :meth:`_plan`
         # qWD: "no optimizer step since the forward all-gather", known on the host
         self.versions = VersionWatch()
 
@@ -154,8 +158,14 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
         collectives, torch's all-gather into a buffer). Each column set decodes into its
         columns of the output where they are one run (a row-strided view; qWD's slots always
         go straight there), else into a buffer put there after."""
-        layout, world = self.layouts.full, group.size()
         refs = self.compressed.references
+        plan = None if refs is None or unchanged or async_op or refs.qwd.reference is None \
+            else self._plans((signature(output_tensor), signature(input_tensor), group,
+                              signature(refs.qwd.reference), skips(1)),
+                             output_tensor, input_tensor, group)
+        if plan is not None:
+            return plan(output_tensor, input_tensor)
+        layout, world = self.layouts.full, group.size()
         qwd = refs is not None and refs.sends_differences(unchanged)
         # qWD reads its columns where they lie (equally spaced runs too: a root unit's)
         comp_in, exact_in = layout.split_slot(input_tensor, spaced=qwd)
@@ -191,6 +201,30 @@ class FSDPAllGather(_Alloc, _fsdp2.AllGather):
                 put(rows, runs, buf)
         return finish_all(futures, merge, async_op, input_tensor.device)
 
+    def _plan(self, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup):
+        """A mixed qWD call that sends differences, not ``async_op``, with buffers of these
+        signatures (the reference's too): ``(output, input) -> None``, the slot's two
+        column sets and the output's exact columns as views, the compressed gather's own
+        plan of them (``QuantizedAllGather.planned``, the exact columns riding) bound:
+        :meth:`_gather_mixed`'s calls, nothing decided; None where the exact columns are not
+        one run or the gather plans nothing (a unit's host time)."""
+        layout, world = self.layouts.full, group.size()
+        comp_in, exact_in = layout.split_slot(input, spaced=True)
+        rows = output.view(world, -1)
+        exact_out = view(rows, layout.exact_runs)
+        if exact_out is None:
+            return None
+        run = self.compressed.planned(rows, comp_in, group, (exact_in, exact_out),
+                                      layout.compressed_runs)
+        if run is None:
+            return None
+
+        def gather(output: torch.Tensor, input: torch.Tensor) -> None:
+            comp_in, exact_in = layout.split_slot(input, spaced=True)
+            rows = output.view(world, -1)
+            run(rows, comp_in, (exact_in, view(rows, layout.exact_runs)))
+        return gather
+
     def _compressible(self, input_tensor: torch.Tensor) -> bool:
         """A float buffer laid out as the param group says (not, e.g., the uint8 buffer of
         tensor-subclass all-gather extensions)."""
@@ -220,6 +254,7 @@ class FSDPReduceScatter(_Alloc, _fsdp2.ReduceScatter):
         self.name, self.layouts = name, layouts
         self.compressed, self.exact = compressed, exact
         self._warned = False
+        self._plans = LaunchPlans(self._plan)    # buffers' signatures -> :meth:`_plan`
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, op: Any, async_op: bool = False) -> None:
@@ -247,6 +282,10 @@ class FSDPReduceScatter(_Alloc, _fsdp2.ReduceScatter):
             if not layout.mixed:
                 self.compressed(output_tensor, input_tensor, op, group)
                 return None
+            plan = self._planned(output_tensor, input_tensor, op, group, layout)
+            if plan is not None:
+                plan(output_tensor, input_tensor)
+                return None
             world = group.size()
             # spaced runs of compressed columns (a root unit's) read where they lie if it can
             comp_in, exact_in = layout.split(input_tensor.view(world, -1),
@@ -269,6 +308,38 @@ class FSDPReduceScatter(_Alloc, _fsdp2.ReduceScatter):
                 if out is None:
                     put(flat, runs, buf)
         return None
+
+    def _planned(self, output: torch.Tensor, input: torch.Tensor, op: Any,
+                 group: dist.ProcessGroup, layout: SlotLayout):
+        """The plan of a mixed call (:meth:`_plan`) with buffers of these signatures, or None
+        (the call decides: a layout of the trainable parameters only, a collective that
+        plans nothing)."""
+        if layout is not self.layouts.full or not getattr(self.compressed, "plannable", False):
+            return None
+        check_scatter_op(op)
+        return self._plans((signature(output), signature(input), group,
+                            post_of(op, group.size()), skips(1)), output, input, op, group)
+
+    def _plan(self, output: torch.Tensor, input: torch.Tensor, op: Any,
+              group: dist.ProcessGroup):
+        """``(output, input) -> None``: both column sets as views (each one run), the
+        compressed collective's own plan of them (``TwoHopReduceScatter.planned``, the exact
+        columns riding) bound: the general path's calls, nothing decided; None where a set
+        is not one run or the collective plans nothing (a unit's host time)."""
+        layout, world = self.layouts.full, group.size()
+        outs = layout.views(output if output.dim() == 1 else output.view(-1))
+        if any(o is None for o in outs):
+            return None
+        comp_in, exact_in = layout.split(input.view(world, -1))
+        run = self.compressed.planned(outs[0], comp_in, op, group, (exact_in, outs[1]))
+        if run is None:
+            return None
+
+        def reduce(output: torch.Tensor, input: torch.Tensor) -> None:
+            comp_out, exact_out = layout.views(output if output.dim() == 1 else output.view(-1))
+            comp_in, exact_in = layout.split(input.view(world, -1))
+            run(comp_out, comp_in, (exact_in, exact_out))
+        return reduce
 
     def _layout(self, numel: int) -> SlotLayout | None:
         layout = self.layouts.for_numel(numel)
