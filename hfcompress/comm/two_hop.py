@@ -250,6 +250,7 @@ class TwoHopReduceScatter(StreamOwner):
             if meter is not None:
                 meter.record_sends(self.tag, send.shape[1], remote, me)
             work.wait()
+            del send        # freed before the decode, as ``Exchange.take`` lets it go
             decode(recv, output.view(-1) if flat else output, None if exact is None else
                    exact[1].view(-1) if flat_riders else exact[1])
         return run
