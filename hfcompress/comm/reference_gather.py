@@ -51,7 +51,7 @@ from .one_rank import skips
 from .riders import as_row, put_values, rider_nbytes
 from .topology import Topology
 from .traffic import Phase, gather, payload_bytes
-from .wire_meter import WireMeter, peer_counts, peer_is_remote, sends
+from .wire_meter import WireMeter, peer_is_remote, sends
 
 if TYPE_CHECKING:
     from .frozen import SentBytes
@@ -276,7 +276,6 @@ class ShardedReferences:
         riding = None if exact is None else as_row(exact[0])
         wire_slot = self.qwd.planned_wire_slot(slot, route.row, y, riding)
         decode = self.qwd.planned_decompress_rows(s, slot.dtype)
-        counts = peer_counts(route.inter_remote, route.row)
 
         def run(out: torch.Tensor, slot: torch.Tensor, meter: WireMeter | None, tag: str,
                 exact: tuple[torch.Tensor, torch.Tensor] | None):
@@ -285,7 +284,7 @@ class ShardedReferences:
             wire = torch.empty(y, row.shape[1], dtype=torch.uint8, device=row.device)
             all_gather_single(wire, row, group=route.inter)
             if meter is not None:
-                meter.record(tag, counts[0] * row.shape[1], counts[1] * row.shape[1])
+                meter.record_sends(tag, row.shape[1], route.inter_remote, route.row)
             decode(wire, _placed_view(out, columns, y, s), None if exact is None else exact[1])
         return run
 

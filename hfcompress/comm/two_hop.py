@@ -216,7 +216,7 @@ class TwoHopReduceScatter(StreamOwner):
         of these signatures, checked and decided once (a unit's host time):
         ``(output, input, exact) -> None`` running the compressor's planned row compression
         (``Compressor.planned_compress_rows``: its row keys and kernel launch), the
-        all-to-all, the meter's record and the planned decode-sum into the output (riders
+        exchange (``hop.Exchange``) and the planned decode-sum into the output (riders
         summed by it), :meth:`_single`'s numbers; None where the call decides more (pipeline
         chunks, blocks across rows, an output no kernel writes, riders summed after)."""
         p, s = self.topology.world_size, output.numel()
@@ -237,20 +237,13 @@ class TwoHopReduceScatter(StreamOwner):
         flat = target is not output
         flat_riders = bool(riders) and riders["riders"][0] is not exact[1]
         group = self.topology.intra_group if hop == "intra" else self.topology.inter_group
-        remote, me, meter = self._remote[hop], rank_size(group)[0], self.meter
+        remote = self._remote[hop]
 
         def run(output: torch.Tensor, input: torch.Tensor,
                 exact: tuple[torch.Tensor, torch.Tensor] | None) -> None:
             send = encode(input.reshape(p, s) if reshape else input,
                           None if exact is None else exact[0])
-            if not send.is_contiguous():
-                send = send.contiguous()
-            recv = torch.empty_like(send)
-            work = dist.all_to_all_single(recv, send, group=group, async_op=True)
-            if meter is not None:
-                meter.record_sends(self.tag, send.shape[1], remote, me)
-            work.wait()
-            del send        # freed before the decode, as ``Exchange.take`` lets it go
+            recv = Exchange(send, group, self.meter, self.tag, remote, async_op=True).take()
             decode(recv, output.view(-1) if flat else output, None if exact is None else
                    exact[1].view(-1) if flat_riders else exact[1])
         return run
